@@ -1,0 +1,6 @@
+/* Benchmarks run by `kiln bench NAME`. Each prints a human table, then one
+ * last stdout line holding a JSON object with the figures. */
+#ifndef KILN_BENCH_BENCH_H
+#define KILN_BENCH_BENCH_H
+int kiln_bench_alloc(int argc, char **argv);
+#endif

@@ -1,0 +1,217 @@
+/* Kiln runtime: devices, streams, events, device memory and its statistics.
+ *
+ * Threading: current device and current streams are per thread. Streams,
+ * events and allocators may be used from any thread. */
+#ifndef KILN_RUNTIME_H
+#define KILN_RUNTIME_H
+
+#include "kiln/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Devices ------------------------------------------------------------ */
+
+typedef enum kiln_device_type {
+    KILN_DEVICE_CPU = 0,
+    KILN_DEVICE_CUDA = 1,
+    KILN_DEVICE_META = 2, /* shapes and dtypes only; memory is simulated */
+    KILN_DEVICE_TYPE_COUNT
+} kiln_device_type;
+
+typedef struct kiln_device {
+    kiln_device_type type;
+    int index;
+} kiln_device;
+
+#define KILN_CPU ((kiln_device){KILN_DEVICE_CPU, 0})
+#define KILN_META ((kiln_device){KILN_DEVICE_META, 0})
+#define KILN_CUDA(i) ((kiln_device){KILN_DEVICE_CUDA, (i)})
+
+/* Parse "cpu", "meta", "cuda" (the current CUDA device) or "cuda:N". Fails
+ * with KILN_ERR_INVALID_ARGUMENT on bad text and KILN_ERR_DEVICE when the
+ * index is not visible ("cuda:3 requested, 1 CUDA device visible"). */
+kiln_status kiln_device_parse(const char *text, kiln_device *out);
+/* Writes "cpu", "cuda:0", "meta" into buf (always NUL-terminated). Returns
+ * buf for convenience. */
+const char *kiln_device_str(kiln_device device, char *buf, size_t size);
+/* Devices of `type` visible to this process; 0 for CUDA without a driver. */
+int kiln_device_count(kiln_device_type type);
+/* True when `device` exists and can run work. */
+bool kiln_device_is_available(kiln_device device);
+/* Why devices of `type` are absent ("no CUDA driver (error 35)") or "". */
+const char *kiln_device_absent_reason(kiln_device_type type);
+/* Human name ("Intel Xeon ...", "NVIDIA H100 80GB HBM3"). */
+kiln_status kiln_device_name(kiln_device device, char *buf, size_t size);
+/* Free and total bytes of the device as its driver/OS reports them. */
+kiln_status kiln_device_mem_info(kiln_device device, size_t *free_bytes, size_t *total_bytes);
+/* Set this thread's current device (used when a call gets no device). */
+kiln_status kiln_set_device(kiln_device device);
+/* This thread's current device; initially kiln_default_device(). */
+kiln_device kiln_current_device(void);
+/* The first real CUDA device if any, else the CPU. Emulated devices are
+ * never the default. */
+kiln_device kiln_default_device(void);
+/* Block the host until all work queued on every stream of `device` is
+ * done. Host synchronisation. */
+kiln_status kiln_device_synchronize(kiln_device device);
+bool kiln_device_equal(kiln_device a, kiln_device b);
+
+/* ---- Streams ------------------------------------------------------------- */
+
+/* A queue of work on one device, run in submission order. The CPU backend
+ * runs work on the submitting thread, so its streams are always idle after
+ * a call returns. */
+typedef struct kiln_stream kiln_stream;
+
+/* Create a stream on `device`. `priority`: 0 normal, negative higher (as
+ * CUDA). The caller owns it and destroys it with kiln_stream_destroy after
+ * its work is done. Does not block. */
+kiln_status kiln_stream_create(kiln_device device, int priority, kiln_stream **out);
+/* Waits for the stream's work, then frees it. Destroying a device's
+ * default stream is refused. */
+kiln_status kiln_stream_destroy(kiln_stream *stream);
+/* The device's default stream, owned by the library. NULL (with an error)
+ * if the device is not available. */
+kiln_stream *kiln_stream_default(kiln_device device);
+/* This thread's current stream for `device` (its default stream until
+ * kiln_set_stream). Borrowed. */
+kiln_stream *kiln_current_stream(kiln_device device);
+/* Make `stream` this thread's current stream for its device. */
+kiln_status kiln_set_stream(kiln_stream *stream);
+/* Scoped current stream: begin saves the current stream of the stream's
+ * device and sets `stream`; end restores the saved one. */
+typedef struct kiln_stream_guard {
+    kiln_stream *previous;
+    kiln_stream *stream;
+} kiln_stream_guard;
+kiln_stream_guard kiln_stream_guard_begin(kiln_stream *stream);
+void kiln_stream_guard_end(kiln_stream_guard *guard);
+/* Make future work on `waiter` wait for work queued so far on `other`.
+ * Device-side: does not block the host. */
+kiln_status kiln_stream_wait_stream(kiln_stream *waiter, kiln_stream *other);
+/* True when all work queued on `stream` has finished. Does not block. */
+bool kiln_stream_query(kiln_stream *stream);
+/* Block the host until `stream` is idle. Host synchronisation. */
+kiln_status kiln_stream_synchronize(kiln_stream *stream);
+kiln_device kiln_stream_device(const kiln_stream *stream);
+/* A process-unique id (default streams included); never reused. */
+uint64_t kiln_stream_id(const kiln_stream *stream);
+int kiln_stream_priority(const kiln_stream *stream);
+
+/* ---- Events -------------------------------------------------------------- */
+
+typedef struct kiln_event kiln_event;
+
+enum {
+    KILN_EVENT_DEFAULT = 0,
+    KILN_EVENT_TIMING = 1u << 0,        /* needed for kiln_event_elapsed_ms */
+    KILN_EVENT_BLOCKING_SYNC = 1u << 1, /* synchronize sleeps instead of spinning */
+};
+
+/* Create an event on `device`. The caller owns it (kiln_event_destroy). */
+kiln_status kiln_event_create(kiln_device device, unsigned flags, kiln_event **out);
+void kiln_event_destroy(kiln_event *event);
+/* Capture the work queued so far on `stream`. Does not block. */
+kiln_status kiln_event_record(kiln_event *event, kiln_stream *stream);
+/* True when the captured work is done (true for a never-recorded event). */
+bool kiln_event_query(kiln_event *event);
+/* Block the host until the captured work is done. Host synchronisation. */
+kiln_status kiln_event_synchronize(kiln_event *event);
+/* Future work on `stream` waits for `event`. Device-side; does not block. */
+kiln_status kiln_stream_wait_event(kiln_stream *stream, kiln_event *event);
+/* Milliseconds between two recorded, completed timing events. Fails if
+ * either was created without KILN_EVENT_TIMING or has not completed. */
+kiln_status kiln_event_elapsed_ms(kiln_event *start, kiln_event *end, float *ms);
+
+/* ---- Device memory -------------------------------------------------------- */
+
+/* Raw device memory from the device's caching allocator, for users who
+ * manage buffers themselves. The block belongs to `stream` (NULL: the
+ * current stream): reuse after kiln_memory_free is safe in that stream's
+ * order. Rounded as described in docs/memory.md. Does not block, except
+ * that an out-of-memory retry synchronises pending events. */
+kiln_status kiln_memory_alloc(kiln_device device, size_t bytes, kiln_stream *stream, void **ptr);
+/* Return a block from kiln_memory_alloc to the cache. */
+kiln_status kiln_memory_free(kiln_device device, void *ptr);
+/* Mark the block containing `ptr` as used by `stream`, so it is reused only
+ * after work queued on `stream` up to its free has completed. */
+kiln_status kiln_memory_record_stream(kiln_device device, void *ptr, kiln_stream *stream);
+
+/* Pinned (page-locked) host memory from a cached pool. Without CUDA it is
+ * aligned host memory marked pinned. Freed with kiln_pinned_free. */
+kiln_status kiln_pinned_alloc(size_t bytes, void **ptr);
+kiln_status kiln_pinned_free(void *ptr);
+/* True when `ptr` points into a live pinned block. */
+bool kiln_is_pinned_ptr(const void *ptr);
+
+/* One statistic, as PyTorch keeps it: current value, peak since the last
+ * peak reset, total added and total removed since the last accumulated
+ * reset. */
+typedef struct kiln_stat {
+    int64_t current;
+    int64_t peak;
+    int64_t allocated;
+    int64_t freed;
+} kiln_stat;
+
+typedef enum kiln_pool_kind {
+    KILN_POOL_ALL = 0,
+    KILN_POOL_LARGE = 1,
+    KILN_POOL_SMALL = 2,
+    KILN_POOL_KIND_COUNT
+} kiln_pool_kind;
+
+/* The allocator's statistics, indexed by kiln_pool_kind. */
+typedef struct kiln_memory_stats {
+    kiln_stat allocation[KILN_POOL_KIND_COUNT];      /* live blocks */
+    kiln_stat allocated_bytes[KILN_POOL_KIND_COUNT]; /* rounded bytes of live blocks */
+    kiln_stat requested_bytes[KILN_POOL_KIND_COUNT]; /* bytes as asked for */
+    kiln_stat segment[KILN_POOL_KIND_COUNT];         /* raw device allocations */
+    kiln_stat reserved_bytes[KILN_POOL_KIND_COUNT];  /* bytes of those */
+    kiln_stat active[KILN_POOL_KIND_COUNT];          /* live + awaiting stream events */
+    kiln_stat active_bytes[KILN_POOL_KIND_COUNT];
+    kiln_stat inactive_split[KILN_POOL_KIND_COUNT];  /* free blocks in partly used segments */
+    kiln_stat inactive_split_bytes[KILN_POOL_KIND_COUNT];
+    kiln_stat oversize_allocations; /* blocks >= max_split_size */
+    kiln_stat oversize_segments;
+    int64_t num_alloc_retries;    /* cache flushes to satisfy a request */
+    int64_t num_ooms;             /* out-of-memory errors raised */
+    int64_t num_sync_all_streams; /* waits on every pending event */
+    int64_t num_device_alloc;     /* raw allocations (cudaMalloc / malloc) */
+    int64_t num_device_free;      /* raw frees */
+    uint64_t max_split_size;      /* SIZE_MAX when unset */
+    uint64_t limit_bytes;         /* effective limit, 0 when none */
+} kiln_memory_stats;
+
+/* Copy the statistics of `device`'s allocator. Does not block. */
+kiln_status kiln_memory_stats_get(kiln_device device, kiln_memory_stats *out);
+/* Set every peak to its current value. */
+kiln_status kiln_memory_reset_peak(kiln_device device);
+/* Zero allocated/freed totals and the counters. */
+kiln_status kiln_memory_reset_accumulated(kiln_device device);
+/* allocated_bytes.all.current / reserved_bytes.all.current (0 on error). */
+size_t kiln_memory_allocated(kiln_device device);
+size_t kiln_memory_reserved(kiln_device device);
+/* Release every cached segment that is entirely free back to the device.
+ * Waits for pending stream events first (host synchronisation). */
+kiln_status kiln_empty_cache(kiln_device device);
+/* Cap the memory the allocator may reserve on `device` at `fraction` of
+ * the device's total (0 < fraction <= 1). */
+kiln_status kiln_memory_set_fraction(kiln_device device, double fraction);
+/* Cap reserved memory at `bytes` (0 removes the cap). */
+kiln_status kiln_memory_set_limit(kiln_device device, size_t bytes);
+/* A text table of the statistics, PyTorch's memory_summary layout. The
+ * caller frees the returned string with free(). NULL on error. */
+char *kiln_memory_summary(kiln_device device, bool abbreviated);
+/* Apply allocator settings in KILN_ALLOC_CONF syntax, e.g.
+ * "limit_mb:512,max_split_size_mb:64" (see docs/memory.md). Settings that
+ * shape the cache (backend, max_split_size_mb, roundup_power2_divisions)
+ * apply to allocators created afterwards; limits apply at once. */
+kiln_status kiln_alloc_conf_set(const char *text);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_RUNTIME_H */

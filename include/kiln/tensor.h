@@ -1,0 +1,186 @@
+/* Kiln tensors: dtypes, shapes and strides, views, creation, copies, scopes.
+ *
+ * Ownership: every function returning `kiln_tensor *` returns a NEW
+ * reference that the caller releases with kiln_release (or leaves to the
+ * enclosing scope, see kiln_scope_begin). NULL means failure; the reason is
+ * in kiln_error_last(). Functions taking a `const kiln_tensor *` or
+ * `kiln_tensor *` borrow it.
+ *
+ * Synchronisation: creation, views and device-side copies are queued on the
+ * current stream of the tensor's device and do not block the host, unless a
+ * comment says so. Copies to or from host memory that is not pinned block
+ * (they are synchronous, as in CUDA). */
+#ifndef KILN_TENSOR_H
+#define KILN_TENSOR_H
+
+#include "kiln/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kiln_dtype {
+    KILN_F32 = 0,
+    KILN_F16,
+    KILN_BF16,
+    KILN_F64,
+    KILN_I32,
+    KILN_I64,
+    KILN_U8,
+    KILN_BOOL,
+    KILN_DTYPE_COUNT
+} kiln_dtype;
+
+/* Bytes per element; 0 for an invalid dtype. */
+size_t kiln_dtype_size(kiln_dtype dtype);
+/* "f32", "f16", ...; "invalid" for a bad value. */
+const char *kiln_dtype_name(kiln_dtype dtype);
+/* Parse "f32"/"float32"/"float", "f16"/"half", "bf16", "f64"/"double",
+ * "i32", "i64"/"long", "u8", "bool". */
+kiln_status kiln_dtype_parse(const char *text, kiln_dtype *out);
+bool kiln_dtype_is_floating(kiln_dtype dtype);
+
+typedef enum kiln_layout {
+    KILN_LAYOUT_STRIDED = 0, /* shape + strides, what users see */
+    KILN_LAYOUT_COUNT
+} kiln_layout;
+
+#define KILN_MAX_DIMS 8
+
+typedef struct kiln_shape {
+    int ndim;
+    int64_t d[KILN_MAX_DIMS];
+} kiln_shape;
+
+/* KILN_SHAPE(2, 3) is a 2x3 shape; KILN_SHAPE() a scalar (0-dim) shape. */
+#define KILN_SHAPE(...)                                                                        \
+    ((kiln_shape){.ndim = (int)(sizeof((int64_t[]){0, ##__VA_ARGS__}) / sizeof(int64_t)) - 1, \
+                  .d = {__VA_ARGS__}})
+
+typedef struct kiln_tensor kiln_tensor;
+
+/* ---- Creation (new references) -------------------------------------------- */
+
+/* Uninitialised tensor from the device's caching allocator. */
+kiln_tensor *kiln_empty(kiln_shape shape, kiln_dtype dtype, kiln_device device);
+kiln_tensor *kiln_zeros(kiln_shape shape, kiln_dtype dtype, kiln_device device);
+kiln_tensor *kiln_ones(kiln_shape shape, kiln_dtype dtype, kiln_device device);
+kiln_tensor *kiln_full(kiln_shape shape, double value, kiln_dtype dtype, kiln_device device);
+/* 1-D [start, end) with `step` (numel = ceil((end-start)/step)). */
+kiln_tensor *kiln_arange(double start, double end, double step, kiln_dtype dtype,
+                         kiln_device device);
+/* Uniform [0,1) and standard normal, drawn from the device's generator
+ * (kiln_manual_seed): the same values on every backend. Floating dtypes. */
+kiln_tensor *kiln_rand(kiln_shape shape, kiln_dtype dtype, kiln_device device);
+kiln_tensor *kiln_randn(kiln_shape shape, kiln_dtype dtype, kiln_device device);
+/* Copy `numel * dtype size` bytes of contiguous host data into a new tensor.
+ * Blocks until the data has been read (the caller may reuse `data`). */
+kiln_tensor *kiln_from_data(kiln_shape shape, kiln_dtype dtype, kiln_device device,
+                            const void *data);
+/* Pinned CPU tensor (page-locked when CUDA is present): the source of
+ * asynchronous host-to-device copies. */
+kiln_tensor *kiln_empty_pinned(kiln_shape shape, kiln_dtype dtype);
+/* Variants that take dtype and device from `like`. */
+kiln_tensor *kiln_new_empty(const kiln_tensor *like, kiln_shape shape);
+kiln_tensor *kiln_new_zeros(const kiln_tensor *like, kiln_shape shape);
+kiln_tensor *kiln_new_ones(const kiln_tensor *like, kiln_shape shape);
+kiln_tensor *kiln_new_full(const kiln_tensor *like, kiln_shape shape, double value);
+
+/* Seed every device's generator (per-device streams are split from it). */
+void kiln_manual_seed(uint64_t seed);
+
+/* ---- References ---------------------------------------------------------------- */
+
+/* A new reference to the same tensor. */
+kiln_tensor *kiln_retain(kiln_tensor *t);
+/* Drop one reference (the C form of `del`). If it was registered with a
+ * scope it is unregistered. Releasing NULL is a no-op. Releasing a dead
+ * tensor is reported as KILN_ERR_STATE in debug and sanitizer builds. */
+kiln_status kiln_release(kiln_tensor *t);
+
+/* ---- Scopes ----------------------------------------------------------------------- */
+
+/* Open a scope on this thread. Until the matching kiln_scope_end, every
+ * reference returned to the user by an outermost public call is owned by
+ * the scope and released at its end. Calls the library makes internally
+ * never register. Scopes nest. */
+void kiln_scope_begin(void);
+/* Release the references the innermost scope owns. Fails with
+ * KILN_ERR_STATE if no scope is open. */
+kiln_status kiln_scope_end(void);
+/* Move one reference to `t` from the innermost scope to the enclosing one
+ * (or to the caller if there is none). Returns t. */
+kiln_tensor *kiln_keep(kiln_tensor *t);
+/* Depth of this thread's scope stack. */
+int kiln_scope_depth(void);
+
+/* ---- Properties (borrowed tensor, no blocking) ------------------------------ */
+
+int kiln_ndim(const kiln_tensor *t);
+/* Size of dim (negative counts from the end); -1 on a bad dim. */
+int64_t kiln_size(const kiln_tensor *t, int dim);
+int64_t kiln_stride(const kiln_tensor *t, int dim);
+kiln_shape kiln_shape_of(const kiln_tensor *t);
+int64_t kiln_numel(const kiln_tensor *t);
+kiln_dtype kiln_dtype_of(const kiln_tensor *t);
+kiln_layout kiln_layout_of(const kiln_tensor *t);
+kiln_device kiln_get_device(const kiln_tensor *t);
+int64_t kiln_storage_offset(const kiln_tensor *t);
+bool kiln_is_contiguous(const kiln_tensor *t);
+bool kiln_is_pinned(const kiln_tensor *t);
+/* True when a and b share storage. */
+bool kiln_shares_storage(const kiln_tensor *a, const kiln_tensor *b);
+/* Version counter of the storage (bumped by every in-place write). */
+uint64_t kiln_tensor_version(const kiln_tensor *t);
+/* Device address of element 0 (NULL for meta). Borrowed; valid while t is. */
+void *kiln_data_ptr(const kiln_tensor *t);
+/* The device's references held on t's storage; for tests and leak hunts. */
+int kiln_refcount(const kiln_tensor *t);
+
+/* ---- Views (share storage; new references) ------------------------------------ */
+
+/* New shape with the same numel; one dim may be -1. Fails when the strides
+ * cannot express it (use kiln_reshape). */
+kiln_tensor *kiln_view(kiln_tensor *t, kiln_shape shape);
+/* A view when possible, else a contiguous copy. */
+kiln_tensor *kiln_reshape(kiln_tensor *t, kiln_shape shape);
+kiln_tensor *kiln_permute(kiln_tensor *t, int ndim, const int *dims);
+kiln_tensor *kiln_transpose(kiln_tensor *t, int dim0, int dim1);
+kiln_tensor *kiln_narrow(kiln_tensor *t, int dim, int64_t start, int64_t length);
+/* Broadcast size-1 dims (stride 0); -1 keeps a dim; new leading dims allowed. */
+kiln_tensor *kiln_expand(kiln_tensor *t, kiln_shape shape);
+/* Remove dim if its size is 1 (else return a new reference unchanged). */
+kiln_tensor *kiln_squeeze(kiln_tensor *t, int dim);
+kiln_tensor *kiln_unsqueeze(kiln_tensor *t, int dim);
+/* t itself (new reference) if contiguous, else a contiguous copy. */
+kiln_tensor *kiln_contiguous(kiln_tensor *t);
+
+/* ---- Copies ------------------------------------------------------------------------ */
+
+enum {
+    KILN_NON_BLOCKING = 1u << 0, /* async when the source or destination is pinned */
+    KILN_COPY = 1u << 1,         /* always copy, even to the same device and dtype */
+};
+
+/* `t` on `device` as `dtype`. Same device and dtype without KILN_COPY:
+ * a new reference to t, no copy. KILN_NON_BLOCKING is asynchronous only
+ * between pinned host memory and a device with streams; otherwise the copy
+ * blocks the host until done. */
+kiln_tensor *kiln_to(kiln_tensor *t, kiln_device device, kiln_dtype dtype, unsigned flags);
+/* Copy src into dst elementwise (shapes must match; src may broadcast to
+ * dst; dtypes convert). Bumps dst's version. Blocking rules as kiln_to. */
+kiln_status kiln_copy_(kiln_tensor *dst, const kiln_tensor *src, unsigned flags);
+/* Copy t's elements, in row-major order and t's dtype, to host memory
+ * `dst` of `size` bytes. Blocks (host synchronisation). */
+kiln_status kiln_to_host(const kiln_tensor *t, void *dst, size_t size);
+/* The single element of a 1-element tensor as a double. Blocks: a host
+ * synchronisation, counted by the profiler. */
+kiln_status kiln_item(const kiln_tensor *t, double *out);
+/* Keep t's memory from being reused before work queued on `stream` up to
+ * t's release has finished (for tensors used on a second stream). */
+kiln_status kiln_record_stream(kiln_tensor *t, kiln_stream *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_TENSOR_H */

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Install the Debian packages Kiln's build, tests and main job need.
+# Idempotent: installs only what is missing. As root it runs apt-get; as
+# anyone else it prints the exact command to run and fails.
+#
+# The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not a Debian 12 package
+# of the version Kiln needs; when nvcc is absent the CUDA backend is simply
+# not built (CMake says so) and the nvcc CI tier is skipped with a message.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ccache pkg-config git
+  zlib1g-dev libcjson-dev
+  libopenblas-dev libdnnl-dev
+  libopenmpi-dev openmpi-bin
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} Debian packages present"
+  exit 0
+fi
+
+cmd="apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: missing Debian packages: ${missing[*]}" >&2
+  echo "setup: run as root:  sudo sh -c '$cmd'" >&2
+  exit 1
+fi
+echo "setup: installing ${missing[*]}"
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

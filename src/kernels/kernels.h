@@ -1,0 +1,45 @@
+/* The kernel interface of the tensor layer's own work (fill, copy/convert,
+ * arange, random). Kernels are arithmetic only: raw pointers, shapes,
+ * strides, a backend stream handle. They never allocate and never see a
+ * kiln_tensor. Each device type provides one table with the same
+ * signatures (kernels/cpu/*.c, kernels/cuda/*.cu); the op library of a
+ * later layer has its own tables. */
+#ifndef KILN_SRC_KERNELS_KERNELS_H
+#define KILN_SRC_KERNELS_KERNELS_H
+
+#include "kiln/tensor.h"
+
+/* A strided view of device memory. `data` points at element 0 (offset
+ * already applied); strides are in elements; a stride of 0 broadcasts. */
+typedef struct kiln_strided {
+    void *data;
+    kiln_dtype dtype;
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    int64_t strides[KILN_MAX_DIMS];
+} kiln_strided;
+
+typedef struct kiln_tensor_kernels {
+    /* dst[i] = convert(src[i]) over dst's shape; src has the same shape
+     * (strides may be 0 to broadcast). Any dtype pair. Float -> integer
+     * truncates toward zero; -> bool is (x != 0). */
+    kiln_status (*copy_strided)(const kiln_strided *dst, const kiln_strided *src, void *stream);
+    /* dst[i] = value converted to dst's dtype. */
+    kiln_status (*fill)(const kiln_strided *dst, double value, void *stream);
+    /* Contiguous dst of n elements: dst[i] = start + i*step (computed in f64). */
+    kiln_status (*arange)(void *dst, kiln_dtype dtype, int64_t n, double start, double step,
+                          void *stream);
+    /* Contiguous dst of n elements from the draw at `rng`: uniform [0,1)
+     * uses word i; normal uses kiln_rng_normal_at(rng, i). Floating dtypes. */
+    kiln_status (*rand_uniform)(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream);
+    kiln_status (*rand_normal)(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream);
+} kiln_tensor_kernels;
+
+const kiln_tensor_kernels *kiln_cpu_tensor_kernels(void);
+#ifdef KILN_WITH_CUDA
+const kiln_tensor_kernels *kiln_cuda_tensor_kernels(void);
+#endif
+/* The table for a device type; NULL for meta (no data to touch). */
+const kiln_tensor_kernels *kiln_tensor_kernels_for(kiln_device_type type);
+
+#endif

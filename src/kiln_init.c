@@ -1,0 +1,45 @@
+/* kiln_init: registers the compiled backends explicitly (constructors would
+ * vanish from the static library) and reads the environment. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "base/error.h"
+#include "base/log_internal.h"
+#include "kiln/kiln.h"
+#include "kiln_config.h"
+#include "runtime/runtime_internal.h"
+
+static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
+static bool initialised;
+
+kiln_status kiln_init(void) {
+    pthread_mutex_lock(&init_mutex);
+    kiln_status st = KILN_OK;
+    if (!initialised) {
+        kiln_log_init_from_env();
+        kiln_backend_register(kiln_cpu_backend());
+        kiln_backend_register(kiln_meta_backend());
+#ifdef KILN_WITH_CUDA
+        kiln_backend_register(kiln_cuda_backend());
+#endif
+        st = kiln_runtime_init();
+        initialised = st == KILN_OK;
+    }
+    pthread_mutex_unlock(&init_mutex);
+    return st;
+}
+
+void kiln_shutdown(void) {
+    pthread_mutex_lock(&init_mutex);
+    if (initialised) {
+        kiln_runtime_shutdown();
+        initialised = false;
+    }
+    pthread_mutex_unlock(&init_mutex);
+}
+
+const char *kiln_version(void) { return KILN_VERSION_STRING; }
+
+const char *kiln_build_options(void) { return KILN_BUILD_OPTIONS_STRING; }
+
+bool kiln_debug_handles(void) { return KILN_DEBUG_HANDLES != 0; }

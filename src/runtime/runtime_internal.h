@@ -1,0 +1,39 @@
+/* Runtime internals shared with the tensor layer. */
+#ifndef KILN_SRC_RUNTIME_RUNTIME_INTERNAL_H
+#define KILN_SRC_RUNTIME_RUNTIME_INTERNAL_H
+
+#include "runtime/backend.h"
+#include "runtime/caching_allocator.h"
+
+/* The backend handle wrapped by `stream` (what kernels receive). */
+void *kiln_stream_handle(const kiln_stream *stream);
+
+/* Copy `bytes` between any two devices (cpu, cuda:N; meta copies nothing).
+ * Chooses H2D/D2H/D2D/peer. Asynchronous on `stream` (the device side's
+ * stream; NULL = its current stream) only if `non_blocking` and the host
+ * side is pinned or both sides are on one device; otherwise returns after
+ * the copy is done. A copy to or from meta is a no-op. */
+kiln_status kiln_runtime_copy(kiln_device dst_device, void *dst, kiln_device src_device,
+                              const void *src, size_t bytes, kiln_stream *stream,
+                              bool non_blocking);
+
+/* The caching allocator of `device`, created on first use. NULL with an
+ * error if the device is unavailable. */
+kiln_caching_allocator *kiln_device_allocator(kiln_device device);
+/* The pinned host allocator (cached). */
+kiln_caching_allocator *kiln_pinned_allocator(void);
+
+/* The generator of `device` (seeded by kiln_manual_seed, split per device).
+ * kiln_rng_advance on it reserves a draw. Thread-safe via the returned
+ * lock-protected helper below. */
+kiln_rng kiln_device_rng_reserve(kiln_device device, uint64_t n_words);
+void kiln_device_rng_seed_all(uint64_t seed);
+
+/* Free the default stream records (kiln_shutdown). */
+void kiln_streams_shutdown(void);
+
+/* Called by kiln_init / kiln_shutdown. */
+kiln_status kiln_runtime_init(void);
+void kiln_runtime_shutdown(void);
+
+#endif

@@ -1,0 +1,120 @@
+/* The kiln command. Subcommands: info, bench, version, help. Errors from
+ * the library become a message on stderr and exit code 1; usage errors
+ * exit 2. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../bench/bench.h"
+#include "kiln/kiln.h"
+#ifdef KILN_WITH_CUDA
+#include "runtime/cuda_backend.h"
+#endif
+
+static int fail(const char *what) {
+    const kiln_error *e = kiln_error_last();
+    fprintf(stderr, "kiln %s: %s\n", what, e->message);
+    if (e->hint[0]) fprintf(stderr, "  hint: %s\n", e->hint);
+    return 1;
+}
+
+static void print_device(kiln_device d) {
+    char id[32], name[256] = "?";
+    char fb[32], tb[32];
+    size_t free_b = 0, total_b = 0;
+    kiln_device_name(d, name, sizeof name);
+    kiln_device_mem_info(d, &free_b, &total_b);
+    printf("  %-7s %s\n", kiln_device_str(d, id, sizeof id), name);
+    if (d.type != KILN_DEVICE_META) {
+        /* Print in GiB with two decimals: what users compare against nvidia-smi. */
+        snprintf(fb, sizeof fb, "%.2f GiB", (double)free_b / (1 << 30));
+        snprintf(tb, sizeof tb, "%.2f GiB", (double)total_b / (1 << 30));
+        printf("          memory: %s free of %s\n", fb, tb);
+    }
+#ifdef KILN_WITH_CUDA
+    if (d.type == KILN_DEVICE_CUDA) {
+        char props[512];
+        if (kiln_cuda_device_properties(d.index, props, sizeof props) == KILN_OK) printf("          %s\n", props);
+    }
+#endif
+}
+
+static int cmd_info(void) {
+    printf("kiln %s\n", kiln_version());
+    printf("build: %s\n", kiln_build_options());
+    char id[32];
+    printf("default device: %s\n", kiln_device_str(kiln_default_device(), id, sizeof id));
+    printf("devices:\n");
+    print_device(KILN_CPU);
+    int n_cuda = kiln_device_count(KILN_DEVICE_CUDA);
+    for (int i = 0; i < n_cuda; i++) print_device(KILN_CUDA(i));
+    if (n_cuda == 0) printf("  cuda    0 devices: %s\n", kiln_device_absent_reason(KILN_DEVICE_CUDA));
+#ifdef KILN_WITH_CUDA
+    int driver = 0, runtime = 0;
+    kiln_cuda_versions(&driver, &runtime);
+    printf("  cuda    driver %d.%d, runtime %d.%d\n", driver / 1000, (driver % 1000) / 10, runtime / 1000,
+           (runtime % 1000) / 10);
+#endif
+    print_device(KILN_META);
+    return 0;
+}
+
+typedef struct bench_entry {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *what;
+} bench_entry;
+
+static const bench_entry benches[] = {
+    {"alloc", kiln_bench_alloc, "caching allocator vs malloc, allocate+free latency"},
+};
+
+static int cmd_bench(int argc, char **argv) {
+    size_t n = sizeof benches / sizeof benches[0];
+    if (argc < 1 || strcmp(argv[0], "--list") == 0) {
+        printf("usage: kiln bench NAME [options]\nbenchmarks:\n");
+        for (size_t i = 0; i < n; i++) printf("  %-10s %s\n", benches[i].name, benches[i].what);
+        return argc < 1 ? 2 : 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(argv[0], benches[i].name) == 0) return benches[i].run(argc, argv);
+    fprintf(stderr, "kiln bench: unknown benchmark '%s' (kiln bench --list shows them)\n", argv[0]);
+    return 2;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kiln COMMAND [args]\n"
+            "commands:\n"
+            "  info            version, build options, devices with memory\n"
+            "  bench NAME      run a benchmark (kiln bench --list)\n"
+            "  version         print the version\n"
+            "  help            this text\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("kiln %s\n", kiln_version());
+        return 0;
+    }
+    if (kiln_init() != KILN_OK) return fail("init");
+    int rc;
+    if (strcmp(cmd, "info") == 0) rc = cmd_info();
+    else if (strcmp(cmd, "bench") == 0) rc = cmd_bench(argc - 2, argv + 2);
+    else {
+        fprintf(stderr, "kiln: unknown command '%s'\n", cmd);
+        usage(stderr);
+        rc = 2;
+    }
+    kiln_shutdown();
+    return rc;
+}
