@@ -33,6 +33,7 @@ tier_release() {
   mkdir -p "$top/build-ci"
   configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON
   ctest --test-dir "$d" -LE slow "${ctest_args[@]}"
+  "$top/scripts/check-install.sh" "$d"
 }
 
 tier_asan() {

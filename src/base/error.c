@@ -55,7 +55,7 @@ kiln_status kiln_error_raise(kiln_status status, const char *file, int line, con
     return status;
 }
 
-_Noreturn void kiln_assert_fail(const char *cond, const char *file, int line, const char *msg) {
+KILN_NORETURN void kiln_assert_fail(const char *cond, const char *file, int line, const char *msg) {
     kiln_log(KILN_LOG_ERROR, "internal error: assertion `%s` failed at %s:%d%s%s (please report this bug)",
              cond, file, line, msg ? ": " : "", msg ? msg : "");
     fflush(stderr);

@@ -5,11 +5,24 @@
 
 #include "kiln/base.h"
 
+#ifdef __cplusplus
+#define KILN_NORETURN [[noreturn]]
+extern "C" {
+#else
+#define KILN_NORETURN _Noreturn
+#ifdef __cplusplus
+}
+#endif
+#endif
+
 /* Set the thread-local error and return `status`. `hint` may be NULL. */
 kiln_status kiln_error_raise(kiln_status status, const char *file, int line, const char *hint,
                              const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 5, 6)))
+#ifdef __cplusplus
+}
+#endif
 #endif
     ;
 
@@ -25,7 +38,7 @@ kiln_status kiln_error_raise(kiln_status status, const char *file, int line, con
 
 /* Invariants whose failure means a bug in Kiln. Always on; prints the
  * condition and file:line through the logger and aborts (never exit()). */
-_Noreturn void kiln_assert_fail(const char *cond, const char *file, int line, const char *msg);
+KILN_NORETURN void kiln_assert_fail(const char *cond, const char *file, int line, const char *msg);
 #define KILN_ASSERT(cond)                                                                          \
     do {                                                                                           \
         if (!(cond)) kiln_assert_fail(#cond, __FILE__, __LINE__, NULL);                            \
@@ -50,4 +63,7 @@ void kiln_aligned_free(void *ptr);
 /* "1.50 GiB", "512 bytes" — PyTorch's format_size. Writes into buf. */
 const char *kiln_format_bytes(uint64_t bytes, char *buf, size_t size);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

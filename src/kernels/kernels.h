@@ -2,12 +2,16 @@
  * arange, random). Kernels are arithmetic only: raw pointers, shapes,
  * strides, a backend stream handle. They never allocate and never see a
  * kiln_tensor. Each device type provides one table with the same
- * signatures (kernels/cpu/*.c, kernels/cuda/*.cu); the op library of a
+ * signatures (files in kernels/cpu/ and kernels/cuda/); the op library of a
  * later layer has its own tables. */
 #ifndef KILN_SRC_KERNELS_KERNELS_H
 #define KILN_SRC_KERNELS_KERNELS_H
 
 #include "kiln/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* A strided view of device memory. `data` points at element 0 (offset
  * already applied); strides are in elements; a stride of 0 broadcasts. */
@@ -42,4 +46,7 @@ const kiln_tensor_kernels *kiln_cuda_tensor_kernels(void);
 /* The table for a device type; NULL for meta (no data to touch). */
 const kiln_tensor_kernels *kiln_tensor_kernels_for(kiln_device_type type);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
