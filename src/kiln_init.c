@@ -8,6 +8,7 @@
 #include "kiln/kiln.h"
 #include "kiln_config.h"
 #include "runtime/runtime_internal.h"
+#include "tensor/tensor_internal.h"
 
 static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
 static bool initialised;
@@ -32,6 +33,7 @@ kiln_status kiln_init(void) {
 void kiln_shutdown(void) {
     pthread_mutex_lock(&init_mutex);
     if (initialised) {
+        kiln_tensor_layer_shutdown(); /* reports tensors still alive, before their memory goes */
         kiln_runtime_shutdown();
         initialised = false;
     }

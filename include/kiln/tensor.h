@@ -35,8 +35,9 @@ typedef enum kiln_dtype {
 size_t kiln_dtype_size(kiln_dtype dtype);
 /* "f32", "f16", ...; "invalid" for a bad value. */
 const char *kiln_dtype_name(kiln_dtype dtype);
-/* Parse "f32"/"float32"/"float", "f16"/"half", "bf16", "f64"/"double",
- * "i32", "i64"/"long", "u8", "bool". */
+/* Parse "f32"/"float32"/"float", "f16"/"float16"/"half", "bf16"/"bfloat16",
+ * "f64"/"float64"/"double", "i32"/"int32"/"int", "i64"/"int64"/"long",
+ * "u8"/"uint8", "bool". */
 kiln_status kiln_dtype_parse(const char *text, kiln_dtype *out);
 bool kiln_dtype_is_floating(kiln_dtype dtype);
 
@@ -61,7 +62,13 @@ typedef struct kiln_tensor kiln_tensor;
 
 /* ---- Creation (new references) -------------------------------------------- */
 
-/* Uninitialised tensor from the device's caching allocator. */
+/* Uninitialised contiguous tensor from the device's caching allocator, on
+ * the device's current stream. Zero-size shapes are valid and allocate
+ * nothing; meta tensors get simulated memory (statistics, no data).
+ * Errors: negative sizes, ndim outside 0..8, numel * dtype size past 2^63
+ * bytes (KILN_ERR_INVALID_ARGUMENT); a missing device (KILN_ERR_DEVICE);
+ * out of memory (KILN_ERR_OUT_OF_MEMORY). The same holds for every
+ * creation function below. */
 kiln_tensor *kiln_empty(kiln_shape shape, kiln_dtype dtype, kiln_device device);
 kiln_tensor *kiln_zeros(kiln_shape shape, kiln_dtype dtype, kiln_device device);
 kiln_tensor *kiln_ones(kiln_shape shape, kiln_dtype dtype, kiln_device device);
@@ -70,7 +77,9 @@ kiln_tensor *kiln_full(kiln_shape shape, double value, kiln_dtype dtype, kiln_de
 kiln_tensor *kiln_arange(double start, double end, double step, kiln_dtype dtype,
                          kiln_device device);
 /* Uniform [0,1) and standard normal, drawn from the device's generator
- * (kiln_manual_seed): the same values on every backend. Floating dtypes. */
+ * (kiln_manual_seed): the same values on every backend. Floating dtypes.
+ * Values are drawn in f32 and converted; an f16/bf16 uniform that would
+ * round up to 1.0 becomes the largest value below 1. */
 kiln_tensor *kiln_rand(kiln_shape shape, kiln_dtype dtype, kiln_device device);
 kiln_tensor *kiln_randn(kiln_shape shape, kiln_dtype dtype, kiln_device device);
 /* Copy `numel * dtype size` bytes of contiguous host data into a new tensor.
@@ -91,11 +100,17 @@ void kiln_manual_seed(uint64_t seed);
 
 /* ---- References ---------------------------------------------------------------- */
 
-/* A new reference to the same tensor. */
+/* A new reference to the same tensor. Never registered with a scope: the
+ * caller owns it (this is how holders keep a tensor past a scope). NULL if
+ * t is NULL or not live. */
 kiln_tensor *kiln_retain(kiln_tensor *t);
 /* Drop one reference (the C form of `del`). If it was registered with a
- * scope it is unregistered. Releasing NULL is a no-op. Releasing a dead
- * tensor is reported as KILN_ERR_STATE in debug and sanitizer builds. */
+ * scope it is unregistered (one registration of this handle, innermost
+ * scope first), so the scope does not release it again. Releasing NULL is
+ * a no-op. Releasing a dead tensor is reported as KILN_ERR_STATE without
+ * touching memory in debug and sanitizer builds (kiln_debug_handles());
+ * release builds check a magic word, which catches most double releases
+ * but is not guaranteed to. */
 kiln_status kiln_release(kiln_tensor *t);
 
 /* ---- Scopes ----------------------------------------------------------------------- */
@@ -103,22 +118,26 @@ kiln_status kiln_release(kiln_tensor *t);
 /* Open a scope on this thread. Until the matching kiln_scope_end, every
  * reference returned to the user by an outermost public call is owned by
  * the scope and released at its end. Calls the library makes internally
- * never register. Scopes nest. */
+ * never register, nor do kiln_retain and kiln_keep. Scopes nest and are
+ * per thread: release a scoped tensor on the thread that owns the scope. */
 void kiln_scope_begin(void);
 /* Release the references the innermost scope owns. Fails with
  * KILN_ERR_STATE if no scope is open. */
 kiln_status kiln_scope_end(void);
 /* Move one reference to `t` from the innermost scope to the enclosing one
- * (or to the caller if there is none). Returns t. */
+ * (or to the caller if there is none). A t the innermost scope does not
+ * hold is left alone. Returns t. */
 kiln_tensor *kiln_keep(kiln_tensor *t);
 /* Depth of this thread's scope stack. */
 int kiln_scope_depth(void);
 
-/* ---- Properties (borrowed tensor, no blocking) ------------------------------ */
+/* ---- Properties (borrowed tensor, no blocking) ------------------------------
+ * A NULL tensor gives 0 / false / NULL (kiln_dtype_of: KILN_DTYPE_COUNT). */
 
 int kiln_ndim(const kiln_tensor *t);
 /* Size of dim (negative counts from the end); -1 on a bad dim. */
 int64_t kiln_size(const kiln_tensor *t, int dim);
+/* Stride of dim in elements; -1 on a bad dim. */
 int64_t kiln_stride(const kiln_tensor *t, int dim);
 kiln_shape kiln_shape_of(const kiln_tensor *t);
 int64_t kiln_numel(const kiln_tensor *t);
@@ -132,9 +151,11 @@ bool kiln_is_pinned(const kiln_tensor *t);
 bool kiln_shares_storage(const kiln_tensor *a, const kiln_tensor *b);
 /* Version counter of the storage (bumped by every in-place write). */
 uint64_t kiln_tensor_version(const kiln_tensor *t);
-/* Device address of element 0 (NULL for meta). Borrowed; valid while t is. */
+/* Device address of element 0 (NULL for meta and for zero-size tensors).
+ * Borrowed; valid while t is. */
 void *kiln_data_ptr(const kiln_tensor *t);
-/* The device's references held on t's storage; for tests and leak hunts. */
+/* References held on the handle t (views are other handles and are not
+ * counted); for tests and leak hunts. */
 int kiln_refcount(const kiln_tensor *t);
 
 /* ---- Views (share storage; new references) ------------------------------------ */
@@ -149,10 +170,11 @@ kiln_tensor *kiln_transpose(kiln_tensor *t, int dim0, int dim1);
 kiln_tensor *kiln_narrow(kiln_tensor *t, int dim, int64_t start, int64_t length);
 /* Broadcast size-1 dims (stride 0); -1 keeps a dim; new leading dims allowed. */
 kiln_tensor *kiln_expand(kiln_tensor *t, kiln_shape shape);
-/* Remove dim if its size is 1 (else return a new reference unchanged). */
+/* Remove dim if its size is 1 (else a view with the same shape). */
 kiln_tensor *kiln_squeeze(kiln_tensor *t, int dim);
 kiln_tensor *kiln_unsqueeze(kiln_tensor *t, int dim);
-/* t itself (new reference) if contiguous, else a contiguous copy. */
+/* t itself (a new reference to the same handle) if contiguous, else a
+ * contiguous copy on t's device. */
 kiln_tensor *kiln_contiguous(kiln_tensor *t);
 
 /* ---- Copies ------------------------------------------------------------------------ */
@@ -163,21 +185,29 @@ enum {
 };
 
 /* `t` on `device` as `dtype`. Same device and dtype without KILN_COPY:
- * a new reference to t, no copy. KILN_NON_BLOCKING is asynchronous only
- * between pinned host memory and a device with streams; otherwise the copy
- * blocks the host until done. */
+ * a new reference to t, no copy. Otherwise a new contiguous tensor.
+ * KILN_NON_BLOCKING is asynchronous only between pinned host memory and a
+ * device with streams (as in PyTorch, a non-blocking copy from CUDA to the
+ * CPU lands in pinned memory); otherwise the copy blocks the host until
+ * done. A meta source cannot be copied to a real device. */
 kiln_tensor *kiln_to(kiln_tensor *t, kiln_device device, kiln_dtype dtype, unsigned flags);
 /* Copy src into dst elementwise (shapes must match; src may broadcast to
- * dst; dtypes convert). Bumps dst's version. Blocking rules as kiln_to. */
+ * dst; dtypes convert: float -> integer truncates toward zero, NaN gives 0,
+ * i32/i64 saturate, u8 wraps modulo 256; -> bool is x != 0). src and dst
+ * may overlap. dst may not be an expanded view (several elements at one
+ * address). Into meta: no data moves; from meta into a real tensor: an
+ * error. Bumps dst's version. Blocking rules as kiln_to. */
 kiln_status kiln_copy_(kiln_tensor *dst, const kiln_tensor *src, unsigned flags);
 /* Copy t's elements, in row-major order and t's dtype, to host memory
- * `dst` of `size` bytes. Blocks (host synchronisation). */
+ * `dst` of exactly numel * dtype size bytes. Blocks (host
+ * synchronisation). Meta tensors have no data: an error. */
 kiln_status kiln_to_host(const kiln_tensor *t, void *dst, size_t size);
 /* The single element of a 1-element tensor as a double. Blocks: a host
  * synchronisation, counted by the profiler. */
 kiln_status kiln_item(const kiln_tensor *t, double *out);
 /* Keep t's memory from being reused before work queued on `stream` up to
- * t's release has finished (for tensors used on a second stream). */
+ * t's release has finished (for tensors used on a second stream). Pinned
+ * tensors record on the pinned pool. Does not block. */
 kiln_status kiln_record_stream(kiln_tensor *t, kiln_stream *stream);
 
 #ifdef __cplusplus

@@ -11,6 +11,7 @@
 #include "kiln/base.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KILN_HALF_X86 1
 #else
@@ -126,17 +127,34 @@ __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *
 }
 #endif
 
-/* __builtin_cpu_supports reads the CPU model libgcc filled in at start-up;
- * __builtin_cpu_init makes that safe when called from another constructor
- * too. libgcc reports avx (and with it f16c) only when the OS saves the
- * YMM registers, so the 256-bit forms above are safe whenever this is true. */
-bool kiln_cpu_has_f16c(void) {
+/* Read CPUID directly (clang 14 has no __builtin_cpu_supports("f16c")):
+ * F16C is leaf 1 ECX bit 29; the 256-bit forms above also need AVX (ECX bit
+ * 28) and an OS that saves YMM state (OSXSAVE, ECX bit 27, and XCR0 bits 1
+ * and 2). Cached: CPUID is slow under virtualisation. */
+static int f16c_state = -1;
+
+static bool detect_f16c(void) {
 #if KILN_HALF_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+    const unsigned need = (1u << 27) | (1u << 28) | (1u << 29);
+    if ((ecx & need) != need) return false;
+    unsigned xcr0_lo, xcr0_hi;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    (void)xcr0_hi;
+    return (xcr0_lo & 6u) == 6u;
 #else
     return false;
 #endif
+}
+
+bool kiln_cpu_has_f16c(void) {
+    int s = __atomic_load_n(&f16c_state, __ATOMIC_RELAXED);
+    if (s < 0) {
+        s = detect_f16c() ? 1 : 0;
+        __atomic_store_n(&f16c_state, s, __ATOMIC_RELAXED);
+    }
+    return s == 1;
 }
 
 void kiln_f32_to_f16_n(const float *src, uint16_t *dst, size_t n) {

@@ -34,7 +34,10 @@ typedef struct kiln_tensor_kernels {
     kiln_status (*arange)(void *dst, kiln_dtype dtype, int64_t n, double start, double step,
                           void *stream);
     /* Contiguous dst of n elements from the draw at `rng`: uniform [0,1)
-     * uses word i; normal uses kiln_rng_normal_at(rng, i). Floating dtypes. */
+     * uses word i; normal uses kiln_rng_normal_at(rng, i). Floating dtypes.
+     * Both are computed in f32 and converted with round-to-nearest-even;
+     * an f16 uniform that rounds to 1.0 (0x3C00) is stored as 0x3BFF, a
+     * bf16 one (0x3F80) as 0x3F7F, so the range stays [0, 1). */
     kiln_status (*rand_uniform)(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream);
     kiln_status (*rand_normal)(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream);
 } kiln_tensor_kernels;

@@ -1,0 +1,100 @@
+/* The tensor layer's internals, shared by its files and by the layers above
+ * (ops, autograd): the storage and tensor records, shape helpers, the
+ * bridge to kernels, and reference dropping that never touches scopes. */
+#ifndef KILN_SRC_TENSOR_TENSOR_INTERNAL_H
+#define KILN_SRC_TENSOR_TENSOR_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "kernels/kernels.h"
+#include "kiln/tensor.h"
+
+/* Bytes of one device's memory, shared by every view of it. The version
+ * counter lives here, so all views of a storage see each other's writes. */
+typedef struct kiln_storage {
+    atomic_int refcount;
+    kiln_device device;
+    void *base; /* NULL when nbytes is 0; a fake address on meta */
+    size_t nbytes;
+    kiln_stream *stream; /* the stream the block was allocated on */
+    bool pinned;         /* from kiln_pinned_alloc, freed with kiln_pinned_free */
+    atomic_uint_fast64_t version;
+} kiln_storage;
+
+#define KILN_TENSOR_MAGIC 0x4B494C4EU /* "KILN" */
+#define KILN_TENSOR_DEAD  0xDEADBEEFU /* written just before the record is freed */
+
+struct kiln_tensor {
+    uint32_t magic;
+    atomic_int refcount;
+    kiln_storage *storage;
+    kiln_dtype dtype;
+    kiln_layout layout;
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+    int64_t strides[KILN_MAX_DIMS]; /* in elements */
+    int64_t offset;                 /* in elements, from storage->base */
+    /* Owned by the autograd layer (NULL until it attaches something); freed
+     * through the hook below when the tensor dies. */
+    void *autograd;
+    bool requires_grad;
+};
+
+/* ---- Shapes ------------------------------------------------------------------------ */
+
+/* "[2, 3]" ("[]" for a scalar) into buf; returns buf. */
+const char *kiln_shape_format(int ndim, const int64_t *d, char *buf, size_t size);
+/* Check ndim in 0..KILN_MAX_DIMS, sizes >= 0, and that numel * elemsize
+ * fits in int64. Errors name `fn`, the shape and the way out. */
+kiln_status kiln_shape_check(const char *fn, kiln_shape shape, kiln_dtype dtype, int64_t *numel);
+/* Row-major strides of a shape (size-0 and size-1 dims get the stride a
+ * contiguous tensor would have with them counted as 1). */
+void kiln_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Wrap a possibly negative dim into [0, ndim); false when out of range. */
+bool kiln_wrap_dim(int dim, int ndim, int *out);
+
+/* ---- Records ----------------------------------------------------------------------- */
+
+/* Validates a tensor argument (NULL, magic, and in debug builds that the
+ * handle is live), raising an error that names `fn`. */
+kiln_status kiln_tensor_check(const kiln_tensor *t, const char *fn);
+/* A new contiguous tensor with fresh, uninitialised storage on `device`.
+ * Never registers with a scope. pinned: CPU memory from the pinned pool. */
+kiln_tensor *kiln_tensor_alloc(const char *fn, kiln_shape shape, kiln_dtype dtype, kiln_device device,
+                               bool pinned);
+/* A new handle on t's storage with the given geometry. Never registers. */
+kiln_tensor *kiln_tensor_alias(kiln_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
+                               int64_t offset);
+/* Drop one reference without looking at scopes: how library code releases
+ * the references it holds (see scope.h). */
+kiln_status kiln_tensor_drop(kiln_tensor *t);
+/* Mark an in-place write to t's storage. */
+void kiln_tensor_bump_version(kiln_tensor *t);
+/* The kernel-side description of t (data pointer with the offset applied;
+ * NULL data on meta). */
+kiln_strided kiln_tensor_strided(const kiln_tensor *t);
+/* The backend handle of the current stream of `device`, for kernels; NULL
+ * with an error when the device is unavailable. */
+kiln_status kiln_tensor_kernel_stream(kiln_device device, void **handle);
+
+/* Called with a dying tensor whose `autograd` is not NULL; the autograd
+ * layer registers it at kiln_init. NULL: nothing to free. */
+typedef void (*kiln_autograd_free_hook)(kiln_tensor *t);
+void kiln_tensor_set_autograd_free_hook(kiln_autograd_free_hook hook);
+
+/* ---- Debug handle tracking (handles.c) -------------------------------------------
+ * In KILN_DEBUG_HANDLES builds every live tensor record is in a set, so a
+ * release of a dead handle is detected without touching its memory. In
+ * other builds these are no-ops and kiln_handle_is_live returns true. */
+kiln_status kiln_handle_add(const kiln_tensor *t);
+void kiln_handle_remove(const kiln_tensor *t);
+bool kiln_handle_is_live(const kiln_tensor *t);
+/* Tensors alive right now (debug builds; -1 otherwise). */
+int64_t kiln_handle_live_count(void);
+/* Frees the set (kiln_shutdown). */
+void kiln_handles_shutdown(void);
+
+/* Called by kiln_shutdown: frees the tensor layer's process-wide state. */
+void kiln_tensor_layer_shutdown(void);
+
+#endif
