@@ -4,7 +4,7 @@
 #   scripts/check-install.sh BUILD_DIR
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:?usage: check-install.sh BUILD_DIR}
+build=$(cd "${1:?usage: check-install.sh BUILD_DIR}" && pwd)
 prefix="$build/install-check/prefix"
 rm -rf "$build/install-check"
 cmake --install "$build" --prefix "$prefix" >/dev/null
