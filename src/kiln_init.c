@@ -8,6 +8,8 @@
 #include "kiln/kiln.h"
 #include "kiln_config.h"
 #include "runtime/runtime_internal.h"
+#include "autograd/autograd_internal.h"
+#include "ops/op_registry.h"
 #include "tensor/tensor_internal.h"
 
 static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -23,6 +25,8 @@ kiln_status kiln_init(void) {
 #ifdef KILN_WITH_CUDA
         kiln_backend_register(kiln_cuda_backend());
 #endif
+        kiln_ops_register_kernels(KILN_DEVICE_CPU, kiln_cpu_op_kernels());
+        kiln_autograd_init();
         st = kiln_runtime_init();
         initialised = st == KILN_OK;
     }

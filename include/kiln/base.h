@@ -77,7 +77,7 @@ void kiln_log_set_sink(kiln_log_sink sink, void *user);
 void kiln_log_set_level(kiln_log_level level);
 kiln_log_level kiln_log_get_level(void);
 /* Log a printf-style line at `level`. Thread-safe. */
-void kiln_log(kiln_log_level level, const char *fmt, ...)
+void kiln_log_write(kiln_log_level level, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif

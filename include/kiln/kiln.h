@@ -8,6 +8,8 @@
 #include "kiln/base.h"
 #include "kiln/runtime.h"
 #include "kiln/tensor.h"
+#include "kiln/autograd.h"
+#include "kiln/ops.h"
 
 #ifdef __cplusplus
 extern "C" {

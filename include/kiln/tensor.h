@@ -98,6 +98,12 @@ kiln_tensor *kiln_new_full(const kiln_tensor *like, kiln_shape shape, double val
 /* Seed every device's generator (per-device streams are split from it). */
 void kiln_manual_seed(uint64_t seed);
 
+/* Record the caller's file:line for the next outermost public call on this
+ * thread (ignored inside the library, so nested calls keep the user's
+ * site). The public headers' op macros call it; autograd nodes store the
+ * site so diagnostics can name the user's line. */
+void kiln_site_mark(const char *file, int line);
+
 /* ---- References ---------------------------------------------------------------- */
 
 /* A new reference to the same tensor. Never registered with a scope: the

@@ -114,7 +114,7 @@ int64_t kiln_handle_live_count(void) {
 void kiln_handles_shutdown(void) {
     pthread_mutex_lock(&handles_mutex);
     if (count)
-        kiln_log(KILN_LOG_WARN, "kiln_shutdown: %zu tensor%s still alive (not released)", count,
+        kiln_log_write(KILN_LOG_WARN, "kiln_shutdown: %zu tensor%s still alive (not released)", count,
                  count == 1 ? " is" : "s are");
     free(slots);
     slots = NULL;

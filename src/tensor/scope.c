@@ -20,11 +20,27 @@ static _Thread_local int api_depth;
 static _Thread_local scope *stack; /* stack[0] is the outermost scope */
 static _Thread_local int stack_depth, stack_capacity;
 
+/* The user's call site of the current outermost public call (see
+ * kiln_site_mark); reset when the depth returns to 0. */
+static _Thread_local const char *site_file;
+static _Thread_local int site_line;
+
+void kiln_site_mark(const char *file, int line) {
+    if (api_depth > 0) return; /* inside the library: keep the user's site */
+    site_file = file;
+    site_line = line;
+}
+
+const char *kiln_site_get(int *line) {
+    if (line) *line = site_file ? site_line : 0;
+    return site_file ? site_file : "(unknown)";
+}
+
 void kiln_api_enter(void) { api_depth++; }
 
 void kiln_api_leave(void) {
     KILN_ASSERT(api_depth > 0);
-    api_depth--;
+    if (--api_depth == 0) site_file = NULL;
 }
 
 int kiln_api_depth(void) { return api_depth; }

@@ -40,6 +40,10 @@ void kiln_api_leave(void);
  * Returns t, or NULL (t released, KILN_ERR_OUT_OF_MEMORY set) if the
  * scope's entry list cannot grow. */
 kiln_tensor *kiln_api_return(kiln_tensor *t);
+/* The user's file and line of the current outermost public call, as
+ * marked by the public headers' call-site macros; "(unknown)" / 0 when the
+ * call came through a function pointer or from a non-macro entry. */
+const char *kiln_site_get(int *line);
 /* This thread's API depth (0 outside the library). */
 int kiln_api_depth(void);
 

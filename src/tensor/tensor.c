@@ -51,7 +51,7 @@ static void storage_release(kiln_storage *s) {
         kiln_status st = s->pinned ? kiln_pinned_free(s->base) : kiln_memory_free(s->device, s->base);
         /* Unknown pointers mean allocator state was lost (a tensor outliving
          * kiln_shutdown): log it, the storage record still goes. */
-        if (st) kiln_log(KILN_LOG_WARN, "tensor storage free failed: %s", kiln_error_message());
+        if (st) kiln_log_write(KILN_LOG_WARN, "tensor storage free failed: %s", kiln_error_message());
     }
     free(s);
 }

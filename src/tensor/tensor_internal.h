@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "kernels/kernels.h"
+#include "kernels/op_args.h"
 #include "kiln/tensor.h"
 
 /* Bytes of one device's memory, shared by every view of it. The version
@@ -81,6 +82,23 @@ kiln_status kiln_tensor_kernel_stream(kiln_device device, void **handle);
  * layer registers it at kiln_init. NULL: nothing to free. */
 typedef void (*kiln_autograd_free_hook)(kiln_tensor *t);
 void kiln_tensor_set_autograd_free_hook(kiln_autograd_free_hook hook);
+
+/* Views and dense copies made by the tensor layer's public functions are
+ * reported to autograd through this hook, so gradients flow through them.
+ * `out` is a fresh result; the hook returns it (possibly with a node
+ * attached) or NULL with an error (out dropped). attrs: VIEW - (none, the
+ * input's shape is in the node), PERMUTE - dims, NARROW - dims[0] and
+ * ints[0] (start), EXPAND/COPY - none. */
+typedef enum kiln_view_kind {
+    KILN_VIEW_KIND_VIEW = 0,
+    KILN_VIEW_KIND_PERMUTE,
+    KILN_VIEW_KIND_NARROW,
+    KILN_VIEW_KIND_EXPAND,
+    KILN_VIEW_KIND_COPY,
+} kiln_view_kind;
+typedef kiln_tensor *(*kiln_view_hook)(kiln_view_kind kind, kiln_tensor *in, kiln_tensor *out,
+                                        const kiln_op_attrs *attrs);
+void kiln_tensor_set_view_hook(kiln_view_hook hook);
 
 /* ---- Debug handle tracking (handles.c) -------------------------------------------
  * In KILN_DEBUG_HANDLES builds every live tensor record is in a set, so a

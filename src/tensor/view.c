@@ -1,6 +1,7 @@
 /* Views: new handles on the same storage with other shapes, strides and
  * offsets. Nothing here touches data except kiln_reshape and
  * kiln_contiguous, which copy when no view can express the result. */
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "base/error.h"
@@ -8,6 +9,18 @@
 #include "tensor/tensor_internal.h"
 
 #define SHAPE_TEXT 160
+
+static _Atomic(kiln_view_hook) view_hook;
+
+void kiln_tensor_set_view_hook(kiln_view_hook hook) { atomic_store(&view_hook, hook); }
+
+/* Report a view (or copy) to autograd when it is listening. */
+static kiln_tensor *recorded(kiln_view_kind kind, kiln_tensor *in, kiln_tensor *out, const kiln_op_attrs *attrs) {
+    kiln_view_hook hook = atomic_load(&view_hook);
+    if (!out || !hook) return out;
+    kiln_op_attrs none = {0};
+    return hook(kind, in, out, attrs ? attrs : &none);
+}
 
 static const char *shape_text(const kiln_tensor *t, char *buf) {
     return kiln_shape_format(t->ndim, t->shape, buf, SHAPE_TEXT);
@@ -105,17 +118,17 @@ static kiln_tensor *view_impl(kiln_tensor *t, kiln_shape shape) {
 
 kiln_tensor *kiln_view(kiln_tensor *t, kiln_shape shape) {
     kiln_api_enter();
-    return kiln_api_return(view_impl(t, shape));
+    return kiln_api_return(recorded(KILN_VIEW_KIND_VIEW, t, view_impl(t, shape), NULL));
 }
 
 static kiln_tensor *reshape_impl(kiln_tensor *t, kiln_shape shape) {
     if (kiln_tensor_check(t, "kiln_reshape") || infer_shape("kiln_reshape", t, &shape)) return NULL;
     int64_t strides[KILN_MAX_DIMS];
     if (compute_view_strides(t, &shape, strides))
-        return kiln_tensor_alias(t, shape.ndim, shape.d, strides, t->offset);
+        return recorded(KILN_VIEW_KIND_VIEW, t, kiln_tensor_alias(t, shape.ndim, shape.d, strides, t->offset), NULL);
     kiln_tensor *c = kiln_contiguous(t);
     if (!c) return NULL;
-    kiln_tensor *v = view_impl(c, shape);
+    kiln_tensor *v = recorded(KILN_VIEW_KIND_VIEW, c, view_impl(c, shape), NULL);
     kiln_tensor_drop(c);
     return v;
 }
@@ -155,7 +168,9 @@ static kiln_tensor *permute_impl(kiln_tensor *t, int ndim, const int *dims) {
 
 kiln_tensor *kiln_permute(kiln_tensor *t, int ndim, const int *dims) {
     kiln_api_enter();
-    return kiln_api_return(permute_impl(t, ndim, dims));
+    kiln_op_attrs a = {.n_dims = ndim};
+    for (int i = 0; i < ndim && i < KILN_MAX_DIMS; i++) a.dims[i] = dims[i];
+    return kiln_api_return(recorded(KILN_VIEW_KIND_PERMUTE, t, permute_impl(t, ndim, dims), &a));
 }
 
 static kiln_tensor *transpose_impl(kiln_tensor *t, int dim0, int dim1) {
@@ -180,7 +195,16 @@ static kiln_tensor *transpose_impl(kiln_tensor *t, int dim0, int dim1) {
 
 kiln_tensor *kiln_transpose(kiln_tensor *t, int dim0, int dim1) {
     kiln_api_enter();
-    return kiln_api_return(transpose_impl(t, dim0, dim1));
+    kiln_tensor *r = transpose_impl(t, dim0, dim1);
+    kiln_op_attrs a = {.n_dims = r ? t->ndim : 0};
+    for (int i = 0; i < a.n_dims; i++) a.dims[i] = i;
+    if (r && t->ndim) {
+        int d0, d1;
+        kiln_wrap_dim(dim0, t->ndim, &d0);
+        kiln_wrap_dim(dim1, t->ndim, &d1);
+        a.dims[d0] = d1, a.dims[d1] = d0;
+    }
+    return kiln_api_return(recorded(KILN_VIEW_KIND_PERMUTE, t, r, &a));
 }
 
 static kiln_tensor *narrow_impl(kiln_tensor *t, int dim, int64_t start, int64_t length) {
@@ -207,7 +231,13 @@ static kiln_tensor *narrow_impl(kiln_tensor *t, int dim, int64_t start, int64_t 
 
 kiln_tensor *kiln_narrow(kiln_tensor *t, int dim, int64_t start, int64_t length) {
     kiln_api_enter();
-    return kiln_api_return(narrow_impl(t, dim, start, length));
+    kiln_tensor *r = narrow_impl(t, dim, start, length);
+    kiln_op_attrs a = {.n_dims = 1, .n_ints = 1};
+    if (r) {
+        kiln_wrap_dim(dim, t->ndim, &a.dims[0]);
+        a.ints[0] = start < 0 ? start + t->shape[a.dims[0]] : start;
+    }
+    return kiln_api_return(recorded(KILN_VIEW_KIND_NARROW, t, r, &a));
 }
 
 static kiln_tensor *expand_impl(kiln_tensor *t, kiln_shape shape) {
@@ -247,7 +277,7 @@ static kiln_tensor *expand_impl(kiln_tensor *t, kiln_shape shape) {
 
 kiln_tensor *kiln_expand(kiln_tensor *t, kiln_shape shape) {
     kiln_api_enter();
-    return kiln_api_return(expand_impl(t, shape));
+    return kiln_api_return(recorded(KILN_VIEW_KIND_EXPAND, t, expand_impl(t, shape), NULL));
 }
 
 static kiln_tensor *squeeze_impl(kiln_tensor *t, int dim) {
@@ -270,7 +300,7 @@ static kiln_tensor *squeeze_impl(kiln_tensor *t, int dim) {
 
 kiln_tensor *kiln_squeeze(kiln_tensor *t, int dim) {
     kiln_api_enter();
-    return kiln_api_return(squeeze_impl(t, dim));
+    return kiln_api_return(recorded(KILN_VIEW_KIND_VIEW, t, squeeze_impl(t, dim), NULL));
 }
 
 static kiln_tensor *unsqueeze_impl(kiln_tensor *t, int dim) {
@@ -303,7 +333,7 @@ static kiln_tensor *unsqueeze_impl(kiln_tensor *t, int dim) {
 
 kiln_tensor *kiln_unsqueeze(kiln_tensor *t, int dim) {
     kiln_api_enter();
-    return kiln_api_return(unsqueeze_impl(t, dim));
+    return kiln_api_return(recorded(KILN_VIEW_KIND_VIEW, t, unsqueeze_impl(t, dim), NULL));
 }
 
 static kiln_tensor *contiguous_impl(kiln_tensor *t) {
@@ -316,7 +346,7 @@ static kiln_tensor *contiguous_impl(kiln_tensor *t) {
         kiln_tensor_drop(c);
         return NULL;
     }
-    return c;
+    return recorded(KILN_VIEW_KIND_COPY, t, c, NULL);
 }
 
 kiln_tensor *kiln_contiguous(kiln_tensor *t) {

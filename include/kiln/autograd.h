@@ -1,0 +1,74 @@
+/* Kiln autograd: gradients of tensors that require them.
+ *
+ * A floating tensor marked with kiln_set_requires_grad is a *leaf*; every
+ * op on tensors that require grad (with grad mode on) records a node
+ * holding what its backward needs, and its outputs require grad.
+ * kiln_backward walks the recorded graph and accumulates into each leaf's
+ * .grad. Nodes hold their saved tensors by the library's own references,
+ * so scopes never free them; they are released when backward is done with
+ * them (unless retain_graph) or when the outputs that own the graph die.
+ *
+ * Grad mode, like the current device, is per thread. */
+#ifndef KILN_AUTOGRAD_H
+#define KILN_AUTOGRAD_H
+
+#include "kiln/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Mark a leaf (a tensor no op produced) as requiring grad, or not. Only
+ * floating dtypes can require grad. Does not block. */
+kiln_status kiln_set_requires_grad(kiln_tensor *t, bool requires_grad);
+bool kiln_requires_grad(const kiln_tensor *t);
+/* True for tensors no recorded op produced. */
+bool kiln_is_leaf(const kiln_tensor *t);
+
+/* The accumulated gradient of a leaf: a new reference, or NULL with no
+ * error set (kiln_error_last()->status == KILN_OK) when there is none yet. */
+kiln_tensor *kiln_grad(kiln_tensor *t);
+/* Replace a leaf's gradient (NULL clears it, freeing its memory: what
+ * zero_grad does by default). The leaf takes its own reference. */
+kiln_status kiln_set_grad(kiln_tensor *t, kiln_tensor *grad);
+
+/* Backpropagate from `root`. grad_output: the gradient of root (NULL means
+ * ones, allowed only when root has one element). Leaves accumulate into
+ * .grad. Without retain_graph the nodes' saved tensors are released as
+ * backward passes them, and a second backward through them is an error.
+ * Runs with grad mode and autocast off. Queues work on the devices'
+ * current streams; does not block the host beyond what the ops do. */
+kiln_status kiln_backward(kiln_tensor *root, kiln_tensor *grad_output, bool retain_graph);
+
+/* A new tensor sharing t's storage, outside any graph (requires_grad off). */
+kiln_tensor *kiln_detach(kiln_tensor *t);
+
+/* Grad mode, nestable: begin pushes a mode, end pops it. With grad mode off
+ * no op records a node (the C form of torch.no_grad()). */
+void kiln_no_grad_begin(void);
+void kiln_enable_grad_begin(void);
+kiln_status kiln_grad_mode_end(void);
+bool kiln_is_grad_enabled(void);
+
+/* A hook on the gradient flowing into tensor t (leaf or not). It may
+ * return a replacement gradient (a new reference, which Kiln takes) or NULL
+ * to keep the one it was given. Called during backward, before a leaf's
+ * accumulation. */
+typedef kiln_tensor *(*kiln_grad_hook)(kiln_tensor *grad, void *user);
+kiln_status kiln_register_hook(kiln_tensor *t, kiln_grad_hook hook, void *user);
+/* A hook on a leaf, called after its gradient has been accumulated into
+ * .grad (where DDP starts communicating a bucket). `leaf` is borrowed. */
+typedef void (*kiln_post_accumulate_hook)(kiln_tensor *leaf, void *user);
+kiln_status kiln_register_post_accumulate_hook(kiln_tensor *leaf, kiln_post_accumulate_hook hook, void *user);
+
+/* The name of the op that produced t ("mul"), or NULL for a leaf or a
+ * tensor outside any graph. Static string. */
+const char *kiln_grad_fn_name(const kiln_tensor *t);
+/* The user's file:line where that op was called ("(unknown)" if the call
+ * did not go through the public headers' macros). */
+const char *kiln_grad_fn_site(const kiln_tensor *t, int *line);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,87 @@
+/* What an op kernel receives: strided views of its inputs and outputs, the
+ * op's attributes, a workspace and a stream. Kernels are arithmetic only:
+ * they never allocate, never see a kiln_tensor, and run on data whose
+ * dtypes the dispatcher has already made what the op's inference said.
+ * Broadcasting has been applied: an input of a broadcasting op arrives
+ * expanded to the output's shape (stride 0 on broadcast dims). */
+#ifndef KILN_SRC_KERNELS_OP_ARGS_H
+#define KILN_SRC_KERNELS_OP_ARGS_H
+
+#include "kernels/kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_OP_MAX_IN 6
+#define KILN_OP_MAX_OUT 4
+
+typedef enum kiln_reduction {
+    KILN_REDUCTION_NONE = 0,
+    KILN_REDUCTION_MEAN,
+    KILN_REDUCTION_SUM,
+} kiln_reduction;
+
+/* Attributes of one op call. Each op reads only the members its row in
+ * ops.def documents; the rest stay zero. Grouped by the ops that use them. */
+typedef struct kiln_op_attrs {
+    /* scalars: add/sub alpha, scalar operands, clamp bounds, leaky slope,
+     * pow exponent, dropout probability, fill values */
+    double scalar[3];
+    int flag; /* op-specific switch: gelu tanh, clamp has_min|has_max<<1, ... */
+    /* dims: reductions, softmax, cat/stack, gather, flip, narrow, transpose */
+    int n_dims;
+    int dims[KILN_MAX_DIMS];
+    bool keepdim;
+    int64_t ints[KILN_MAX_DIMS * 2]; /* shapes (view), pad widths, narrow start/len */
+    int n_ints;
+    /* conv2d and pooling: (H, W) pairs */
+    int64_t kernel[2], stride[2], padding[2], dilation[2];
+    int64_t groups;
+    bool ceil_mode;
+    bool count_include_pad;
+    /* losses */
+    kiln_reduction reduction;
+    int64_t ignore_index;
+    double label_smoothing;
+    /* batch norm */
+    bool training;
+    double momentum, eps;
+    /* cast */
+    kiln_dtype dtype;
+    /* random ops (dropout, randperm): the draw keyed so a recompute
+     * reproduces it */
+    kiln_rng rng;
+} kiln_op_attrs;
+
+typedef struct kiln_op_args {
+    int n_in, n_out;
+    kiln_strided in[KILN_OP_MAX_IN];
+    kiln_strided out[KILN_OP_MAX_OUT];
+    const kiln_op_attrs *attrs;
+    void *workspace; /* workspace_bytes() bytes from the caching allocator */
+    size_t workspace_bytes;
+    void *stream; /* backend stream handle */
+} kiln_op_args;
+
+typedef kiln_status (*kiln_op_kernel_fn)(const kiln_op_args *args);
+/* Scratch bytes a kernel needs for these args (optional; NULL = none). */
+typedef size_t (*kiln_op_workspace_fn)(const kiln_op_args *args);
+
+/* One backend's kernel for one op. `dtypes` is a bit mask (1u << dtype)
+ * of the dtypes of out[0] the kernel handles. */
+typedef struct kiln_op_kernel {
+    kiln_op_kernel_fn run;
+    kiln_op_workspace_fn workspace;
+    uint32_t dtypes;
+} kiln_op_kernel;
+
+#define KILN_DT(d) (1u << (d))
+#define KILN_DT_FLOAT (KILN_DT(KILN_F32) | KILN_DT(KILN_F64) | KILN_DT(KILN_F16) | KILN_DT(KILN_BF16))
+#define KILN_DT_INT (KILN_DT(KILN_I32) | KILN_DT(KILN_I64) | KILN_DT(KILN_U8))
+#define KILN_DT_ALL (KILN_DT_FLOAT | KILN_DT_INT | KILN_DT(KILN_BOOL))
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,224 @@
+/* The dispatcher: every op call goes through kiln_dispatch.
+ *
+ *   validate -> hooks begin (profiler, autocast, autograd, anomaly) ->
+ *   infer shapes and dtypes -> cast inputs to the dtypes inference asked
+ *   for (as CAST ops, so gradients flow through the casts) -> allocate
+ *   outputs and workspace on the current stream -> run the device's kernel
+ *   -> hooks end (innermost first: autograd records the node here).
+ *
+ * The dispatcher runs at API depth >= 1, so the public functions it and the
+ * hooks call never register with the user's scope. */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "ops/op_registry.h"
+#include "runtime/runtime_internal.h"
+#include "tensor/scope.h"
+#include "tensor/tensor_internal.h"
+
+static kiln_dispatch_hook hooks[KILN_HOOK_KIND_COUNT];
+
+void kiln_dispatch_set_hook(kiln_hook_kind kind, const kiln_dispatch_hook *hook) {
+    if ((unsigned)kind >= KILN_HOOK_KIND_COUNT) return;
+    if (hook) hooks[kind] = *hook;
+    else memset(&hooks[kind], 0, sizeof hooks[kind]);
+}
+
+static bool optional_input(const kiln_op_info *info, int i) {
+    return (info->flags & OPF_VARIADIC) || (i >= 1 && i <= 4 && (info->flags & OPF_OPTIONAL(i)));
+}
+
+static kiln_status check_inputs(kiln_op_call *c, kiln_device creation_device) {
+    const kiln_op_info *info = c->info;
+    char fn[64];
+    snprintf(fn, sizeof fn, "kiln_%s", info->name);
+    if (info->flags & OPF_VARIADIC ? (c->n_in < 1 || c->n_in > info->n_in) : c->n_in != info->n_in)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: %d inputs given, expected %s%d", fn, c->n_in,
+                          info->flags & OPF_VARIADIC ? "1 to " : "", info->n_in);
+    bool have_device = false;
+    int first = -1;
+    for (int i = 0; i < c->n_in; i++) {
+        kiln_tensor *t = c->in[i];
+        if (!t) {
+            if (optional_input(info, i) && !(info->flags & OPF_VARIADIC)) continue;
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass a tensor", "%s: input %d is NULL", fn, i);
+        }
+        KILN_TRY(kiln_tensor_check(t, fn));
+        kiln_device d = kiln_get_device(t);
+        if (!have_device) {
+            c->device = d, have_device = true, first = i;
+        } else if (!kiln_device_equal(d, c->device)) {
+            char a[32], b[32];
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "move them to one device with kiln_to",
+                              "%s: input %d is on %s but input %d is on %s", fn, first,
+                              kiln_device_str(c->device, a, sizeof a), i, kiln_device_str(d, b, sizeof b));
+        }
+    }
+    if (!have_device) {
+        if (!(info->flags & OPF_CREATION))
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: no input tensor given", fn);
+        if (!kiln_backend_for(creation_device)) return kiln_error_last()->status;
+        c->device = creation_device;
+    }
+    return KILN_OK;
+}
+
+/* An input viewed with the output's shape: broadcast dims get stride 0. */
+static kiln_strided broadcast_view(const kiln_tensor *t, const kiln_meta *out) {
+    kiln_strided s = kiln_tensor_strided(t);
+    kiln_strided b = s;
+    b.ndim = out->ndim;
+    int lead = out->ndim - s.ndim;
+    for (int i = 0; i < out->ndim; i++) {
+        b.shape[i] = out->shape[i];
+        b.strides[i] = (i < lead || s.shape[i - lead] != out->shape[i]) ? 0 : s.strides[i - lead];
+    }
+    return b;
+}
+
+/* Cast input i to `dtype` through the CAST op, so autograd sees the cast. */
+static kiln_status cast_input(kiln_op_call *c, int i, kiln_dtype dtype) {
+    kiln_op_attrs a = {.dtype = dtype};
+    kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+    KILN_TRY(kiln_dispatch(KILN_OP_CAST, 1, &c->in[i], &a, c->device, out));
+    if (c->in_owned[i]) kiln_tensor_drop(c->in[i]);
+    c->in[i] = out[0];
+    c->in_owned[i] = true;
+    return KILN_OK;
+}
+
+static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
+    const kiln_op_info *info = c->info;
+    if (c->device.type == KILN_DEVICE_META) return KILN_OK; /* shapes only */
+    const kiln_op_kernel *k = kiln_ops_kernel(c->device.type, c->op);
+    char dev[32];
+    kiln_device_str(c->device, dev, sizeof dev);
+    if (!k)
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "run it on the cpu device, or report the missing kernel",
+                          "kiln_%s: this build has no %s kernel for it", info->name, dev);
+    kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
+    if (!(k->dtypes & KILN_DT(dt)))
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "cast the inputs with kiln_to to a supported dtype",
+                          "kiln_%s: the %s kernel does not support dtype %s", info->name, dev, kiln_dtype_name(dt));
+    kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
+    for (int i = 0; i < c->n_in; i++) {
+        if (!c->in[i]) {
+            args.in[i].ndim = -1; /* an absent optional input */
+            continue;
+        }
+        args.in[i] = (info->flags & OPF_BROADCAST) ? broadcast_view(c->in[i], &meta[0]) : kiln_tensor_strided(c->in[i]);
+    }
+    for (int i = 0; i < c->n_out; i++) args.out[i] = kiln_tensor_strided(c->out[i]);
+    KILN_TRY(kiln_tensor_kernel_stream(c->device, &args.stream));
+    if (k->workspace) args.workspace_bytes = k->workspace(&args);
+    if (args.workspace_bytes)
+        KILN_TRY(kiln_memory_alloc(c->device, args.workspace_bytes, NULL, &args.workspace));
+    kiln_status st = k->run(&args);
+    /* Freed in stream order: the next user of the block runs after the kernel. */
+    if (args.workspace) kiln_memory_free(c->device, args.workspace);
+    return st;
+}
+
+static kiln_status allocate_outputs(kiln_op_call *c, const kiln_meta *meta) {
+    char fn[64];
+    snprintf(fn, sizeof fn, "kiln_%s", c->info->name);
+    for (int i = 0; i < c->n_out; i++) {
+        if (i == 0 && (c->info->flags & OPF_INPLACE)) {
+            c->out[0] = kiln_retain(c->in[0]);
+            continue;
+        }
+        kiln_shape s = {.ndim = meta[i].ndim};
+        memcpy(s.d, meta[i].shape, sizeof(int64_t) * (size_t)meta[i].ndim);
+        c->out[i] = kiln_tensor_alloc(fn, s, meta[i].dtype, c->device, false);
+        if (!c->out[i]) return kiln_error_last()->status;
+    }
+    return KILN_OK;
+}
+
+static kiln_status dispatch_body(kiln_op_call *c) {
+    const kiln_op_info *info = c->info;
+    kiln_meta meta[KILN_OP_MAX_OUT];
+    kiln_dtype in_dtype[KILN_OP_MAX_IN];
+    memset(meta, 0, sizeof meta);
+    for (int i = 0; i < c->n_in; i++) in_dtype[i] = c->in[i] ? kiln_dtype_of(c->in[i]) : KILN_F32;
+    char fn[64];
+    snprintf(fn, sizeof fn, "kiln_%s", info->name);
+    if (!info->infer)
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "report this: every op needs one (tests/ops/test_op_coverage)",
+                          "%s: this build has no shape inference for it", fn);
+    KILN_TRY(info->infer(fn, c->attrs, c->n_in, c->in, meta, in_dtype));
+    for (int i = 0; i < c->n_in; i++)
+        if (c->in[i] && in_dtype[i] != kiln_dtype_of(c->in[i])) KILN_TRY(cast_input(c, i, in_dtype[i]));
+    if (info->flags & OPF_INPLACE) {
+        kiln_shape s0 = kiln_shape_of(c->in[0]);
+        if (meta[0].ndim != s0.ndim || memcmp(meta[0].shape, s0.d, sizeof(int64_t) * (size_t)s0.ndim) ||
+            meta[0].dtype != kiln_dtype_of(c->in[0]))
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use the out-of-place op",
+                              "%s: the result's shape or dtype differs from the tensor written in place", fn);
+    }
+    KILN_TRY(allocate_outputs(c, meta));
+    KILN_TRY(run_kernel(c, meta));
+    if (info->flags & OPF_INPLACE) kiln_tensor_bump_version(c->out[0]);
+    if (c->op == KILN_OP_BATCH_NORM && c->attrs->training) {
+        /* The running statistics were updated in place. */
+        if (c->in[3]) kiln_tensor_bump_version(c->in[3]);
+        if (c->in[4]) kiln_tensor_bump_version(c->in[4]);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_dispatch(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_op_attrs *attrs, kiln_device device,
+                          kiln_tensor **out) {
+    const kiln_op_info *info = kiln_op_info_get(op);
+    if (!info) return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_dispatch: unknown op %d", (int)op);
+    if (n_in < 0 || n_in > KILN_OP_MAX_IN)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_%s: %d inputs (at most %d)", info->name, n_in,
+                          KILN_OP_MAX_IN);
+    kiln_op_attrs zero_attrs = {0};
+    kiln_op_call c = {.op = op, .info = info, .n_in = n_in, .n_out = info->n_out, .attrs = attrs ? attrs : &zero_attrs};
+    for (int i = 0; i < n_in; i++) c.in[i] = in[i];
+    kiln_api_enter();
+    kiln_status st = check_inputs(&c, device);
+    int begun = 0;
+    for (; !st && begun < KILN_HOOK_KIND_COUNT; begun++)
+        if (hooks[begun].begin) st = hooks[begun].begin(&c);
+    if (!st) st = dispatch_body(&c);
+    for (int h = begun - 1; h >= 0; h--) {
+        if (!hooks[h].end) continue;
+        kiln_status hs = hooks[h].end(&c, st);
+        if (!st) st = hs;
+    }
+    for (int i = 0; i < n_in; i++)
+        if (c.in_owned[i]) kiln_tensor_drop(c.in[i]);
+    if (st) {
+        for (int i = 0; i < c.n_out; i++)
+            if (c.out[i]) kiln_tensor_drop(c.out[i]);
+    } else {
+        for (int i = 0; i < c.n_out; i++) out[i] = c.out[i];
+    }
+    kiln_api_leave();
+    return st;
+}
+
+kiln_tensor *kiln_dispatch_public(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_op_attrs *attrs,
+                                  kiln_tensor **aux) {
+    kiln_api_enter();
+    kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+    kiln_device none = {KILN_DEVICE_CPU, 0};
+    if (kiln_dispatch(op, n_in, in, attrs, none, out)) return kiln_api_return(NULL);
+    const kiln_op_info *info = kiln_op_info_get(op);
+    kiln_tensor *result = kiln_api_return(out[0]);
+    /* Auxiliary outputs handed to the caller follow the same scope rule as
+     * the result: re-entering and returning registers them when this was
+     * an outermost call. */
+    for (int i = 1; i < info->n_out; i++) {
+        if (!aux) {
+            kiln_tensor_drop(out[i]);
+            continue;
+        }
+        kiln_api_enter();
+        aux[i - 1] = kiln_api_return(out[i]);
+    }
+    return result;
+}

@@ -1,0 +1,146 @@
+/* The op registry: ids, static information generated from ops.def, the
+ * per-backend kernel tables, and the dispatcher's hook chain. */
+#ifndef KILN_SRC_OPS_OP_REGISTRY_H
+#define KILN_SRC_OPS_OP_REGISTRY_H
+
+#include "kernels/op_args.h"
+#include "kiln/tensor.h"
+
+typedef enum kiln_op_id {
+#define KILN_OP(ID, name, n_in, n_out, prec, flags, save, infer, backward) KILN_OP_##ID,
+#include "ops/ops.def"
+#undef KILN_OP
+    KILN_OP_COUNT
+} kiln_op_id;
+
+typedef enum kiln_precision {
+    KILN_PREC_ASIS = 0, /* runs in its input dtype */
+    KILN_PREC_LOWER,    /* f16/bf16 under autocast */
+    KILN_PREC_F32,      /* f32 under autocast */
+    KILN_PREC_PROMOTE,  /* widest input type under autocast */
+} kiln_precision;
+
+enum {
+    OPF_BROADCAST = 1u << 0,  /* inputs broadcast to out[0]'s shape */
+    OPF_NONDIFF = 1u << 1,    /* no gradient flows through */
+    OPF_VIEW = 1u << 2,       /* out[0] is a view of in[0]: no kernel */
+    OPF_INPLACE = 1u << 3,    /* out[0] is in[0], written in place */
+    OPF_VARIADIC = 1u << 4,   /* n_in is a maximum; any count >= 1 */
+    OPF_CREATION = 1u << 5,   /* no tensor inputs; device from attrs */
+    OPF_OPTIONAL_1 = 1u << 8, /* input i may be NULL */
+    OPF_OPTIONAL_2 = 1u << 9,
+    OPF_OPTIONAL_3 = 1u << 10,
+    OPF_OPTIONAL_4 = 1u << 11,
+};
+#define OPF_OPTIONAL(i) (1u << (7 + (i)))
+
+#define S_IN(i) (1u << (i))
+#define S_OUT(i) (1u << (16 + (i)))
+
+/* What inference reports for one output. */
+typedef struct kiln_meta {
+    kiln_dtype dtype;
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS];
+} kiln_meta;
+
+/* Shape and dtype inference. `in` holds n_in tensors (optional ones may be
+ * NULL). Fills out[0..n_out) and in_dtype[0..n_in): the dtype each input
+ * must have when the kernel runs (the dispatcher casts where it differs;
+ * preset to each input's own dtype). Errors name the op and the shapes. */
+typedef kiln_status (*kiln_infer_fn)(const char *op, const kiln_op_attrs *attrs, int n_in,
+                                     kiln_tensor *const *in, kiln_meta *out, kiln_dtype *in_dtype);
+
+/* What a backward formula sees. Inputs and outputs the op's save mask did
+ * not ask for are NULL; their shapes and dtypes are always there. */
+typedef struct kiln_backward_ctx {
+    kiln_op_id op;
+    const kiln_op_attrs *attrs;
+    int n_in, n_out;
+    kiln_tensor *const *in;  /* saved inputs (NULL unless saved) */
+    kiln_tensor *const *out; /* saved outputs (NULL unless saved) */
+    const kiln_meta *in_meta;
+    const kiln_meta *out_meta;
+    kiln_device device;
+    const bool *needs_grad; /* per input */
+} kiln_backward_ctx;
+
+/* grad_out[i] may be NULL (that output got no gradient: treat as zeros).
+ * Write a new reference (or NULL for "no gradient") to grad_in[i] for each
+ * input with needs_grad[i]; shapes and dtypes must equal the inputs'. Runs
+ * with grad mode and autocast off, using public ops. */
+typedef kiln_status (*kiln_backward_fn)(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
+                                        kiln_tensor **grad_in);
+
+typedef struct kiln_op_info {
+    const char *name;
+    int n_in, n_out;
+    kiln_precision precision;
+    unsigned flags;
+    uint32_t save;
+    kiln_infer_fn infer;
+    kiln_backward_fn backward; /* NULL for OPF_NONDIFF ops */
+} kiln_op_info;
+
+const kiln_op_info *kiln_op_info_get(kiln_op_id op);
+const char *kiln_precision_name(kiln_precision p);
+
+/* ---- Kernel tables ---------------------------------------------------------------- */
+
+/* Register a backend's kernels (an array of KILN_OP_COUNT entries, static
+ * storage). View ops need none. Called from kiln_init. */
+void kiln_ops_register_kernels(kiln_device_type type, const kiln_op_kernel *table);
+/* The kernel for op on a device type; NULL if none is registered. */
+const kiln_op_kernel *kiln_ops_kernel(kiln_device_type type, kiln_op_id op);
+/* The CPU reference table (kernels/cpu), filled by the op groups. */
+const kiln_op_kernel *kiln_cpu_op_kernels(void);
+
+/* ---- The dispatcher ----------------------------------------------------------------- */
+
+/* One op call as the hooks see it. Hooks may replace in[] entries (autocast
+ * casts inputs): a replaced entry is a new reference the dispatcher drops
+ * after the call. */
+typedef struct kiln_op_call {
+    kiln_op_id op;
+    const kiln_op_info *info;
+    int n_in, n_out;
+    kiln_tensor *in[KILN_OP_MAX_IN];
+    bool in_owned[KILN_OP_MAX_IN];
+    kiln_tensor *out[KILN_OP_MAX_OUT];
+    kiln_op_attrs *attrs;
+    kiln_device device;
+    void *hook_state[4]; /* one slot per hook kind, for begin -> end */
+} kiln_op_call;
+
+typedef enum kiln_hook_kind {
+    KILN_HOOK_PROFILER = 0, /* outermost */
+    KILN_HOOK_AUTOCAST,
+    KILN_HOOK_AUTOGRAD,
+    KILN_HOOK_ANOMALY,
+    KILN_HOOK_KIND_COUNT
+} kiln_hook_kind;
+
+/* begin runs before inference (outermost first); end runs after the kernel
+ * (innermost first) with the outputs in place; `status` is the call's
+ * status so far. Either may be NULL. */
+typedef struct kiln_dispatch_hook {
+    kiln_status (*begin)(kiln_op_call *call);
+    kiln_status (*end)(kiln_op_call *call, kiln_status status);
+} kiln_dispatch_hook;
+
+/* Higher layers register their hook at kiln_init (includes point down). */
+void kiln_dispatch_set_hook(kiln_hook_kind kind, const kiln_dispatch_hook *hook);
+
+/* Run op: n_in inputs (NULL allowed where the op says optional), attrs.
+ * On success out[0..n_out) are new references (never scope-registered:
+ * public wrappers do that through kiln_api_return). `device` is used only
+ * by creation ops. */
+kiln_status kiln_dispatch(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_op_attrs *attrs,
+                          kiln_device device, kiln_tensor **out);
+/* Convenience for public wrappers: enter the API, dispatch, return out[0]
+ * through kiln_api_return (auxiliary outputs dropped, or written to `aux`
+ * when not NULL, as new references). */
+kiln_tensor *kiln_dispatch_public(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_op_attrs *attrs,
+                                  kiln_tensor **aux);
+
+#endif
