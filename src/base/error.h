@@ -10,9 +10,6 @@
 extern "C" {
 #else
 #define KILN_NORETURN _Noreturn
-#ifdef __cplusplus
-}
-#endif
 #endif
 
 /* Set the thread-local error and return `status`. `hint` may be NULL. */
@@ -20,9 +17,6 @@ kiln_status kiln_error_raise(kiln_status status, const char *file, int line, con
                              const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 5, 6)))
-#ifdef __cplusplus
-}
-#endif
 #endif
     ;
 
