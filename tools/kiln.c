@@ -7,6 +7,7 @@
 
 #include "../bench/bench.h"
 #include "kiln/kiln.h"
+#include "ops/op_registry.h"
 #ifdef KILN_WITH_CUDA
 #include "runtime/cuda_backend.h"
 #endif
@@ -88,6 +89,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  info            version, build options, devices with memory\n"
             "  bench NAME      run a benchmark (kiln bench --list)\n"
+            "  ops             the op list as a markdown table (docs/ops.md)\n"
             "  version         print the version\n"
             "  help            this text\n");
 }
@@ -110,6 +112,11 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(cmd, "info") == 0) rc = cmd_info();
     else if (strcmp(cmd, "bench") == 0) rc = cmd_bench(argc - 2, argv + 2);
+    else if (strcmp(cmd, "ops") == 0) {
+        char *md = kiln_ops_markdown();
+        rc = md ? (fputs(md, stdout), 0) : fail("ops");
+        free(md);
+    }
     else {
         fprintf(stderr, "kiln: unknown command '%s'\n", cmd);
         usage(stderr);

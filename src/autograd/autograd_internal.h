@@ -49,6 +49,9 @@ struct kiln_node {
     uint64_t saved_out_version[KILN_OP_MAX_OUT];
     kiln_meta in_meta[KILN_OP_MAX_IN];
     kiln_meta out_meta[KILN_OP_MAX_OUT];
+    kiln_hook_entry *hooks; /* gradient hooks on its outputs (non-leaf tensors) */
+    int *hook_output;       /* the output each hook watches */
+    int n_hooks, cap_hooks;
     const char *file; /* the user's call site */
     int line;
     bool released; /* saved tensors freed by a backward without retain_graph */

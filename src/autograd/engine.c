@@ -235,6 +235,15 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
     bool any = false;
     for (int i = 0; i < n->n_in; i++) any |= n->needs_grad[i];
     kiln_status st = KILN_OK;
+    for (int h = 0; h < n->n_hooks; h++) { /* hooks on the tensors this node produced */
+        kiln_tensor **g = &slot->grads[n->hook_output[h]];
+        if (!*g) continue;
+        kiln_tensor *r = n->hooks[h].grad(*g, n->hooks[h].user);
+        if (r) {
+            kiln_tensor_drop(*g);
+            *g = r;
+        }
+    }
     if (any) {
         st = check_saved(n);
         kiln_backward_ctx ctx = {.op = n->op, .attrs = &n->attrs, .n_in = n->n_in, .n_out = n->n_out,
@@ -294,7 +303,6 @@ static kiln_status backward_body(kiln_tensor *root, kiln_tensor *grad_output, bo
         if (!g) return kiln_error_last()->status;
     }
     kiln_autograd_meta *m = root->autograd;
-    KILN_TRY(run_grad_hooks(root, &g));
     if (!(m && m->grad_fn)) return accumulate_leaf(root, g);
     run_table tab = {0};
     ready_heap ready = {0};

@@ -60,6 +60,8 @@ void kiln_node_release(kiln_node *n) {
                 }
                 work[count++] = cur->next[i].node;
             }
+            free(cur->hooks);
+            free(cur->hook_output);
             free(cur);
         }
         if (count == 0) break;
@@ -256,6 +258,24 @@ kiln_tensor *kiln_detach(kiln_tensor *t) {
     return kiln_api_return(kiln_tensor_alias(t, t->ndim, t->shape, t->strides, t->offset));
 }
 
+/* A hook on a non-leaf tensor lives on the node that produces it, keyed by
+ * the output it watches: the tensor itself may be gone by backward time. */
+static kiln_status add_node_hook(kiln_node *n, int output_nr, kiln_hook_entry e) {
+    if (n->n_hooks == n->cap_hooks) {
+        int cap = n->cap_hooks ? n->cap_hooks * 2 : 2;
+        kiln_hook_entry *h = KILN_REALLOC(n->hooks, (size_t)cap * sizeof *h);
+        if (!h) return KILN_ERR_OUT_OF_MEMORY;
+        n->hooks = h;
+        int *o = KILN_REALLOC(n->hook_output, (size_t)cap * sizeof *o);
+        if (!o) return KILN_ERR_OUT_OF_MEMORY;
+        n->hook_output = o;
+        n->cap_hooks = cap;
+    }
+    n->hooks[n->n_hooks] = e;
+    n->hook_output[n->n_hooks++] = output_nr;
+    return KILN_OK;
+}
+
 static kiln_status add_hook(kiln_tensor *t, kiln_hook_entry e, const char *fn) {
     KILN_TRY(kiln_tensor_check(t, fn));
     if (!kiln_autograd_tracks(t))
@@ -263,6 +283,7 @@ static kiln_status add_hook(kiln_tensor *t, kiln_hook_entry e, const char *fn) {
                           "%s: the tensor does not require grad", fn);
     kiln_autograd_meta *m = kiln_autograd_meta_get(t, true);
     if (!m) return KILN_ERR_OUT_OF_MEMORY;
+    if (m->grad_fn && e.grad) return add_node_hook(m->grad_fn, m->output_nr, e);
     if (m->n_hooks == m->cap_hooks) {
         int cap = m->cap_hooks ? m->cap_hooks * 2 : 4;
         kiln_hook_entry *h = KILN_REALLOC(m->hooks, (size_t)cap * sizeof *h);

@@ -1,6 +1,9 @@
 /* The op information table generated from ops.def, and the per-backend
  * kernel tables. */
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ops/op_backward.h"
 #include "ops/op_infer.h"
@@ -21,7 +24,8 @@ static const kiln_op_info op_infos[KILN_OP_COUNT] = {
                       .flags = (fl),                                                               \
                       .save = (sv),                                                                \
                       .infer = kiln_##inf,                                                         \
-                      .backward = kiln_##bw},
+                      .backward = kiln_##bw,                                               \
+                      .backward_name = #bw},
 #include "ops/ops.def"
 #undef KILN_OP
 };
@@ -50,4 +54,37 @@ const kiln_op_kernel *kiln_ops_kernel(kiln_device_type type, kiln_op_id op) {
     const kiln_op_kernel *t = atomic_load(&kernel_tables[type]);
     if (!t || !t[op].run) return NULL;
     return &t[op];
+}
+
+static const char *flag_text(unsigned f, char *buf, size_t size) {
+    static const struct {
+        unsigned bit;
+        const char *name;
+    } names[] = {{OPF_BROADCAST, "broadcast"}, {OPF_VIEW, "view"},         {OPF_INPLACE, "in place"},
+                 {OPF_VARIADIC, "variadic"},   {OPF_CREATION, "creation"}, {OPF_NONDIFF, "no gradient"}};
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (!(f & names[i].bit)) continue;
+        size_t used = strlen(buf);
+        snprintf(buf + used, size - used, "%s%s", used ? ", " : "", names[i].name);
+    }
+    return buf;
+}
+
+char *kiln_ops_markdown(void) {
+    size_t cap = 64 * 1024, used = 0;
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    used += (size_t)snprintf(out + used, cap - used,
+                             "| op | inputs | outputs | autocast class | backward | notes |\n"
+                             "|---|---|---|---|---|---|\n");
+    for (int i = 0; i < KILN_OP_COUNT; i++) {
+        const kiln_op_info *o = &op_infos[i];
+        char flags[128];
+        const char *bw = (o->flags & OPF_NONDIFF) ? "none" : o->backward_name;
+        used += (size_t)snprintf(out + used, cap - used, "| `%s` | %d | %d | %s | %s | %s |\n", o->name, o->n_in,
+                                 o->n_out, kiln_precision_name(o->precision), bw, flag_text(o->flags, flags, sizeof flags));
+        if (used >= cap) break;
+    }
+    return out;
 }

@@ -80,7 +80,12 @@ typedef struct kiln_op_info {
     uint32_t save;
     kiln_infer_fn infer;
     kiln_backward_fn backward; /* NULL for OPF_NONDIFF ops */
+    const char *backward_name; /* "backward_add", or "NONE" */
 } kiln_op_info;
+
+/* The markdown table of docs/ops.md, generated from the op list (a test
+ * keeps the file in sync). Caller frees with free(). */
+char *kiln_ops_markdown(void);
 
 const kiln_op_info *kiln_op_info_get(kiln_op_id op);
 const char *kiln_precision_name(kiln_precision p);
