@@ -51,12 +51,12 @@ kiln_status kiln_error_raise(kiln_status status, const char *file, int line, con
     tls_error.status = status;
     tls_error.file = file;
     tls_error.line = line;
-    kiln_log(KILN_LOG_DEBUG, "%s at %s:%d: %s", kiln_status_name(status), file, line, message);
+    kiln_log_write(KILN_LOG_DEBUG, "%s at %s:%d: %s", kiln_status_name(status), file, line, message);
     return status;
 }
 
 KILN_NORETURN void kiln_assert_fail(const char *cond, const char *file, int line, const char *msg) {
-    kiln_log(KILN_LOG_ERROR, "internal error: assertion `%s` failed at %s:%d%s%s (please report this bug)",
+    kiln_log_write(KILN_LOG_ERROR, "internal error: assertion `%s` failed at %s:%d%s%s (please report this bug)",
              cond, file, line, msg ? ": " : "", msg ? msg : "");
     fflush(stderr);
     abort();

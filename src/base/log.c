@@ -39,11 +39,11 @@ void kiln_log_init_from_env(void) {
             return;
         }
     }
-    kiln_log(KILN_LOG_WARN, "KILN_LOG=%s not understood (use debug, info, warn, error or off); keeping %s",
+    kiln_log_write(KILN_LOG_WARN, "KILN_LOG=%s not understood (use debug, info, warn, error or off); keeping %s",
              env, level_names[kiln_log_get_level()]);
 }
 
-void kiln_log(kiln_log_level level, const char *fmt, ...) {
+void kiln_log_write(kiln_log_level level, const char *fmt, ...) {
     if ((int)level < atomic_load(&log_level) || level >= KILN_LOG_OFF) return;
     char line[2048];
     va_list ap;
@@ -69,5 +69,5 @@ void kiln_log_once(const void *key, kiln_log_level level, const char *message) {
     }
     if (n_seen < 256) seen[n_seen++] = key;
     pthread_mutex_unlock(&log_mutex);
-    kiln_log(level, "%s", message);
+    kiln_log_write(level, "%s", message);
 }

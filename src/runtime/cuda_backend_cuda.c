@@ -81,7 +81,7 @@ static void device_leave(int index, int previous) {
  * the error so kiln_error_last() shows it, and log it because nobody may
  * look. */
 static void log_failure(kiln_status status) {
-    if (status != KILN_OK) kiln_log(KILN_LOG_ERROR, "%s", kiln_error_message());
+    if (status != KILN_OK) kiln_log_write(KILN_LOG_ERROR, "%s", kiln_error_message());
 }
 
 /* ---- Devices ------------------------------------------------------------------- */
@@ -119,7 +119,7 @@ static void count_devices(void) {
     }
     if (n == 0) snprintf(absent_reason_text, sizeof absent_reason_text, "no CUDA device visible");
     if (n > KILN_MAX_DEVICES) {
-        kiln_log(KILN_LOG_WARN, "%d CUDA devices visible; Kiln uses the first %d", n, KILN_MAX_DEVICES);
+        kiln_log_write(KILN_LOG_WARN, "%d CUDA devices visible; Kiln uses the first %d", n, KILN_MAX_DEVICES);
         n = KILN_MAX_DEVICES;
     }
     device_count_cached = n;

@@ -55,7 +55,7 @@ static void raw_event_synchronize(void *ctx, void *event) {
     (void)ctx;
     raw_event *e = event;
     if (e->backend->event_synchronize(e->index, e->handle))
-        kiln_log(KILN_LOG_WARN, "allocator: event synchronize failed: %s", kiln_error_message());
+        kiln_log_write(KILN_LOG_WARN, "allocator: event synchronize failed: %s", kiln_error_message());
 }
 
 static void raw_event_destroy(void *ctx, void *event) {
