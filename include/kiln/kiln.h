@@ -10,6 +10,8 @@
 #include "kiln/tensor.h"
 #include "kiln/autograd.h"
 #include "kiln/ops.h"
+#include "kiln/nn.h"
+#include "kiln/optim.h"
 
 #ifdef __cplusplus
 extern "C" {

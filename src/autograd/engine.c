@@ -212,7 +212,8 @@ static kiln_status check_saved(const kiln_node *n) {
     const char *name = kiln_op_info_get(n->op)->name;
     if (n->released)
         return KILN_RAISE(KILN_ERR_STATE, "pass retain_graph=true to the first kiln_backward to go through it twice",
-                          "kiln_backward: the graph of kiln_%s (%s:%d) was already freed by an earlier backward",
+                          "kiln_backward: the graph of kiln_%s (%s:%d) was already freed by an earlier backward; "
+                          "pass retain_graph=true to the first kiln_backward to run backward through it twice",
                           name, n->file, n->line);
     for (int i = 0; i < KILN_OP_MAX_IN + KILN_OP_MAX_OUT; i++) {
         bool is_in = i < KILN_OP_MAX_IN;
@@ -249,6 +250,9 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
         kiln_backward_ctx ctx = {.op = n->op, .attrs = &n->attrs, .n_in = n->n_in, .n_out = n->n_out,
                                  .in = n->saved_in, .out = n->saved_out, .in_meta = n->in_meta,
                                  .out_meta = n->out_meta, .device = n->device, .needs_grad = n->needs_grad};
+        if (!st && !info->backward)
+            st = KILN_RAISE(KILN_ERR_UNSUPPORTED, "report this: tests/ops/test_op_coverage lists it",
+                            "kiln_backward: op %s has no backward formula in this build", info->name);
         if (!st) st = info->backward(&ctx, slot->grads, grad_in);
     }
     for (int k = 0; k < KILN_OP_MAX_OUT; k++)

@@ -13,7 +13,7 @@
 extern "C" {
 #endif
 
-#define KILN_OP_MAX_IN 6
+#define KILN_OP_MAX_IN 16 /* cat takes up to 16 inputs (ops.def) */
 #define KILN_OP_MAX_OUT 4
 
 typedef enum kiln_reduction {

@@ -7,9 +7,9 @@ static kiln_op_kernel cpu_table[KILN_OP_COUNT];
 static pthread_once_t cpu_table_once = PTHREAD_ONCE_INIT;
 
 static void build_cpu_table(void) {
-    if (kiln_cpu_fill_elementwise) kiln_cpu_fill_elementwise(cpu_table);
-    if (kiln_cpu_fill_reduce) kiln_cpu_fill_reduce(cpu_table);
-    if (kiln_cpu_fill_nn) kiln_cpu_fill_nn(cpu_table);
+    kiln_cpu_fill_elementwise(cpu_table);
+    kiln_cpu_fill_reduce(cpu_table);
+    kiln_cpu_fill_nn(cpu_table);
 }
 
 const kiln_op_kernel *kiln_cpu_op_kernels(void) {

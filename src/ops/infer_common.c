@@ -31,8 +31,8 @@ kiln_status kiln_broadcast_shapes(const char *op, int nda, const int64_t *a, int
                               "sizes must be equal or 1 in each dim (counted from the last); "
                               "reshape or expand one operand",
                               "%s: shapes %s and %s do not broadcast (dim %d: %lld vs %lld)", op,
-                              kiln_shape_format(nda, a, sa, sizeof sa), kiln_shape_format(ndb, b, sb, sizeof sb),
-                              i - nd, (long long)da, (long long)db);
+                              kiln_shape_format(nda, a, sa, sizeof sa),
+                              kiln_shape_format(ndb, b, sb, sizeof sb), i - nd, (long long)da, (long long)db);
         }
     }
     *nd_out = nd;
@@ -43,15 +43,23 @@ kiln_status kiln_broadcast_shapes(const char *op, int nda, const int64_t *a, int
 /* Rank in the promotion lattice; f16 and bf16 share a rank. */
 static int promote_rank(kiln_dtype d) {
     switch (d) {
-    case KILN_BOOL: return 0;
-    case KILN_U8: return 1;
-    case KILN_I32: return 2;
-    case KILN_I64: return 3;
+    case KILN_BOOL:
+        return 0;
+    case KILN_U8:
+        return 1;
+    case KILN_I32:
+        return 2;
+    case KILN_I64:
+        return 3;
     case KILN_F16:
-    case KILN_BF16: return 4;
-    case KILN_F32: return 5;
-    case KILN_F64: return 6;
-    default: return -1;
+    case KILN_BF16:
+        return 4;
+    case KILN_F32:
+        return 5;
+    case KILN_F64:
+        return 6;
+    default:
+        return -1;
     }
 }
 

@@ -5,11 +5,10 @@
 
 #include "ops/op_registry.h"
 
-/* Weak: an op whose group has not provided its function yet links with a
- * NULL pointer, which the dispatcher reports and tests/ops/test_op_coverage
- * fails on. */
+/* Strong references: a static-library user's link pulls every op's
+ * inference in (tests/ops/test_op_coverage checks none is missing). */
 #define KILN_INFER_DECL(fn)                                                                        \
-    __attribute__((weak)) kiln_status kiln_##fn(const char *op, const kiln_op_attrs *attrs, int n_in, kiln_tensor *const *in, \
+    kiln_status kiln_##fn(const char *op, const kiln_op_attrs *attrs, int n_in, kiln_tensor *const *in, \
                           kiln_meta *out, kiln_dtype *in_dtype);
 #define KILN_OP(ID, name, n_in, n_out, prec, flags, save, infer, backward) KILN_INFER_DECL(infer)
 #include "ops/ops.def"

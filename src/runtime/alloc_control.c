@@ -1,8 +1,12 @@
-/* The caching allocator's lifetime, cache control, limits and statistics:
- * everything off the malloc/free hot path (which is caching_allocator.c). */
+/* The caching allocator's lifetime, cache control, limits and statistics,
+ * and the waiting side of its lock: everything off the malloc/free hot path
+ * (which is caching_allocator.c). */
+#include <sched.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/error.h"
 #include "runtime/alloc_internal.h"
@@ -11,7 +15,7 @@ void kiln_alloc_format_oom(kiln_caching_allocator *a, size_t seg_size, size_t ro
     char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32], s7[32];
     size_t free_b = 0, total_b = 0;
     bool have_info = a->ops.mem_info && a->ops.mem_info(a->ops.ctx, &free_b, &total_b) == KILN_OK;
-    kiln_alloc_stats_fill_all(&a->stats);
+    kiln_alloc_stats_fill_all(a);
     int64_t alloc_b = a->stats.allocated_bytes[KILN_POOL_ALL].current;
     int64_t reserved_b = a->stats.reserved_bytes[KILN_POOL_ALL].current;
     int len = snprintf(msg, n, "%s out of memory: tried to allocate %s (request %s); ",
@@ -30,6 +34,27 @@ void kiln_alloc_format_oom(kiln_caching_allocator *a, size_t seg_size, size_t ro
     if (len < 0 || (size_t)len >= n) return;
     uint64_t limit = kiln_alloc_effective_limit(a);
     if (limit) snprintf(msg + len, n - (size_t)len, "; limit %s", kiln_format_bytes(limit, s7, sizeof s7));
+}
+
+/* Contended: spin, then yield, then nap (alloc_internal.h says why). */
+void kiln_alloc_lock_wait(kiln_caching_allocator *a) {
+    long nap_ns = 1000;
+    for (unsigned n = 0;; n++) {
+        if (__atomic_load_n(&a->lock, __ATOMIC_RELAXED) == 0 &&
+            __atomic_exchange_n(&a->lock, 1, __ATOMIC_ACQUIRE) == 0)
+            return;
+        if (n < 100) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else if (n < 200) {
+            sched_yield();
+        } else {
+            struct timespec nap = {0, nap_ns};
+            nanosleep(&nap, NULL);
+            nap_ns = nap_ns < 1000000 ? nap_ns * 2 : nap_ns;
+        }
+    }
 }
 
 /* ---- Lifetime, cache control, statistics ------------------------------------------ */
@@ -74,7 +99,6 @@ kiln_caching_allocator *kiln_caching_allocator_create(const kiln_raw_ops *ops, c
         return NULL;
     }
     a->stats.max_split_size = a->cfg.max_split_size;
-    pthread_mutex_init(&a->mutex, NULL);
     return a;
 }
 
@@ -93,38 +117,64 @@ void kiln_caching_allocator_destroy(kiln_caching_allocator *a) {
     free(a->segs);
     free(a->pending);
     free(a->buckets);
-    pthread_mutex_destroy(&a->mutex);
+    kiln_alloc_streams_free(a);
     free(a);
 }
 
 kiln_status kiln_caching_allocator_empty_cache(kiln_caching_allocator *a) {
-    pthread_mutex_lock(&a->mutex);
+    alloc_lock(a);
     kiln_alloc_events_synchronize(a);
     kiln_alloc_release_unsplit(a);
-    pthread_mutex_unlock(&a->mutex);
+    alloc_unlock(a);
     return KILN_OK;
 }
 
-void kiln_alloc_stats_fill_all(kiln_memory_stats *s) {
-    /* The per-pool arrays run from `allocation` up to `oversize_allocations`. */
-    kiln_stat(*arr)[KILN_POOL_KIND_COUNT] = &s->allocation;
-    size_t n = (size_t)((char *)&s->oversize_allocations - (char *)arr) / sizeof *arr;
-    for (size_t i = 0; i < n; i++) {
-        kiln_stat *all = &arr[i][KILN_POOL_ALL], *l = &arr[i][KILN_POOL_LARGE],
-                  *sm = &arr[i][KILN_POOL_SMALL];
+/* The per-pool stat arrays, `allocation` to `inactive_split_bytes`, as one
+ * array: they precede the two oversize stats. */
+_Static_assert(offsetof(kiln_memory_stats, oversize_allocations) - offsetof(kiln_memory_stats, allocation) ==
+                   KILN_ALLOC_POOL_STATS * sizeof(kiln_stat[KILN_POOL_KIND_COUNT]),
+               "KILN_ALLOC_POOL_STATS does not match kiln_memory_stats");
+static kiln_stat (*pool_stats(kiln_memory_stats *s))[KILN_POOL_KIND_COUNT] { return &s->allocation; }
+
+void kiln_alloc_stats_fill_all(kiln_caching_allocator *a) {
+    kiln_memory_stats *s = &a->stats;
+    kiln_stat(*arr)[KILN_POOL_KIND_COUNT] = pool_stats(s);
+    for (size_t i = 0; i < KILN_ALLOC_POOL_STATS; i++) {
+        for (int p = 0; p < 2; p++) {
+            kiln_stat *st = &arr[i][KILN_POOL_LARGE + p];
+            st->freed = a->stats_base[i][p] + st->allocated - st->current;
+        }
+    }
+    for (int p = 0; p < 2; p++) {
+        const kiln_stat *n = &s->allocation[KILN_POOL_LARGE + p], *nb = &s->allocated_bytes[KILN_POOL_LARGE + p];
+        kiln_stat *ac = &s->active[KILN_POOL_LARGE + p], *acb = &s->active_bytes[KILN_POOL_LARGE + p];
+        ac->current = n->current + a->pending_blocks[p];
+        ac->allocated = n->allocated;
+        ac->freed = n->freed + a->active_freed_adjust[p];
+        ac->peak = max_i64(ac->peak, n->peak);
+        acb->current = nb->current + a->pending_bytes[p];
+        acb->allocated = nb->allocated;
+        acb->freed = nb->freed + a->active_bytes_freed_adjust[p];
+        acb->peak = max_i64(acb->peak, nb->peak);
+    }
+    for (size_t i = 0; i < KILN_ALLOC_POOL_STATS; i++) {
+        kiln_stat *all = &arr[i][KILN_POOL_ALL], *l = &arr[i][KILN_POOL_LARGE], *sm = &arr[i][KILN_POOL_SMALL];
         all->current = l->current + sm->current;
         all->allocated = l->allocated + sm->allocated;
         all->freed = l->freed + sm->freed;
     }
+    s->active[KILN_POOL_ALL].peak = max_i64(s->active[KILN_POOL_ALL].peak, s->allocation[KILN_POOL_ALL].peak);
+    s->active_bytes[KILN_POOL_ALL].peak =
+        max_i64(s->active_bytes[KILN_POOL_ALL].peak, s->allocated_bytes[KILN_POOL_ALL].peak);
 }
 
 void kiln_caching_allocator_stats(kiln_caching_allocator *a, kiln_memory_stats *out) {
-    pthread_mutex_lock(&a->mutex);
-    kiln_alloc_stats_fill_all(&a->stats);
+    alloc_lock(a);
+    kiln_alloc_stats_fill_all(a);
     *out = a->stats;
     out->max_split_size = a->cfg.max_split_size;
     out->limit_bytes = kiln_alloc_effective_limit(a);
-    pthread_mutex_unlock(&a->mutex);
+    alloc_unlock(a);
 }
 
 /* Every kiln_stat of `s`, as one array: they precede the counters. */
@@ -134,39 +184,43 @@ static kiln_stat *stats_begin(kiln_memory_stats *s, size_t *count) {
 }
 
 void kiln_caching_allocator_reset_peak(kiln_caching_allocator *a) {
-    pthread_mutex_lock(&a->mutex);
-    kiln_alloc_stats_fill_all(&a->stats);
+    alloc_lock(a);
+    kiln_alloc_stats_fill_all(a);
     size_t n;
     kiln_stat *s = stats_begin(&a->stats, &n);
     for (size_t i = 0; i < n; i++) s[i].peak = s[i].current;
-    pthread_mutex_unlock(&a->mutex);
+    alloc_unlock(a);
 }
 
 void kiln_caching_allocator_reset_accumulated(kiln_caching_allocator *a) {
-    pthread_mutex_lock(&a->mutex);
+    alloc_lock(a);
     size_t n;
     kiln_stat *s = stats_begin(&a->stats, &n);
     for (size_t i = 0; i < n; i++) s[i].allocated = s[i].freed = 0;
+    kiln_stat(*arr)[KILN_POOL_KIND_COUNT] = pool_stats(&a->stats);
+    for (size_t i = 0; i < KILN_ALLOC_POOL_STATS; i++)
+        for (int p = 0; p < 2; p++) a->stats_base[i][p] = arr[i][KILN_POOL_LARGE + p].current;
+    for (int p = 0; p < 2; p++) a->active_freed_adjust[p] = a->active_bytes_freed_adjust[p] = 0;
     a->stats.num_alloc_retries = a->stats.num_ooms = a->stats.num_sync_all_streams = 0;
     a->stats.num_device_alloc = a->stats.num_device_free = 0;
-    pthread_mutex_unlock(&a->mutex);
+    alloc_unlock(a);
 }
 
 kiln_status kiln_caching_allocator_set_limit(kiln_caching_allocator *a, uint64_t bytes) {
-    pthread_mutex_lock(&a->mutex);
+    alloc_lock(a);
     a->cfg.limit_bytes = bytes;
-    pthread_mutex_unlock(&a->mutex);
+    alloc_unlock(a);
     return KILN_OK;
 }
 
 kiln_status kiln_caching_allocator_set_fraction(kiln_caching_allocator *a, double fraction) {
-    pthread_mutex_lock(&a->mutex);
+    alloc_lock(a);
     uint64_t limit = 0;
     kiln_status st = fraction_limit_compute(a, fraction, &limit);
     if (st == KILN_OK) {
         a->cfg.fraction = fraction;
         a->fraction_limit = limit;
     }
-    pthread_mutex_unlock(&a->mutex);
+    alloc_unlock(a);
     return st;
 }

@@ -1,13 +1,18 @@
-/* The caching allocator: PyTorch's CUDACachingAllocator semantics (see
- * docs/memory.md and reference §1) over raw allocation callbacks.
+/* The caching allocator's hot paths: PyTorch's CUDACachingAllocator
+ * semantics (see docs/memory.md and reference §1) over raw allocation
+ * callbacks. Segments, stream records and the out-of-memory ladder are in
+ * alloc_segments.c; lifetime and statistics in alloc_control.c.
  *
  * Data structures, chosen so a cached malloc+free pair costs a few hundred
  * instructions (kiln bench alloc measures it):
  * - every piece of a raw segment is a block record, linked prev/next in
  *   address order; records come from slabs and are recycled, so the hot path
  *   never calls malloc;
- * - free blocks of each pool (large, small) sit in a treap ordered by
- *   (stream, size, ptr): best fit is a lower_bound, O(log n) expected;
+ * - free blocks of each (stream, pool) sit in size bins (alloc_internal.h):
+ *   a two-level bitmap finds the first non-empty bin that can serve a
+ *   request with two ctz, and each bin is a treap ordered by (size, address)
+ *   that usually holds zero or one block, so best fit, insertion and removal
+ *   are O(1) in practice and O(log n) at worst;
  * - live blocks sit in a chained hash table keyed by address, for free();
  * - segments sit in an array sorted by base address, for owns() on interior
  *   pointers and for the rare walks (empty_cache, OOM recovery). */
@@ -48,111 +53,112 @@ size_t kiln_alloc_segment_size(size_t rounded) {
     return (rounded + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
 }
 
-/* ---- Statistics ----------------------------------------------------------------- */
-
-/* The per-pool stat arrays keep their KILN_POOL_ALL entry lazily: only its
- * peak is maintained here (it cannot be derived later); current, allocated
- * and freed are the sums of the two pools, filled in by
- * kiln_alloc_stats_fill_all when the statistics are read. Half the stores
- * on the hot path. Pool entry: KILN_POOL_LARGE + pool. */
-
-static void stat_update(kiln_stat *s, int64_t delta) {
-    s->current += delta;
-    if (delta > 0) {
-        s->allocated += delta;
-        if (s->current > s->peak) s->peak = s->current;
-    } else {
-        s->freed -= delta;
-    }
-}
-
-static inline void stat_all_peak(kiln_stat *arr) {
-    int64_t all = arr[KILN_POOL_LARGE].current + arr[KILN_POOL_SMALL].current;
-    arr[KILN_POOL_ALL].peak = all > arr[KILN_POOL_ALL].peak ? all : arr[KILN_POOL_ALL].peak;
-}
-
-/* A delta of either sign (the inactive-split stats move by net changes). */
-static void stat_pool(kiln_stat *arr, int pool, int64_t delta) {
-    if (delta == 0) return;
-    stat_update(&arr[KILN_POOL_LARGE + pool], delta);
-    if (delta > 0) stat_all_peak(arr);
-}
-
-/* The hot-path forms, for changes of known sign: no branches on the sign. */
-static inline void stat_inc(kiln_stat *arr, int pool, int64_t n) {
-    kiln_stat *p = &arr[KILN_POOL_LARGE + pool];
-    p->current += n;
-    p->allocated += n;
-    p->peak = p->current > p->peak ? p->current : p->peak;
-    stat_all_peak(arr);
-}
-
-static inline void stat_dec(kiln_stat *arr, int pool, int64_t n) {
-    arr[KILN_POOL_LARGE + pool].current -= n;
-    arr[KILN_POOL_LARGE + pool].freed += n;
-}
-
-static bool is_oversize(const kiln_caching_allocator *a, size_t size) {
-    return (uint64_t)size >= a->cfg.max_split_size;
-}
-
 /* ---- Block records ------------------------------------------------------------- */
 
-static alloc_block *block_new(kiln_caching_allocator *a) {
-    if (!a->spare) {
-        if (a->n_slabs == a->cap_slabs) {
-            size_t cap = a->cap_slabs ? a->cap_slabs * 2 : 16;
-            void **s = KILN_REALLOC(a->slabs, cap * sizeof *s);
-            if (!s) return NULL;
-            a->slabs = s;
-            a->cap_slabs = cap;
-        }
-        alloc_block *slab = KILN_ALIGNED_ALLOC(64, SLAB_BLOCKS * sizeof *slab);
-        if (!slab) return NULL;
-        a->slabs[a->n_slabs++] = slab;
-        for (int i = 0; i < SLAB_BLOCKS; i++) {
-            slab[i].hnext = a->spare;
-            a->spare = &slab[i];
-        }
+/* A record off the spare list keeps: uses NULL, n_uses = cap_uses =
+ * event_count = 0 (block_recycle restores what may have changed), and its
+ * treap priority, drawn once when its slab is made: priorities need only
+ * be random and independent of the keys, so the hot path draws none. */
+static __attribute__((noinline)) bool slab_add(kiln_caching_allocator *a) {
+    if (a->n_slabs == a->cap_slabs) {
+        size_t cap = a->cap_slabs ? a->cap_slabs * 2 : 16;
+        void **s = KILN_REALLOC(a->slabs, cap * sizeof *s);
+        if (!s) return false;
+        a->slabs = s;
+        a->cap_slabs = cap;
     }
+    alloc_block *slab = KILN_ALIGNED_ALLOC(64, SLAB_BLOCKS * sizeof *slab);
+    if (!slab) return false;
+    a->slabs[a->n_slabs++] = slab;
+    for (int i = 0; i < SLAB_BLOCKS; i++) {
+        alloc_block *b = &slab[i];
+        uint32_t x = a->rng; /* xorshift32 */
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        a->rng = x;
+        b->prio = x;
+        b->uses = NULL;
+        b->n_uses = b->cap_uses = 0;
+        b->event_count = 0;
+        b->hnext = a->spare;
+        a->spare = b;
+    }
+    return true;
+}
+
+/* A record with its invariant fields set; the caller sets the rest. */
+static inline alloc_block *block_new(kiln_caching_allocator *a) {
+    if (__builtin_expect(!a->spare, 0) && !slab_add(a)) return NULL;
     alloc_block *b = a->spare;
     a->spare = b->hnext;
-    /* Field by field: a memset of the record compiles to a slow rep stos. */
-    b->requested = 0;
-    b->prev = b->next = b->child[0] = b->child[1] = b->hnext = NULL;
-    b->uses = NULL;
-    b->n_uses = b->cap_uses = 0;
-    b->event_count = 0;
-    b->state = BLOCK_FREE;
-    /* xorshift32: treap priorities must be random for O(log n) depth. */
-    uint32_t x = a->rng;
-    x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-    a->rng = x;
-    b->prio = x;
     return b;
 }
 
-static void block_recycle(kiln_caching_allocator *a, alloc_block *b) {
-    free(b->uses);
-    b->uses = NULL;
+alloc_block *kiln_alloc_block_new(kiln_caching_allocator *a) {
+    alloc_block *b = block_new(a);
+    if (b) {
+        b->requested = 0;
+        b->prev = b->next = b->child[0] = b->child[1] = b->hnext = NULL;
+        b->state = BLOCK_FREE;
+    }
+    return b;
+}
+
+static inline void block_recycle(kiln_caching_allocator *a, alloc_block *b) {
+    if (__builtin_expect(b->uses != NULL, 0)) {
+        free(b->uses);
+        b->uses = NULL;
+        b->n_uses = b->cap_uses = 0;
+    }
     b->hnext = a->spare;
     a->spare = b;
 }
 
-/* ---- Free-block treap, ordered by (stream, size, ptr) ------------------------------- */
+void kiln_alloc_block_recycle(kiln_caching_allocator *a, alloc_block *b) { block_recycle(a, b); }
+
+/* ---- Free blocks: size bins, each a treap ordered by (size, ptr) ------------------ */
+
+/* The bin of a free block or request of `size` bytes (alloc_internal.h):
+ * the shift and base come from the bins, not from a branch on the pool,
+ * which is as random as the sizes. */
+static inline unsigned bin_of(const alloc_bins *bins, size_t size) {
+    size_t i = (size >> bins->shift) - bins->base;
+    return i < BIN_COUNT - 1 ? (unsigned)i : BIN_COUNT - 1;
+}
+
+static inline void bins_mark(alloc_bins *bins, unsigned i) {
+    bins->words[i >> 6] |= 1ull << (i & 63);
+    bins->summary |= 1ull << (i >> 6);
+}
+
+static inline void bins_unmark(alloc_bins *bins, unsigned i) {
+    uint64_t w = bins->words[i >> 6] & ~(1ull << (i & 63));
+    bins->words[i >> 6] = w;
+    bins->summary &= ~((uint64_t)(w == 0) << (i >> 6));
+}
+
+/* The first non-empty bin at or above i, or BIN_COUNT. */
+static inline unsigned bins_next(const alloc_bins *bins, unsigned i) {
+    if (i >= BIN_COUNT) return BIN_COUNT;
+    unsigned w = i >> 6;
+    uint64_t m = bins->words[w] & (~0ull << (i & 63));
+    if (m) return (w << 6) | (unsigned)__builtin_ctzll(m);
+    uint64_t above = bins->summary & ~((2ull << w) - 1); /* words after w; 0 when w = 63 */
+    if (!above) return BIN_COUNT;
+    w = (unsigned)__builtin_ctzll(above);
+    return (w << 6) | (unsigned)__builtin_ctzll(bins->words[w]);
+}
 
 /* Tree descents choose a child by index, with the comparison computed
  * without branches: the direction is random, so a branch would be
- * mispredicted half the time, and those misses dominated malloc. */
+ * mispredicted half the time. */
 
-/* 1 when block x sorts before the key (stream, size, ptr). */
-static inline int key_less(const alloc_block *x, kiln_alloc_stream stream, size_t size, uintptr_t ptr) {
-    return (x->stream < stream) |
-           ((x->stream == stream) & ((x->size < size) | ((x->size == size) & (x->ptr < ptr))));
+/* 1 when block x sorts before the key (size, ptr). */
+static inline int key_less(const alloc_block *x, size_t size, uintptr_t ptr) {
+    return (x->size < size) | ((x->size == size) & (x->ptr < ptr));
 }
 
 static inline int block_less(const alloc_block *x, const alloc_block *key) {
-    return key_less(x, key->stream, key->size, key->ptr);
+    return key_less(x, key->size, key->ptr);
 }
 
 /* Split tree t into keys below `key` (*l) and the rest (*r). */
@@ -188,66 +194,99 @@ static alloc_block *treap_merge(alloc_block *x, alloc_block *y) {
     return root;
 }
 
-static void pool_insert(kiln_caching_allocator *a, alloc_block *b) {
-    alloc_block **link = &a->free_root[b->pool];
+/* Most bins hold zero or one block: those cases skip the treap code. */
+static inline void pool_insert(alloc_block *b) {
+    alloc_bins *bins = b->bins;
+    unsigned i = bin_of(bins, b->size);
+    alloc_block **link = &bins->root[i];
+    b->state = BLOCK_FREE;
+    b->bin = (uint16_t)i;
+    if (!*link) {
+        b->child[0] = b->child[1] = NULL;
+        *link = b;
+        bins_mark(bins, i);
+        return;
+    }
     while (*link && (*link)->prio > b->prio) link = &(*link)->child[block_less(*link, b)];
     treap_split(*link, b, &b->child[0], &b->child[1]);
     *link = b;
-    b->state = BLOCK_FREE;
 }
 
-/* Unlink b, found at *link (its parent's child pointer or the root). */
-static void pool_unlink(alloc_block **link, alloc_block *b) {
-    *link = treap_merge(b->child[0], b->child[1]);
-    b->child[0] = b->child[1] = NULL;
+/* Unlink the block at *link (its parent's child pointer or the root of bin
+ * i). */
+static inline void pool_unlink(alloc_bins *bins, unsigned i, alloc_block **link) {
+    alloc_block *b = *link, *l = b->child[0], *r = b->child[1];
+    *link = l && r ? treap_merge(l, r) : (alloc_block *)((uintptr_t)l | (uintptr_t)r);
+    if (!bins->root[i]) bins_unmark(bins, i);
 }
 
-static void pool_remove(kiln_caching_allocator *a, alloc_block *b) {
-    alloc_block **link = &a->free_root[b->pool];
+static inline void pool_remove(alloc_block *b) {
+    unsigned i = b->bin;
+    alloc_block **link = &b->bins->root[i];
     while (*link != b) {
         KILN_ASSERT(*link != NULL);
         link = &(*link)->child[block_less(*link, b)];
     }
-    pool_unlink(link, b);
+    pool_unlink(b->bins, i, link);
 }
 
-/* The link to the smallest free block of `stream` with size >= `size`, or
- * NULL. */
-static alloc_block **pool_lower_bound(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream,
-                                      size_t size) {
-    alloc_block **link = &a->free_root[pool], **best = NULL;
-    while (*link) {
-        int lt = key_less(*link, stream, size, 0);
-        best = lt ? best : link;
-        link = &(*link)->child[lt];
-    }
-    return best && (*best)->stream == stream ? best : NULL;
-}
+void kiln_alloc_pool_remove(alloc_block *b) { pool_remove(b); }
 
 /* Best fit with PyTorch's max_split_size rules: a request below the limit
  * may not take an oversize block; an oversize request may take a block at
- * most LARGE_BUFFER bigger (it will not be split). */
-static alloc_block *pool_find(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream, size_t size) {
-    alloc_block **link = pool_lower_bound(a, pool, stream, size);
-    if (!link) return NULL;
+ * most LARGE_BUFFER bigger (it will not be split). Within the request's own
+ * bin a lower bound finds the smallest block that fits (a large bin spans
+ * sizes); failing that, the smallest block of the next non-empty bin is
+ * the best fit, since every size there is larger. */
+static inline alloc_block *pool_find(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream,
+                                     size_t size) {
+    alloc_stream_pools *sp = a->mru;
+    if (__builtin_expect(!sp || sp->stream != stream, 0)) {
+        sp = kiln_alloc_stream_pools_lookup(a, stream);
+        if (!sp) return NULL;
+    }
+    alloc_bins *bins = &sp->bins[pool];
+    unsigned i = bin_of(bins, size);
+    alloc_block **link = NULL;
+    unsigned j = bins_next(bins, i); /* the bitmap, not the root: usually i is empty */
+    if (j == i) {
+        for (alloc_block **l = &bins->root[i]; *l;) {
+            int lt = key_less(*l, size, 0);
+            link = lt ? link : l;
+            l = &(*l)->child[lt];
+        }
+        if (!link) j = bins_next(bins, i + 1);
+    }
+    if (!link) {
+        i = j;
+        if (i == BIN_COUNT) return NULL;
+        link = &bins->root[i];
+        while ((*link)->child[0]) link = &(*link)->child[0];
+    }
     alloc_block *b = *link;
-    if (!is_oversize(a, size) && is_oversize(a, b->size)) return NULL;
-    if (is_oversize(a, size) && b->size >= size + LARGE_BUFFER) return NULL;
-    pool_unlink(link, b);
+    if (__builtin_expect(a->cfg.max_split_size != UINT64_MAX, 0)) {
+        if (!is_oversize(a, size) && is_oversize(a, b->size)) return NULL;
+        if (is_oversize(a, size) && b->size >= size + LARGE_BUFFER) return NULL;
+    }
+    pool_unlink(bins, i, link);
     return b;
+}
+
+alloc_block *kiln_alloc_pool_find(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream, size_t size) {
+    return pool_find(a, pool, stream, size);
 }
 
 /* ---- Live blocks by address ------------------------------------------------------- */
 
-static size_t hash_ptr(const kiln_caching_allocator *a, uintptr_t p) {
+static inline size_t hash_ptr(const kiln_caching_allocator *a, uintptr_t p) {
     uint64_t h = (uint64_t)(p >> 9) * 0x9E3779B97F4A7C15ull;
     return (size_t)(h >> 32) & (a->n_buckets - 1);
 }
 
-static bool hash_grow(kiln_caching_allocator *a) {
+static __attribute__((noinline)) void hash_grow(kiln_caching_allocator *a) {
     size_t n = a->n_buckets ? a->n_buckets * 2 : 1024;
     alloc_block **nb = KILN_CALLOC(n, sizeof *nb);
-    if (!nb) return false;
+    if (!nb) return; /* longer chains; the table stays correct */
     alloc_block **old = a->buckets;
     size_t old_n = a->n_buckets;
     a->buckets = nb;
@@ -261,19 +300,17 @@ static bool hash_grow(kiln_caching_allocator *a) {
         }
     }
     free(old);
-    return true;
 }
 
-static void hash_insert(kiln_caching_allocator *a, alloc_block *b) {
-    /* Growth failure only lengthens the chains; the table stays correct. */
-    if (a->n_live >= a->n_buckets) (void)hash_grow(a);
+static inline void hash_insert(kiln_caching_allocator *a, alloc_block *b) {
+    if (__builtin_expect(a->n_live >= a->n_buckets, 0)) hash_grow(a);
     size_t h = hash_ptr(a, b->ptr);
     b->hnext = a->buckets[h];
     a->buckets[h] = b;
     a->n_live++;
 }
 
-static alloc_block *hash_find(kiln_caching_allocator *a, uintptr_t p, bool remove) {
+static inline alloc_block *hash_find(kiln_caching_allocator *a, uintptr_t p, bool remove) {
     if (!a->n_buckets) return NULL;
     alloc_block **link = &a->buckets[hash_ptr(a, p)];
     for (; *link; link = &(*link)->hnext) {
@@ -281,7 +318,6 @@ static alloc_block *hash_find(kiln_caching_allocator *a, uintptr_t p, bool remov
         if (b->ptr != p) continue;
         if (remove) {
             *link = b->hnext;
-            b->hnext = NULL;
             a->n_live--;
         }
         return b;
@@ -289,108 +325,45 @@ static alloc_block *hash_find(kiln_caching_allocator *a, uintptr_t p, bool remov
     return NULL;
 }
 
-/* ---- Segments ------------------------------------------------------------------- */
-
-/* Index of the first segment with base > p. */
-static size_t seg_upper(const kiln_caching_allocator *a, uintptr_t p) {
-    size_t lo = 0, hi = a->n_segs;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (a->segs[mid]->base <= p)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-uint64_t kiln_alloc_effective_limit(const kiln_caching_allocator *a) {
-    uint64_t l = a->cfg.limit_bytes;
-    if (a->fraction_limit && (!l || a->fraction_limit < l)) l = a->fraction_limit;
-    return l;
-}
-
-/* A new segment of `size` bytes as one free block, not yet in any pool.
- * KILN_ERR_OUT_OF_MEMORY (not raised) when the device or the limit says no. */
-static kiln_status segment_alloc(kiln_caching_allocator *a, size_t size, int pool, kiln_alloc_stream stream,
-                                 alloc_block **out) {
-    uint64_t limit = kiln_alloc_effective_limit(a);
-    uint64_t reserved = (uint64_t)(a->stats.reserved_bytes[KILN_POOL_LARGE].current +
-                                   a->stats.reserved_bytes[KILN_POOL_SMALL].current);
-    if (limit && reserved + size > limit) return KILN_ERR_OUT_OF_MEMORY;
-    if (a->n_segs == a->cap_segs) {
-        size_t cap = a->cap_segs ? a->cap_segs * 2 : 64;
-        alloc_segment **s = KILN_REALLOC(a->segs, cap * sizeof *s);
-        if (!s) return KILN_ERR_OUT_OF_MEMORY;
-        a->segs = s;
-        a->cap_segs = cap;
-    }
-    alloc_segment *seg = KILN_MALLOC(sizeof *seg);
-    alloc_block *b = seg ? block_new(a) : NULL;
-    if (!b) {
-        free(seg);
-        return KILN_ERR_OUT_OF_MEMORY;
-    }
-    void *p = NULL;
-    kiln_status st = a->ops.alloc(a->ops.ctx, size, &p);
-    if (st != KILN_OK) {
-        free(seg);
-        block_recycle(a, b);
-        return st;
-    }
-    *seg = (alloc_segment){.base = (uintptr_t)p, .size = size, .head = b, .pool = (uint8_t)pool};
-    b->ptr = (uintptr_t)p;
-    b->size = size;
-    b->stream = stream;
-    b->seg = seg;
-    b->pool = (uint8_t)pool;
-    size_t at = seg_upper(a, seg->base);
-    memmove(&a->segs[at + 1], &a->segs[at], (a->n_segs - at) * sizeof *a->segs);
-    a->segs[at] = seg;
-    a->n_segs++;
-    stat_inc(a->stats.segment, pool, 1);
-    stat_inc(a->stats.reserved_bytes, pool, (int64_t)size);
-    if (is_oversize(a, size)) stat_update(&a->stats.oversize_segments, 1);
-    a->stats.num_device_alloc++;
-    kiln_alloc_poison(a, b->ptr, size);
-    *out = b;
-    return KILN_OK;
-}
-
-/* Give an entirely free segment (its one block, out of every pool) back. */
-static void segment_release(kiln_caching_allocator *a, alloc_block *b) {
-    alloc_segment *seg = b->seg;
-    KILN_ASSERT(!b->prev && !b->next && seg->head == b);
-    size_t at = seg_upper(a, seg->base) - 1;
-    KILN_ASSERT(a->segs[at] == seg);
-    memmove(&a->segs[at], &a->segs[at + 1], (a->n_segs - at - 1) * sizeof *a->segs);
-    a->n_segs--;
-    kiln_alloc_unpoison(a, seg->base, seg->size);
-    a->ops.free(a->ops.ctx, (void *)seg->base, seg->size);
-    stat_dec(a->stats.segment, seg->pool, 1);
-    stat_dec(a->stats.reserved_bytes, seg->pool, (int64_t)seg->size);
-    if (is_oversize(a, seg->size)) stat_update(&a->stats.oversize_segments, -1);
-    a->stats.num_device_free++;
-    block_recycle(a, b);
-    free(seg);
-}
-
-static bool block_is_split(const alloc_block *b) { return b->prev || b->next; }
+alloc_block *kiln_alloc_live_find(kiln_caching_allocator *a, uintptr_t p) { return hash_find(a, p, false); }
 
 /* ---- Taking and returning blocks ------------------------------------------------ */
 
-static bool should_split(const kiln_caching_allocator *a, const alloc_block *b, size_t size) {
+static inline bool block_is_split(const alloc_block *b) { return ((uintptr_t)b->prev | (uintptr_t)b->next) != 0; }
+
+/* A select, not a branch on the pool, which is as random as the sizes. */
+static inline bool should_split(const kiln_caching_allocator *a, const alloc_block *b, size_t size) {
     size_t remaining = b->size - size;
-    if (b->pool == POOL_SMALL) return remaining >= MIN_BLOCK;
-    return !is_oversize(a, size) && remaining > SMALL_SIZE;
+    bool small = remaining >= MIN_BLOCK, large = !is_oversize(a, size) & (remaining > SMALL_SIZE);
+    return b->pool == POOL_SMALL ? small : large;
 }
 
-/* Make free block `b` (out of the pool) a live block of `size` bytes,
+
+/* While blocks await stream events, active (= allocated + pending, see
+ * kiln_alloc_stats_fill_all) can peak above what `allocation` records. */
+static __attribute__((noinline)) void active_peaks_update(kiln_caching_allocator *a, int pool) {
+    kiln_stat *act = a->stats.active, *act_b = a->stats.active_bytes;
+    int64_t cur[2], cur_b[2];
+    for (int p = 0; p < 2; p++) {
+        cur[p] = a->stats.allocation[KILN_POOL_LARGE + p].current + a->pending_blocks[p];
+        cur_b[p] = a->stats.allocated_bytes[KILN_POOL_LARGE + p].current + a->pending_bytes[p];
+    }
+    kiln_stat *p = &act[KILN_POOL_LARGE + pool], *pb = &act_b[KILN_POOL_LARGE + pool];
+    p->peak = cur[pool] > p->peak ? cur[pool] : p->peak;
+    pb->peak = cur_b[pool] > pb->peak ? cur_b[pool] : pb->peak;
+    int64_t all = cur[0] + cur[1], all_b = cur_b[0] + cur_b[1];
+    act[KILN_POOL_ALL].peak = all > act[KILN_POOL_ALL].peak ? all : act[KILN_POOL_ALL].peak;
+    act_b[KILN_POOL_ALL].peak = all_b > act_b[KILN_POOL_ALL].peak ? all_b : act_b[KILN_POOL_ALL].peak;
+}
+
+/* Make free block `b` (out of its bin) a live block of `size` bytes,
  * splitting off the rest when the rules allow. The inactive-split stats move
  * by their net change, as PyTorch's do. */
-static void block_take(kiln_caching_allocator *a, alloc_block *b, size_t size, size_t requested) {
+static inline __attribute__((always_inline)) void block_take(kiln_caching_allocator *a, alloc_block *b,
+                                                             size_t size, size_t requested) {
     bool already_split = block_is_split(b);
-    int64_t d_count = 0, d_bytes = 0;
+    int64_t d_count, d_bytes;
+    int pool = b->pool;
     alloc_block *rest = should_split(a, b, size) ? block_new(a) : NULL;
     if (rest) { /* a failed record allocation only means no split */
         rest->ptr = b->ptr + size;
@@ -398,83 +371,100 @@ static void block_take(kiln_caching_allocator *a, alloc_block *b, size_t size, s
         rest->stream = b->stream;
         rest->seg = b->seg;
         rest->pool = b->pool;
+        rest->bins = b->bins;
         rest->prev = b;
         rest->next = b->next;
         if (b->next) b->next->prev = rest;
         b->next = rest;
         b->size = size;
-        pool_insert(a, rest);
-        if (already_split) {
-            d_bytes = -(int64_t)size;
-        } else {
-            d_count = 1;
-            d_bytes = (int64_t)rest->size;
-        }
-    } else if (already_split) {
-        d_count = -1;
-        d_bytes = -(int64_t)b->size;
+        pool_insert(rest);
+        /* Already split: the free bytes shrink by `size`; else one new
+         * inactive split block of rest->size. */
+        d_count = !already_split;
+        d_bytes = already_split ? -(int64_t)size : (int64_t)rest->size;
+    } else {
+        d_count = -(int64_t)already_split;
+        d_bytes = already_split ? -(int64_t)b->size : 0;
     }
-    stat_pool(a->stats.inactive_split, b->pool, d_count);
-    stat_pool(a->stats.inactive_split_bytes, b->pool, d_bytes);
+    stat_net(a->stats.inactive_split, pool, d_count);
+    stat_net(a->stats.inactive_split_bytes, pool, d_bytes);
     b->state = BLOCK_ALLOCATED;
     b->requested = requested;
     hash_insert(a, b);
-    stat_inc(a->stats.allocation, b->pool, 1);
-    stat_inc(a->stats.allocated_bytes, b->pool, (int64_t)b->size);
-    stat_inc(a->stats.active, b->pool, 1);
-    stat_inc(a->stats.active_bytes, b->pool, (int64_t)b->size);
-    stat_inc(a->stats.requested_bytes, b->pool, (int64_t)requested);
+    stat_inc(a->stats.allocation, pool, 1);
+    stat_inc(a->stats.allocated_bytes, pool, (int64_t)b->size);
+    stat_inc(a->stats.requested_bytes, pool, (int64_t)requested);
+    if (__builtin_expect(a->n_pending != 0, 0)) active_peaks_update(a, pool);
     if (is_oversize(a, b->size)) stat_update(&a->stats.oversize_allocations, 1);
     kiln_alloc_unpoison(a, b->ptr, requested);
 }
 
-/* Absorb free neighbour `n` into `b`; returns the bytes absorbed (0 if `n`
- * cannot merge: absent, live, or awaiting events). */
-static size_t block_merge(kiln_caching_allocator *a, alloc_block *b, alloc_block *n) {
+/* Absorb b's left (merge_prev) or right (merge_next) neighbour when it is
+ * free (not live, not awaiting events); returns the bytes absorbed, 0 when
+ * there is nothing to merge. */
+static inline size_t merge_prev(kiln_caching_allocator *a, alloc_block *b) {
+    alloc_block *n = b->prev;
     if (!n || n->state != BLOCK_FREE) return 0;
-    pool_remove(a, n);
-    if (n == b->prev) {
-        b->ptr = n->ptr;
-        b->prev = n->prev;
-        if (b->prev) b->prev->next = b;
-        if (b->seg->head == n) b->seg->head = b;
-    } else {
-        b->next = n->next;
-        if (b->next) b->next->prev = b;
-    }
+    pool_remove(n);
+    b->ptr = n->ptr;
+    b->prev = n->prev;
+    if (n->prev)
+        n->prev->next = b;
+    else
+        b->seg->head = b;
     size_t absorbed = n->size;
     b->size += absorbed;
     block_recycle(a, n);
     return absorbed;
 }
 
-/* A block no longer live nor awaiting events: merge it with free
- * neighbours and cache it (or, without caching, release its segment). */
-static void block_free(kiln_caching_allocator *a, alloc_block *b) {
-    size_t orig_size = b->size, requested = b->requested;
-    int64_t d_count = 0, d_bytes = 0;
-    alloc_block *neighbours[2] = {b->prev, b->next};
-    for (int i = 0; i < 2; i++) {
-        size_t absorbed = block_merge(a, b, neighbours[i]);
-        if (absorbed) d_count -= 1, d_bytes -= (int64_t)absorbed;
-    }
-    int pool = b->pool;
-    if (block_is_split(b)) d_count += 1, d_bytes += (int64_t)b->size;
-    b->requested = 0;
-    if (a->cfg.caching || block_is_split(b))
-        pool_insert(a, b);
-    else
-        segment_release(a, b);
-    stat_pool(a->stats.inactive_split, pool, d_count);
-    stat_pool(a->stats.inactive_split_bytes, pool, d_bytes);
-    stat_dec(a->stats.active, pool, 1);
-    stat_dec(a->stats.active_bytes, pool, (int64_t)orig_size);
-    stat_dec(a->stats.requested_bytes, pool, (int64_t)requested);
+static inline size_t merge_next(kiln_caching_allocator *a, alloc_block *b) {
+    alloc_block *n = b->next;
+    if (!n || n->state != BLOCK_FREE) return 0;
+    pool_remove(n);
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    size_t absorbed = n->size;
+    b->size += absorbed;
+    block_recycle(a, n);
+    return absorbed;
 }
+
+/* A block that is neither live nor awaiting events (active, allocation and
+ * pending stats already moved): merge it with free neighbours and cache it
+ * (or, without caching, release its segment). */
+static inline __attribute__((always_inline)) void block_free(kiln_caching_allocator *a, alloc_block *b) {
+    int pool = b->pool;
+    stat_dec(a->stats.requested_bytes, pool, (int64_t)b->requested);
+    size_t absorbed_prev = merge_prev(a, b), absorbed_next = merge_next(a, b);
+    /* Each neighbour absorbed was an inactive split block; b becomes one
+     * if its segment stays split. */
+    bool split = block_is_split(b);
+    int64_t d_count = (int64_t)split - (absorbed_prev != 0) - (absorbed_next != 0);
+    int64_t d_bytes = (split ? (int64_t)b->size : 0) - (int64_t)(absorbed_prev + absorbed_next);
+    stat_net(a->stats.inactive_split, pool, d_count);
+    stat_net(a->stats.inactive_split_bytes, pool, d_bytes);
+    if (__builtin_expect(a->cfg.caching || split, 1))
+        pool_insert(b);
+    else
+        kiln_alloc_segment_release(a, b);
+}
+
+/* A block whose stream events have all completed: no longer active. */
+static void block_free_pending(kiln_caching_allocator *a, alloc_block *b) {
+    int pool = b->pool;
+    a->pending_blocks[pool]--;
+    a->pending_bytes[pool] -= (int64_t)b->size;
+    a->active_freed_adjust[pool]++;
+    a->active_bytes_freed_adjust[pool] += (int64_t)b->size;
+    block_free(a, b);
+}
+
+void kiln_alloc_block_free_pending(kiln_caching_allocator *a, alloc_block *b) { block_free_pending(a, b); }
 
 /* Poll the events of blocks freed while in use on other streams; a block
  * whose events have all completed returns to the cache. */
-static void events_process(kiln_caching_allocator *a) {
+static __attribute__((noinline)) void events_process(kiln_caching_allocator *a) {
     size_t kept = 0;
     for (size_t i = 0; i < a->n_pending; i++) {
         pending_event pe = a->pending[i];
@@ -483,98 +473,18 @@ static void events_process(kiln_caching_allocator *a) {
             continue;
         }
         a->ops.event_destroy(a->ops.ctx, pe.event);
-        if (--pe.block->event_count == 0) block_free(a, pe.block);
+        if (--pe.block->event_count == 0) block_free_pending(a, pe.block);
     }
     a->n_pending = kept;
 }
 
-void kiln_alloc_events_synchronize(kiln_caching_allocator *a) {
-    for (size_t i = 0; i < a->n_pending; i++) {
-        pending_event pe = a->pending[i];
-        a->ops.event_synchronize(a->ops.ctx, pe.event);
-        a->ops.event_destroy(a->ops.ctx, pe.event);
-        if (--pe.block->event_count == 0) block_free(a, pe.block);
-    }
-    a->n_pending = 0;
-    a->stats.num_sync_all_streams++;
-}
-
-void kiln_alloc_release_unsplit(kiln_caching_allocator *a) {
-    for (size_t i = a->n_segs; i-- > 0;) {
-        alloc_block *h = a->segs[i]->head;
-        if (h->state == BLOCK_FREE && !block_is_split(h)) {
-            pool_remove(a, h);
-            segment_release(a, h);
-        }
-    }
-}
-
-/* With max_split_size set: release the smallest cached oversize segment of
- * `stream` that covers the request, or else the largest ones until their
- * total does. True when that freed enough. */
-static bool release_oversize(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream, size_t size) {
-    if (a->cfg.max_split_size == UINT64_MAX) return false;
-    size_t key = (uint64_t)size < a->cfg.max_split_size ? (size_t)a->cfg.max_split_size : size;
-    alloc_block *best = NULL;
-    for (size_t i = 0; i < a->n_segs; i++) {
-        alloc_block *h = a->segs[i]->head;
-        if (h->state != BLOCK_FREE || block_is_split(h) || h->pool != pool || h->stream != stream) continue;
-        if (h->size >= key && (!best || h->size < best->size)) best = h;
-    }
-    if (best) {
-        pool_remove(a, best);
-        segment_release(a, best);
-        return true;
-    }
-    size_t released = 0;
-    while (released < key) {
-        alloc_block *largest = NULL;
-        for (size_t i = 0; i < a->n_segs; i++) {
-            alloc_block *h = a->segs[i]->head;
-            if (h->state != BLOCK_FREE || block_is_split(h) || h->pool != pool || h->stream != stream ||
-                !is_oversize(a, h->size))
-                continue;
-            if (!largest || h->size > largest->size) largest = h;
-        }
-        if (!largest) break;
-        released += largest->size;
-        pool_remove(a, largest);
-        segment_release(a, largest);
-    }
-    return released >= key;
-}
-
 /* ---- malloc / free ---------------------------------------------------------------- */
-
-/* Steps 2-5 of the ladder, after the best-fit lookup failed: a new
- * segment; then, with max_split_size, dropping cached oversize segments;
- * then waiting for every pending event and dropping every cached unsplit
- * segment. KILN_ERR_OUT_OF_MEMORY (message in `msg`) when all fail. */
-static kiln_status block_obtain(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream, size_t rounded,
-                                alloc_block **out, char *msg, size_t msg_size) {
-    size_t seg_size = a->cfg.caching ? kiln_alloc_segment_size(rounded) : rounded;
-    kiln_status st = segment_alloc(a, seg_size, pool, stream, out);
-    if (st != KILN_ERR_OUT_OF_MEMORY) return st;
-    if (a->cfg.caching && release_oversize(a, pool, stream, rounded)) {
-        st = segment_alloc(a, seg_size, pool, stream, out);
-        if (st != KILN_ERR_OUT_OF_MEMORY) return st;
-    }
-    kiln_alloc_events_synchronize(a);
-    kiln_alloc_release_unsplit(a);
-    a->stats.num_alloc_retries++;
-    if (a->cfg.caching && (*out = pool_find(a, pool, stream, rounded)) != NULL) return KILN_OK;
-    st = segment_alloc(a, seg_size, pool, stream, out);
-    if (st != KILN_ERR_OUT_OF_MEMORY) return st;
-    a->stats.num_ooms++;
-    kiln_alloc_format_oom(a, seg_size, rounded, msg, msg_size);
-    return st;
-}
 
 #define OOM_HINT                                                                                             \
     "call kiln_empty_cache, lower the batch size, set KILN_ALLOC_CONF=max_split_size_mb:N "                  \
     "against fragmentation, or turn on gradient checkpointing"
 
-/* Everything after a failed best fit, with the mutex held on entry and
+/* Everything after a failed best fit, with the lock held on entry and
  * released on return. Out of line so the hot path carries neither the
  * message buffer nor the stack protector that comes with it. */
 static __attribute__((noinline)) kiln_status malloc_slow(kiln_caching_allocator *a, int pool,
@@ -583,12 +493,12 @@ static __attribute__((noinline)) kiln_status malloc_slow(kiln_caching_allocator 
     char msg[512];
     msg[0] = '\0';
     alloc_block *b = NULL;
-    kiln_status st = block_obtain(a, pool, stream, rounded, &b, msg, sizeof msg);
+    kiln_status st = kiln_alloc_block_obtain(a, pool, stream, rounded, &b, msg, sizeof msg);
     if (st == KILN_OK) {
         block_take(a, b, rounded, size);
         *ptr = (void *)b->ptr;
     }
-    pthread_mutex_unlock(&a->mutex);
+    alloc_unlock(a);
     if (st == KILN_ERR_OUT_OF_MEMORY && msg[0]) return KILN_RAISE(st, OOM_HINT, "%s", msg);
     return st;
 }
@@ -609,16 +519,21 @@ kiln_status kiln_caching_allocator_malloc(kiln_caching_allocator *a, size_t size
     if (!a || !ptr) return malloc_bad_size(a, size, ptr);
     *ptr = NULL;
     if (size == 0) return KILN_OK;
-    size_t rounded = kiln_alloc_round_size(&a->cfg, size);
-    if (rounded == SIZE_MAX) return malloc_bad_size(a, size, ptr);
+    /* Plain 512-byte rounding inline ((size + 511) & ~511 is 512 for sizes
+     * below 512); power-of-two divisions and overflow out of line. */
+    size_t rounded = (size + MIN_BLOCK - 1) & ~(MIN_BLOCK - 1);
+    if (__builtin_expect(a->cfg.roundup_power2_divisions > 1 || size > SIZE_MAX - ROUND_LARGE, 0)) {
+        rounded = kiln_alloc_round_size(&a->cfg, size);
+        if (rounded == SIZE_MAX) return malloc_bad_size(a, size, ptr);
+    }
     int pool = rounded <= SMALL_SIZE ? POOL_SMALL : POOL_LARGE;
-    pthread_mutex_lock(&a->mutex);
-    if (a->n_pending) events_process(a);
+    alloc_lock(a);
+    if (__builtin_expect(a->n_pending != 0, 0)) events_process(a);
     alloc_block *b = a->cfg.caching ? pool_find(a, pool, stream, rounded) : NULL;
-    if (!b) return malloc_slow(a, pool, stream, rounded, size, ptr);
+    if (__builtin_expect(!b, 0)) return malloc_slow(a, pool, stream, rounded, size, ptr);
     block_take(a, b, rounded, size);
     *ptr = (void *)b->ptr;
-    pthread_mutex_unlock(&a->mutex);
+    alloc_unlock(a);
     return KILN_OK;
 }
 
@@ -647,76 +562,57 @@ static kiln_status events_record(kiln_caching_allocator *a, alloc_block *b) {
     return KILN_OK;
 }
 
+/* The free of a block used on other streams: it waits for their events
+ * (PENDING, still active) or, with none recorded, is freed at once. */
+static __attribute__((noinline)) kiln_status free_with_uses(kiln_caching_allocator *a, alloc_block *b) {
+    kiln_status st = events_record(a, b);
+    if (st != KILN_OK) {
+        hash_insert(a, b); /* the block stays live; the caller may retry */
+        return st;
+    }
+    int pool = b->pool;
+    stat_dec(a->stats.allocation, pool, 1);
+    stat_dec(a->stats.allocated_bytes, pool, (int64_t)b->size);
+    if (is_oversize(a, b->size)) stat_update(&a->stats.oversize_allocations, -1);
+    kiln_alloc_poison(a, b->ptr, b->size);
+    b->n_uses = 0; /* the uses now live on as events */
+    if (!b->event_count) {
+        block_free(a, b);
+        return KILN_OK;
+    }
+    b->state = BLOCK_PENDING;
+    a->pending_blocks[pool]++;
+    a->pending_bytes[pool] += (int64_t)b->size;
+    a->active_freed_adjust[pool]--;
+    a->active_bytes_freed_adjust[pool] -= (int64_t)b->size;
+    return KILN_OK;
+}
+
+static __attribute__((noinline)) kiln_status free_unknown(kiln_caching_allocator *a, void *ptr) {
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "free only pointers this allocator returned, once",
+                      "%s allocator: free of %p, which is not a live block (double free or foreign pointer)",
+                      a->ops.device_name, ptr);
+}
+
 kiln_status kiln_caching_allocator_free(kiln_caching_allocator *a, void *ptr) {
     if (!ptr) return KILN_OK;
-    pthread_mutex_lock(&a->mutex);
+    alloc_lock(a);
     alloc_block *b = hash_find(a, (uintptr_t)ptr, true);
-    kiln_status st = b && b->n_uses ? events_record(a, b) : KILN_OK;
-    if (b && st != KILN_OK) {
-        hash_insert(a, b); /* the block stays live; the caller may retry */
-    } else if (b) {
-        stat_dec(a->stats.allocation, b->pool, 1);
-        stat_dec(a->stats.allocated_bytes, b->pool, (int64_t)b->size);
+    kiln_status st = KILN_OK;
+    if (__builtin_expect(!b, 0)) {
+        alloc_unlock(a);
+        return free_unknown(a, ptr);
+    }
+    if (__builtin_expect(b->n_uses != 0, 0)) {
+        st = free_with_uses(a, b);
+    } else {
+        int pool = b->pool;
+        stat_dec(a->stats.allocation, pool, 1);
+        stat_dec(a->stats.allocated_bytes, pool, (int64_t)b->size);
         if (is_oversize(a, b->size)) stat_update(&a->stats.oversize_allocations, -1);
         kiln_alloc_poison(a, b->ptr, b->size);
-        b->n_uses = 0; /* the uses now live on as events */
-        if (b->event_count) {
-            b->state = BLOCK_PENDING;
-        } else {
-            block_free(a, b);
-        }
+        block_free(a, b);
     }
-    pthread_mutex_unlock(&a->mutex);
-    if (!b)
-        return KILN_RAISE(
-            KILN_ERR_INVALID_ARGUMENT, "free only pointers this allocator returned, once",
-            "%s allocator: free of %p, which is not a live block (double free or foreign pointer)",
-            a->ops.device_name, ptr);
+    alloc_unlock(a);
     return st;
-}
-
-/* The live block containing `p`, or NULL. */
-static alloc_block *block_containing(kiln_caching_allocator *a, uintptr_t p) {
-    alloc_block *b = hash_find(a, p, false);
-    if (b) return b;
-    size_t at = seg_upper(a, p);
-    if (at == 0) return NULL;
-    alloc_segment *seg = a->segs[at - 1];
-    if (p >= seg->base + seg->size) return NULL;
-    for (b = seg->head; b; b = b->next)
-        if (p >= b->ptr && p < b->ptr + b->size) return b->state == BLOCK_ALLOCATED ? b : NULL;
-    return NULL;
-}
-
-kiln_status kiln_caching_allocator_record_stream(kiln_caching_allocator *a, void *ptr,
-                                                 kiln_alloc_stream stream) {
-    pthread_mutex_lock(&a->mutex);
-    alloc_block *b = block_containing(a, (uintptr_t)ptr);
-    kiln_status st = KILN_OK;
-    bool known = b && stream == b->stream;
-    for (uint32_t i = 0; b && !known && i < b->n_uses; i++) known = b->uses[i] == stream;
-    if (b && !known) {
-        if (b->n_uses == b->cap_uses) {
-            uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
-            kiln_alloc_stream *u = KILN_REALLOC(b->uses, cap * sizeof *u);
-            if (u)
-                b->uses = u, b->cap_uses = cap;
-            else
-                st = KILN_ERR_OUT_OF_MEMORY;
-        }
-        if (st == KILN_OK) b->uses[b->n_uses++] = stream;
-    }
-    pthread_mutex_unlock(&a->mutex);
-    if (!b)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass a pointer into a live block",
-                          "%s allocator: record_stream on %p, which is not in a live block",
-                          a->ops.device_name, ptr);
-    return st;
-}
-
-bool kiln_caching_allocator_owns(kiln_caching_allocator *a, const void *ptr) {
-    pthread_mutex_lock(&a->mutex);
-    bool owns = block_containing(a, (uintptr_t)ptr) != NULL;
-    pthread_mutex_unlock(&a->mutex);
-    return owns;
 }

@@ -6,6 +6,7 @@
  * early releases are nearly always of recent results, so the scan is short
  * in practice even in a scope holding thousands of tensors. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/error.h"
 #include "tensor/scope.h"
@@ -20,27 +21,42 @@ static _Thread_local int api_depth;
 static _Thread_local scope *stack; /* stack[0] is the outermost scope */
 static _Thread_local int stack_depth, stack_capacity;
 
-/* The user's call site of the current outermost public call (see
- * kiln_site_mark); reset when the depth returns to 0. */
-static _Thread_local const char *site_file;
-static _Thread_local int site_line;
+/* Call sites. The public headers' macros mark a site just before their
+ * function's arguments are evaluated, so in `kiln_sum(kiln_mul(a, b))` the
+ * marks arrive as sum, mul and the calls as mul, sum: a stack pairs them.
+ * Each outermost call (depth 0 -> 1) pops the newest mark as its site. */
+#define SITE_STACK 32
+static _Thread_local struct {
+    const char *file;
+    int line;
+} site_stack[SITE_STACK], site_current;
+static _Thread_local int site_count;
 
 void kiln_site_mark(const char *file, int line) {
     if (api_depth > 0) return; /* inside the library: keep the user's site */
-    site_file = file;
-    site_line = line;
+    if (site_count == SITE_STACK) { /* marks of calls that never entered: drop the oldest */
+        memmove(site_stack, site_stack + 1, sizeof site_stack[0] * (SITE_STACK - 1));
+        site_count--;
+    }
+    site_stack[site_count].file = file;
+    site_stack[site_count].line = line;
+    site_count++;
 }
 
 const char *kiln_site_get(int *line) {
-    if (line) *line = site_file ? site_line : 0;
-    return site_file ? site_file : "(unknown)";
+    if (line) *line = site_current.file ? site_current.line : 0;
+    return site_current.file ? site_current.file : "(unknown)";
 }
 
-void kiln_api_enter(void) { api_depth++; }
+void kiln_api_enter(void) {
+    if (api_depth++ > 0) return;
+    if (site_count > 0) site_current = site_stack[--site_count];
+    else site_current.file = NULL;
+}
 
 void kiln_api_leave(void) {
     KILN_ASSERT(api_depth > 0);
-    if (--api_depth == 0) site_file = NULL;
+    if (--api_depth == 0) site_current.file = NULL;
 }
 
 int kiln_api_depth(void) { return api_depth; }

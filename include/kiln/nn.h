@@ -1,0 +1,172 @@
+/* Kiln nn: modules (layers with parameters, buffers and children) in the
+ * shape of torch.nn.
+ *
+ * A module owns its parameters (leaf tensors that require grad), its
+ * buffers (BatchNorm's running statistics) and its children, each by its
+ * own reference: scopes never free them. kiln_module_free releases the
+ * whole tree. Containers (Sequential, the residual blocks, custom modules)
+ * take ownership of the children they are given, also on failure.
+ *
+ * Names follow PyTorch's state dict: a parameter `weight` of the child "0"
+ * of the child "features" is "features.0.weight"; for each module its
+ * parameters come first, then its buffers, then its children in the order
+ * they were added.
+ *
+ * Initialisation is PyTorch's default, drawn from the device generator
+ * (kiln_manual_seed makes it reproducible): Conv2d and Linear weights
+ * U(-b, b) with b = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + a^2)),
+ * a = sqrt(5) (kaiming_uniform_), biases U(-1/sqrt(fan_in), 1/sqrt(fan_in));
+ * BatchNorm weight 1, bias 0, running_mean 0, running_var 1.
+ *
+ * Modules are created on kiln_current_device() in f32; move them with
+ * kiln_module_to / kiln_module_to_dtype BEFORE creating an optimizer over
+ * their parameters (moving replaces the parameter tensors, as
+ * `param.data = ...` would, and an optimizer keeps the ones it was given).
+ *
+ * Not thread-safe: one module is used from one thread at a time. */
+#ifndef KILN_NN_H
+#define KILN_NN_H
+
+#include "kiln/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_module kiln_module;
+
+/* A name and a borrowed tensor (valid while the module lives and is not
+ * moved with kiln_module_to / kiln_module_to_dtype). */
+typedef struct kiln_named_tensor {
+    const char *name;
+    kiln_tensor *tensor;
+} kiln_named_tensor;
+
+/* ---- Layers (new modules; NULL with an error on bad arguments) ----------------------- */
+
+/* Conv2d: weight (out, in/groups, k, k), bias (out) when `bias`. */
+kiln_module *kiln_nn_conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride,
+                            int64_t padding, int64_t dilation, int64_t groups, bool bias);
+/* Linear: weight (out, in), bias (out) when `bias`. */
+kiln_module *kiln_nn_linear(int64_t in_features, int64_t out_features, bool bias);
+/* BatchNorm2d (PyTorch's defaults: eps 1e-5, momentum 0.1, affine and
+ * track_running_stats true). Parameters weight/bias (C) when affine;
+ * buffers running_mean/running_var (C, f32) and num_batches_tracked (i64
+ * scalar) when tracking. Without running statistics it normalises with
+ * batch statistics in eval mode too. */
+kiln_module *kiln_nn_batch_norm2d(int64_t num_features, double eps, double momentum, bool affine,
+                                  bool track_running_stats);
+kiln_module *kiln_nn_relu(void);
+/* approximate_tanh false: the exact erf form (PyTorch's default). */
+kiln_module *kiln_nn_gelu(bool approximate_tanh);
+kiln_module *kiln_nn_silu(void);
+kiln_module *kiln_nn_sigmoid(void);
+kiln_module *kiln_nn_tanh(void);
+/* stride 0 = kernel (PyTorch's default). */
+kiln_module *kiln_nn_max_pool2d(int64_t kernel, int64_t stride, int64_t padding);
+kiln_module *kiln_nn_avg_pool2d(int64_t kernel, int64_t stride, int64_t padding);
+kiln_module *kiln_nn_adaptive_avg_pool2d(int64_t out_h, int64_t out_w);
+/* Identity in eval mode; inverted dropout with probability p in training. */
+kiln_module *kiln_nn_dropout(double p);
+/* nn.Flatten(start_dim=1, end_dim=-1) by default. */
+kiln_module *kiln_nn_flatten(int start_dim, int end_dim);
+/* Children named "0", "1", ...; takes ownership of the n modules (n may be 0:
+ * the identity). */
+kiln_module *kiln_nn_sequential(int n, kiln_module *const *modules);
+/* Append `child` to a Sequential under the next index; takes ownership. */
+kiln_status kiln_nn_sequential_append(kiln_module *seq, kiln_module *child);
+/* PyTorch's CIFAR BasicBlock: children conv1 (3x3, stride, no bias), bn1,
+ * conv2 (3x3, no bias), bn2, shortcut (an empty Sequential, or a Sequential
+ * of a 1x1 conv with `stride` and a BatchNorm2d when stride != 1 or
+ * in != out). Output relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)). */
+kiln_module *kiln_nn_basic_block(int64_t in_channels, int64_t out_channels, int64_t stride);
+/* A generic residual block: relu(body(x) + shortcut(x)), children "body"
+ * and "shortcut" (shortcut NULL: the identity, an empty Sequential). Takes
+ * ownership of both. */
+kiln_module *kiln_nn_residual(kiln_module *body, kiln_module *shortcut);
+
+/* A module with a user-written forward (a PyTorch subclass of nn.Module).
+ * forward receives the module, a borrowed input and `user`; it returns a new
+ * reference. It runs inside the library: results of public calls it makes
+ * are not registered with scopes, so it releases its intermediates with
+ * kiln_release. Add children (kiln_module_add_child) and parameters
+ * (kiln_module_add_parameter) after creating it. */
+typedef kiln_tensor *(*kiln_module_forward_fn)(kiln_module *m, kiln_tensor *x, void *user);
+kiln_module *kiln_nn_custom(const char *kind, kiln_module_forward_fn forward, void *user);
+
+/* ---- Structure --------------------------------------------------------------------- */
+
+/* Release the module, its children, parameters and buffers (NULL: no-op).
+ * Tensors the user still holds references to stay alive. */
+void kiln_module_free(kiln_module *m);
+/* "Conv2d", "Linear", "BatchNorm2d", "Sequential", ... (the kind given to a
+ * custom module). Borrowed. */
+const char *kiln_module_kind(const kiln_module *m);
+/* Add a named child (names are unique and contain no '.'); takes ownership
+ * of child, also on failure. */
+kiln_status kiln_module_add_child(kiln_module *m, const char *name, kiln_module *child);
+/* Register t as a parameter named `name`: the module takes its own
+ * reference and marks it requires_grad. */
+kiln_status kiln_module_add_parameter(kiln_module *m, const char *name, kiln_tensor *t);
+/* Register t as a buffer (not trained, saved in the state dict). */
+kiln_status kiln_module_add_buffer(kiln_module *m, const char *name, kiln_tensor *t);
+/* The direct child named `name` ("0" in a Sequential), borrowed; NULL
+ * with an error when there is none. */
+kiln_module *kiln_module_child(kiln_module *m, const char *name);
+int kiln_module_num_children(const kiln_module *m);
+/* The i-th child, borrowed; *name (if not NULL) gets its name. */
+kiln_module *kiln_module_child_at(kiln_module *m, int i, const char **name);
+
+/* ---- Forward and modes ---------------------------------------------------------------- */
+
+/* Run the module on x: a new reference (owned by the innermost scope when
+ * called by the user). Queues work on the current stream; does not block. */
+kiln_tensor *kiln_module_forward(kiln_module *m, kiln_tensor *x);
+/* Set training (true) or eval (false) mode on m and all its descendants.
+ * Modules start in training mode. */
+void kiln_module_train(kiln_module *m, bool training);
+bool kiln_module_is_training(const kiln_module *m);
+
+/* ---- Parameters, buffers and the state dict --------------------------------------------
+ * The listing functions return one malloc'd block (names included) that the
+ * caller frees with free(); the tensors are borrowed. */
+
+kiln_status kiln_module_named_parameters(kiln_module *m, kiln_named_tensor **items, int *n);
+kiln_status kiln_module_named_buffers(kiln_module *m, kiln_named_tensor **items, int *n);
+/* Parameters then buffers of each module, depth first: PyTorch's order. */
+kiln_status kiln_module_state_dict(kiln_module *m, kiln_named_tensor **items, int *n);
+/* The parameters as an array of borrowed tensors (for an optimizer); free
+ * the array with free(). */
+kiln_status kiln_module_parameters(kiln_module *m, kiln_tensor ***params, int *n);
+/* Total number of parameter elements. */
+int64_t kiln_module_num_parameters(kiln_module *m);
+/* The parameter or buffer named `key` ("features.0.weight"): a new
+ * reference; NULL with an error naming the key when there is none. */
+kiln_tensor *kiln_module_state_get(kiln_module *m, const char *key);
+/* Copy `value` into the parameter or buffer `key` (under no_grad, in
+ * place, so optimizers keep working). The shape must match exactly;
+ * floating values convert between floating dtypes, integer buffers take
+ * integer values only. Errors name the key, both shapes or dtypes. Copies
+ * from host memory block. */
+kiln_status kiln_module_state_set(kiln_module *m, const char *key, kiln_tensor *value);
+/* Load a whole state dict. strict: every key of the module must be given
+ * and no unknown key may appear (the error names the first one). */
+kiln_status kiln_module_load_state_dict(kiln_module *m, const kiln_named_tensor *items, int n, bool strict);
+/* Free (set_to_none, PyTorch's default) or zero every parameter's grad. */
+kiln_status kiln_module_zero_grad(kiln_module *m, bool set_to_none);
+
+/* ---- Devices and dtypes ------------------------------------------------------------------ */
+
+/* Move every parameter, buffer (and existing gradient) to `device`. The
+ * parameters become new leaf tensors; create optimizers afterwards. Copies
+ * between host and device block unless the backend queues them. */
+kiln_status kiln_module_to(kiln_module *m, kiln_device device);
+/* Convert floating parameters and buffers to `dtype` (a floating dtype),
+ * except BatchNorm's parameters and running statistics, which stay f32
+ * (BatchNorm in float32, its output follows its input's dtype). */
+kiln_status kiln_module_to_dtype(kiln_module *m, kiln_dtype dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KILN_NN_H */

@@ -1,0 +1,481 @@
+/* Modules: the record, its named slots (parameters, buffers, children),
+ * modes, forward, the state dict and moves between devices and dtypes.
+ *
+ * Every tensor a module holds is its own reference, dropped with
+ * kiln_tensor_drop so that scopes are never consulted. Public functions
+ * that call tensor-returning functions bracket their body with
+ * kiln_api_enter / kiln_api_leave so nothing lands in the user's scope. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "nn/module_internal.h"
+#include "tensor/scope.h"
+#include "tensor/tensor_internal.h"
+
+#define NAME_MAX_LEN 512
+
+kiln_module *kiln_module_new(const char *kind, kiln_layer_forward forward) {
+    kiln_module *m = KILN_CALLOC(1, sizeof *m);
+    if (!m) return NULL;
+    m->kind = kind;
+    m->training = true;
+    m->forward = forward;
+    return m;
+}
+
+static void slots_free_tensors(kiln_module_slots *s) {
+    for (int i = 0; i < s->n; i++) {
+        kiln_tensor_drop(s->items[i].u.tensor);
+        free(s->items[i].name);
+    }
+    free(s->items);
+}
+
+void kiln_module_free(kiln_module *m) {
+    if (!m) return;
+    slots_free_tensors(&m->params);
+    slots_free_tensors(&m->buffers);
+    for (int i = 0; i < m->children.n; i++) {
+        kiln_module_free(m->children.items[i].u.child);
+        free(m->children.items[i].name);
+    }
+    free(m->children.items);
+    if (m->kind_owned) free((char *)m->kind);
+    free(m);
+}
+
+const char *kiln_module_kind(const kiln_module *m) { return m ? m->kind : NULL; }
+
+static kiln_module_slot *slot_find(const kiln_module_slots *s, const char *name) {
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->items[i].name, name) == 0) return &s->items[i];
+    return NULL;
+}
+
+/* Names are unique across a module's parameters, buffers and children, as
+ * in PyTorch, since they share the state dict's namespace. */
+static kiln_status check_new_name(const kiln_module *m, const char *fn, const char *name) {
+    if (!m) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: module is NULL", fn);
+    if (!name || !*name || strchr(name, '.') || strlen(name) >= NAME_MAX_LEN / 2)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use a short name without '.'",
+                          "%s: bad name '%s' in %s", fn, name ? name : "(null)", m->kind);
+    if (slot_find(&m->params, name) || slot_find(&m->buffers, name) || slot_find(&m->children, name))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pick a name the module does not use yet",
+                          "%s: %s already has a member named '%s'", fn, m->kind, name);
+    return KILN_OK;
+}
+
+static kiln_status slot_push(kiln_module_slots *s, const char *name, void *value, bool is_child) {
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 4;
+        kiln_module_slot *items = KILN_REALLOC(s->items, (size_t)cap * sizeof *items);
+        if (!items) return KILN_ERR_OUT_OF_MEMORY;
+        s->items = items;
+        s->cap = cap;
+    }
+    char *copy = KILN_MALLOC(strlen(name) + 1);
+    if (!copy) return KILN_ERR_OUT_OF_MEMORY;
+    strcpy(copy, name);
+    kiln_module_slot *slot = &s->items[s->n++];
+    slot->name = copy;
+    if (is_child)
+        slot->u.child = value;
+    else
+        slot->u.tensor = value;
+    return KILN_OK;
+}
+
+kiln_status kiln_module_add_child(kiln_module *m, const char *name, kiln_module *child) {
+    kiln_status st = check_new_name(m, "kiln_module_add_child", name);
+    if (!st && !child)
+        st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "check the constructor's error",
+                        "kiln_module_add_child: child '%s' is NULL", name);
+    if (!st) st = slot_push(&m->children, name, child, true);
+    if (st) kiln_module_free(child);
+    return st;
+}
+
+static kiln_status add_tensor(kiln_module *m, const char *fn, const char *name, kiln_tensor *t, bool param) {
+    KILN_TRY(check_new_name(m, fn, name));
+    KILN_TRY(kiln_tensor_check(t, fn));
+    if (param && !kiln_requires_grad(t)) KILN_TRY(kiln_set_requires_grad(t, true));
+    kiln_tensor *own = kiln_retain(t);
+    kiln_status st = slot_push(param ? &m->params : &m->buffers, name, own, false);
+    if (st) kiln_tensor_drop(own);
+    return st;
+}
+
+kiln_status kiln_module_add_parameter(kiln_module *m, const char *name, kiln_tensor *t) {
+    return add_tensor(m, "kiln_module_add_parameter", name, t, true);
+}
+
+kiln_status kiln_module_add_buffer(kiln_module *m, const char *name, kiln_tensor *t) {
+    return add_tensor(m, "kiln_module_add_buffer", name, t, false);
+}
+
+kiln_tensor *kiln_module_own_tensor(const kiln_module *m, const char *name) {
+    kiln_module_slot *s = slot_find(&m->params, name);
+    if (!s) s = slot_find(&m->buffers, name);
+    return s ? s->u.tensor : NULL;
+}
+
+kiln_module *kiln_module_child(kiln_module *m, const char *name) {
+    if (!m || !name) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_module_child: NULL module or name");
+        return NULL;
+    }
+    kiln_module_slot *s = slot_find(&m->children, name);
+    if (!s) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "list the children with kiln_module_child_at",
+                   "kiln_module_child: %s has no child named '%s'", m->kind, name);
+        return NULL;
+    }
+    return s->u.child;
+}
+
+int kiln_module_num_children(const kiln_module *m) { return m ? m->children.n : 0; }
+
+kiln_module *kiln_module_child_at(kiln_module *m, int i, const char **name) {
+    if (!m || i < 0 || i >= m->children.n) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_module_child_at: index %d out of range [0, %d)", i,
+                   m ? m->children.n : 0);
+        return NULL;
+    }
+    if (name) *name = m->children.items[i].name;
+    return m->children.items[i].u.child;
+}
+
+/* ---- Forward and modes ------------------------------------------------------------------ */
+
+kiln_tensor *kiln_module_forward(kiln_module *m, kiln_tensor *x) {
+    kiln_api_enter();
+    kiln_tensor *y = NULL;
+    if (!m)
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "check the constructor's error", "kiln_module_forward: module is NULL");
+    else if (kiln_tensor_check(x, "kiln_module_forward") == KILN_OK)
+        y = m->forward ? m->forward(m, x) : m->user_forward(m, x, m->user);
+    return kiln_api_return(y);
+}
+
+void kiln_module_train(kiln_module *m, bool training) {
+    if (!m) return;
+    m->training = training;
+    for (int i = 0; i < m->children.n; i++) kiln_module_train(m->children.items[i].u.child, training);
+}
+
+bool kiln_module_is_training(const kiln_module *m) { return m && m->training; }
+
+/* ---- Listing ------------------------------------------------------------------------------- */
+
+typedef struct entry_list {
+    int n, cap;
+    size_t name_bytes;
+    char **names;
+    kiln_tensor **tensors;
+} entry_list;
+
+static void entries_free(entry_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->names[i]);
+    free(l->names);
+    free(l->tensors);
+}
+
+static kiln_status entries_push(entry_list *l, const char *prefix, const char *name, kiln_tensor *t) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        char **names = KILN_REALLOC(l->names, (size_t)cap * sizeof *names);
+        if (!names) return KILN_ERR_OUT_OF_MEMORY;
+        l->names = names;
+        kiln_tensor **tensors = KILN_REALLOC(l->tensors, (size_t)cap * sizeof *tensors);
+        if (!tensors) return KILN_ERR_OUT_OF_MEMORY;
+        l->tensors = tensors;
+        l->cap = cap;
+    }
+    size_t len = strlen(prefix) + strlen(name) + 1;
+    char *full = KILN_MALLOC(len);
+    if (!full) return KILN_ERR_OUT_OF_MEMORY;
+    snprintf(full, len, "%s%s", prefix, name);
+    l->names[l->n] = full;
+    l->tensors[l->n++] = t;
+    l->name_bytes += len;
+    return KILN_OK;
+}
+
+static kiln_status walk(kiln_module *m, const char *prefix, bool params, bool buffers, entry_list *out) {
+    for (int i = 0; params && i < m->params.n; i++)
+        KILN_TRY(entries_push(out, prefix, m->params.items[i].name, m->params.items[i].u.tensor));
+    for (int i = 0; buffers && i < m->buffers.n; i++)
+        KILN_TRY(entries_push(out, prefix, m->buffers.items[i].name, m->buffers.items[i].u.tensor));
+    for (int i = 0; i < m->children.n; i++) {
+        char sub[NAME_MAX_LEN];
+        int len = snprintf(sub, sizeof sub, "%s%s.", prefix, m->children.items[i].name);
+        if (len < 0 || (size_t)len >= sizeof sub)
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use shorter names or a shallower tree",
+                              "module listing: the name %s%s... is longer than %d characters", prefix,
+                              m->children.items[i].name, NAME_MAX_LEN);
+        KILN_TRY(walk(m->children.items[i].u.child, sub, params, buffers, out));
+    }
+    return KILN_OK;
+}
+
+static kiln_status list_named(kiln_module *m, const char *fn, bool params, bool buffers,
+                              kiln_named_tensor **items, int *n) {
+    if (!m || !items || !n) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: NULL argument", fn);
+    *items = NULL;
+    *n = 0;
+    entry_list l = {0};
+    kiln_status st = walk(m, "", params, buffers, &l);
+    kiln_named_tensor *block = NULL;
+    if (!st) {
+        size_t head = (size_t)(l.n ? l.n : 1) * sizeof *block;
+        block = KILN_MALLOC(head + l.name_bytes);
+        if (!block) st = KILN_ERR_OUT_OF_MEMORY;
+    }
+    if (!st) {
+        char *names = (char *)block + (size_t)(l.n ? l.n : 1) * sizeof *block;
+        for (int i = 0; i < l.n; i++) {
+            size_t len = strlen(l.names[i]) + 1;
+            memcpy(names, l.names[i], len);
+            block[i].name = names;
+            block[i].tensor = l.tensors[i];
+            names += len;
+        }
+        *items = block;
+        *n = l.n;
+    }
+    entries_free(&l);
+    return st;
+}
+
+kiln_status kiln_module_named_parameters(kiln_module *m, kiln_named_tensor **items, int *n) {
+    return list_named(m, "kiln_module_named_parameters", true, false, items, n);
+}
+
+kiln_status kiln_module_named_buffers(kiln_module *m, kiln_named_tensor **items, int *n) {
+    return list_named(m, "kiln_module_named_buffers", false, true, items, n);
+}
+
+kiln_status kiln_module_state_dict(kiln_module *m, kiln_named_tensor **items, int *n) {
+    return list_named(m, "kiln_module_state_dict", true, true, items, n);
+}
+
+kiln_status kiln_module_parameters(kiln_module *m, kiln_tensor ***params, int *n) {
+    if (!params || !n) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_module_parameters: NULL argument");
+    *params = NULL;
+    *n = 0;
+    entry_list l = {0};
+    kiln_status st = m ? walk(m, "", true, false, &l)
+                       : KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_module_parameters: module is NULL");
+    if (!st) {
+        *params = KILN_MALLOC((size_t)(l.n ? l.n : 1) * sizeof **params);
+        if (!*params) st = KILN_ERR_OUT_OF_MEMORY;
+    }
+    if (!st) {
+        memcpy(*params, l.tensors, (size_t)l.n * sizeof **params);
+        *n = l.n;
+    }
+    entries_free(&l);
+    return st;
+}
+
+int64_t kiln_module_num_parameters(kiln_module *m) {
+    if (!m) return 0;
+    int64_t total = 0;
+    for (int i = 0; i < m->params.n; i++) total += kiln_numel(m->params.items[i].u.tensor);
+    for (int i = 0; i < m->children.n; i++) total += kiln_module_num_parameters(m->children.items[i].u.child);
+    return total;
+}
+
+/* ---- State dict by key -------------------------------------------------------------------- */
+
+/* The slot holding `key` ("a.b.weight"), or NULL with an error naming it. */
+static kiln_module_slot *find_key(kiln_module *m, const char *fn, const char *key) {
+    if (!m || !key) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: NULL module or key", fn);
+        return NULL;
+    }
+    const char *part = key;
+    for (const char *dot; (dot = strchr(part, '.')) != NULL; part = dot + 1) {
+        kiln_module *child = NULL;
+        for (int i = 0; i < m->children.n; i++) {
+            const char *name = m->children.items[i].name;
+            if (strlen(name) == (size_t)(dot - part) && strncmp(name, part, (size_t)(dot - part)) == 0)
+                child = m->children.items[i].u.child;
+        }
+        if (!child) goto missing;
+        m = child;
+    }
+    kiln_module_slot *s = slot_find(&m->params, part);
+    if (!s) s = slot_find(&m->buffers, part);
+    if (s) return s;
+missing:
+    KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "list the keys with kiln_module_state_dict",
+               "%s: no parameter or buffer named '%s'", fn, key);
+    return NULL;
+}
+
+kiln_tensor *kiln_module_state_get(kiln_module *m, const char *key) {
+    kiln_api_enter();
+    kiln_module_slot *s = find_key(m, "kiln_module_state_get", key);
+    return kiln_api_return(s ? kiln_retain(s->u.tensor) : NULL);
+}
+
+static kiln_status state_set_body(kiln_module *m, const char *key, kiln_tensor *value) {
+    kiln_module_slot *s = find_key(m, "kiln_module_state_set", key);
+    if (!s) return kiln_error_last()->status;
+    KILN_TRY(kiln_tensor_check(value, "kiln_module_state_set"));
+    kiln_tensor *dst = s->u.tensor;
+    kiln_shape a = kiln_shape_of(dst), b = kiln_shape_of(value);
+    bool same = a.ndim == b.ndim;
+    for (int i = 0; same && i < a.ndim; i++) same = a.d[i] == b.d[i];
+    if (!same) {
+        char sa[128], sb[128];
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "reshape the value or check the checkpoint's model",
+                          "kiln_module_state_set: size mismatch for '%s': the module has %s, the value is %s", key,
+                          kiln_shape_format(a.ndim, a.d, sa, sizeof sa), kiln_shape_format(b.ndim, b.d, sb, sizeof sb));
+    }
+    kiln_dtype dd = kiln_dtype_of(dst), vd = kiln_dtype_of(value);
+    if (kiln_dtype_is_floating(dd) != kiln_dtype_is_floating(vd))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "cast the value with kiln_to first if this is intended",
+                          "kiln_module_state_set: dtype mismatch for '%s': the module has %s, the value is %s", key,
+                          kiln_dtype_name(dd), kiln_dtype_name(vd));
+    kiln_no_grad_begin();
+    kiln_status st = kiln_copy_(dst, value, 0);
+    kiln_grad_mode_end();
+    return st;
+}
+
+kiln_status kiln_module_state_set(kiln_module *m, const char *key, kiln_tensor *value) {
+    kiln_api_enter();
+    kiln_status st = state_set_body(m, key, value);
+    kiln_api_leave();
+    return st;
+}
+
+kiln_status kiln_module_load_state_dict(kiln_module *m, const kiln_named_tensor *items, int n, bool strict) {
+    kiln_named_tensor *own = NULL;
+    int n_own = 0;
+    KILN_TRY(kiln_module_state_dict(m, &own, &n_own));
+    kiln_status st = KILN_OK;
+    for (int i = 0; strict && !st && i < n_own; i++) {
+        bool found = false;
+        for (int j = 0; j < n && !found; j++) found = strcmp(items[j].name, own[i].name) == 0;
+        if (!found)
+            st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass strict=false to load a partial state dict",
+                            "kiln_module_load_state_dict: missing key '%s'", own[i].name);
+    }
+    free(own);
+    for (int j = 0; !st && j < n; j++) {
+        kiln_api_enter();
+        kiln_module_slot *s = find_key(m, "kiln_module_load_state_dict", items[j].name);
+        kiln_api_leave();
+        if (!s) {
+            if (strict) st = kiln_error_last()->status;
+            kiln_error_clear();
+            continue;
+        }
+        st = kiln_module_state_set(m, items[j].name, items[j].tensor);
+    }
+    return st;
+}
+
+/* ---- Gradients ----------------------------------------------------------------------------- */
+
+static kiln_status zero_grad_body(kiln_module *m, bool set_to_none) {
+    for (int i = 0; i < m->params.n; i++) {
+        kiln_tensor *p = m->params.items[i].u.tensor;
+        if (set_to_none) {
+            KILN_TRY(kiln_set_grad(p, NULL));
+            continue;
+        }
+        kiln_tensor *g = kiln_grad(p);
+        if (!g) continue;
+        kiln_tensor *z = kiln_new_zeros(g, kiln_shape_of(g));
+        kiln_status st = z ? kiln_copy_(g, z, 0) : kiln_error_last()->status;
+        kiln_tensor_drop(z);
+        kiln_tensor_drop(g);
+        KILN_TRY(st);
+    }
+    for (int i = 0; i < m->children.n; i++) KILN_TRY(zero_grad_body(m->children.items[i].u.child, set_to_none));
+    return KILN_OK;
+}
+
+kiln_status kiln_module_zero_grad(kiln_module *m, bool set_to_none) {
+    if (!m) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_module_zero_grad: module is NULL");
+    kiln_api_enter();
+    kiln_no_grad_begin();
+    kiln_status st = zero_grad_body(m, set_to_none);
+    kiln_grad_mode_end();
+    kiln_api_leave();
+    return st;
+}
+
+/* ---- Devices and dtypes --------------------------------------------------------------------- */
+
+/* Replace *slot by its copy on device/dtype; parameters stay leaves that
+ * require grad and keep their gradient (converted alike). */
+static kiln_status move_tensor(kiln_tensor **slot, kiln_device device, kiln_dtype dtype, bool param) {
+    kiln_tensor *t = *slot;
+    if (kiln_device_equal(kiln_get_device(t), device) && kiln_dtype_of(t) == dtype) return KILN_OK;
+    kiln_tensor *moved = kiln_to(t, device, dtype, 0);
+    if (!moved) return kiln_error_last()->status;
+    kiln_status st = KILN_OK;
+    if (param) {
+        st = kiln_set_requires_grad(moved, true);
+        kiln_tensor *g = st ? NULL : kiln_grad(t);
+        if (g) {
+            kiln_tensor *g2 = kiln_to(g, device, dtype, 0);
+            st = g2 ? kiln_set_grad(moved, g2) : kiln_error_last()->status;
+            kiln_tensor_drop(g2);
+            kiln_tensor_drop(g);
+        }
+    }
+    if (st) {
+        kiln_tensor_drop(moved);
+        return st;
+    }
+    kiln_tensor_drop(t);
+    *slot = moved;
+    return KILN_OK;
+}
+
+/* has_dtype false: keep each tensor's dtype (a pure device move). */
+static kiln_status move_module(kiln_module *m, bool has_device, kiln_device device, bool has_dtype, kiln_dtype dtype) {
+    kiln_module_slots *sets[2] = {&m->params, &m->buffers};
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < sets[k]->n; i++) {
+            kiln_tensor **slot = &sets[k]->items[i].u.tensor;
+            kiln_dtype target = kiln_dtype_of(*slot);
+            if (has_dtype && kiln_dtype_is_floating(target)) target = m->keep_f32 ? KILN_F32 : dtype;
+            kiln_device dev = has_device ? device : kiln_get_device(*slot);
+            KILN_TRY(move_tensor(slot, dev, target, k == 0));
+        }
+    }
+    for (int i = 0; i < m->children.n; i++)
+        KILN_TRY(move_module(m->children.items[i].u.child, has_device, device, has_dtype, dtype));
+    return KILN_OK;
+}
+
+static kiln_status move(kiln_module *m, const char *fn, bool has_device, kiln_device device, bool has_dtype,
+                        kiln_dtype dtype) {
+    if (!m) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: module is NULL", fn);
+    if (has_dtype && !kiln_dtype_is_floating(dtype))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use f32, f16, bf16 or f64",
+                          "%s: %s is not a floating dtype", fn, kiln_dtype_name(dtype));
+    kiln_api_enter();
+    kiln_no_grad_begin();
+    kiln_status st = move_module(m, has_device, device, has_dtype, dtype);
+    kiln_grad_mode_end();
+    kiln_api_leave();
+    return st;
+}
+
+kiln_status kiln_module_to(kiln_module *m, kiln_device device) {
+    return move(m, "kiln_module_to", true, device, false, KILN_F32);
+}
+
+kiln_status kiln_module_to_dtype(kiln_module *m, kiln_dtype dtype) {
+    return move(m, "kiln_module_to_dtype", false, KILN_CPU, true, dtype);
+}

@@ -1,0 +1,54 @@
+/* The module record shared by module.c (structure, state dict, devices)
+ * and layers.c (constructors and forwards). */
+#ifndef KILN_SRC_NN_MODULE_INTERNAL_H
+#define KILN_SRC_NN_MODULE_INTERNAL_H
+
+#include "kiln/nn.h"
+
+/* One named slot: a parameter, a buffer or a child. */
+typedef struct kiln_module_slot {
+    char *name;
+    union {
+        kiln_tensor *tensor;
+        kiln_module *child;
+    } u;
+} kiln_module_slot;
+
+typedef struct kiln_module_slots {
+    int n, cap;
+    kiln_module_slot *items;
+} kiln_module_slots;
+
+/* What a layer's forward needs besides its parameters. */
+typedef struct kiln_module_config {
+    kiln_conv2d_opts conv;
+    kiln_pool2d_opts pool;
+    int64_t out_hw[2]; /* adaptive pooling */
+    double p;          /* dropout */
+    double eps, momentum;
+    int start_dim, end_dim;
+    bool approximate; /* gelu */
+} kiln_module_config;
+
+/* Runs the layer: x borrowed, result a new reference. Called inside an
+ * entered API region (results of public calls are not scope-registered). */
+typedef kiln_tensor *(*kiln_layer_forward)(kiln_module *m, kiln_tensor *x);
+
+struct kiln_module {
+    const char *kind; /* static for built-in layers, owned copy for custom ones */
+    bool kind_owned;
+    bool training;
+    bool keep_f32; /* BatchNorm: parameters and buffers stay f32 under to_dtype */
+    kiln_module_slots params, buffers, children;
+    kiln_module_config cfg;
+    kiln_layer_forward forward;
+    kiln_module_forward_fn user_forward;
+    void *user;
+};
+
+/* A new empty module of `kind` (a static string) with `forward`. */
+kiln_module *kiln_module_new(const char *kind, kiln_layer_forward forward);
+/* The parameter or buffer `name` of m itself (no dots), borrowed, or NULL. */
+kiln_tensor *kiln_module_own_tensor(const kiln_module *m, const char *name);
+
+#endif

@@ -1,0 +1,74 @@
+/* Shape and dtype inference for mm, bmm and linear. Operands are promoted
+ * to their common floating dtype. */
+#include <string.h>
+
+#include "base/error.h"
+#include "ops/op_infer.h"
+#include "tensor/tensor_internal.h"
+
+static kiln_status common_float(const char *op, int n, kiln_tensor *const *in, kiln_dtype *in_dtype,
+                                kiln_dtype *dt) {
+    kiln_dtype d = in[0]->dtype;
+    for (int i = 1; i < n; i++)
+        if (in[i]) d = kiln_promote_types(d, in[i]->dtype);
+    if (!kiln_dtype_is_floating(d))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                          "convert the operands to a floating dtype with kiln_cast",
+                          "%s: needs floating operands, got %s", op, kiln_dtype_name(d));
+    for (int i = 0; i < n; i++)
+        if (in[i]) in_dtype[i] = d;
+    *dt = d;
+    return KILN_OK;
+}
+
+static kiln_status shape_error(const char *op, const char *want, const kiln_tensor *a, const kiln_tensor *b) {
+    char sa[96], sb[96];
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, want, "%s: shapes %s and %s do not fit", op,
+                      kiln_shape_format(a->ndim, a->shape, sa, sizeof sa),
+                      kiln_shape_format(b->ndim, b->shape, sb, sizeof sb));
+}
+
+/* (n, k) x (k, m) -> (n, m) */
+kiln_status kiln_infer_mm(const char *op, const kiln_op_attrs *attrs, int n_in, kiln_tensor *const *in,
+                          kiln_meta *out, kiln_dtype *in_dtype) {
+    (void)attrs, (void)n_in;
+    const kiln_tensor *a = in[0], *b = in[1];
+    if (a->ndim != 2 || b->ndim != 2 || a->shape[1] != b->shape[0])
+        return shape_error(op, "mm takes (n, k) and (k, m); kiln_matmul handles other ranks", a, b);
+    KILN_TRY(common_float(op, 2, in, in_dtype, &out[0].dtype));
+    out[0].ndim = 2;
+    out[0].shape[0] = a->shape[0];
+    out[0].shape[1] = b->shape[1];
+    return KILN_OK;
+}
+
+/* (B, n, k) x (B, k, m) -> (B, n, m) */
+kiln_status kiln_infer_bmm(const char *op, const kiln_op_attrs *attrs, int n_in, kiln_tensor *const *in,
+                           kiln_meta *out, kiln_dtype *in_dtype) {
+    (void)attrs, (void)n_in;
+    const kiln_tensor *a = in[0], *b = in[1];
+    if (a->ndim != 3 || b->ndim != 3 || a->shape[0] != b->shape[0] || a->shape[2] != b->shape[1])
+        return shape_error(op, "bmm takes (B, n, k) and (B, k, m); kiln_matmul broadcasts batch dims", a, b);
+    KILN_TRY(common_float(op, 2, in, in_dtype, &out[0].dtype));
+    out[0].ndim = 3;
+    out[0].shape[0] = a->shape[0];
+    out[0].shape[1] = a->shape[1];
+    out[0].shape[2] = b->shape[2];
+    return KILN_OK;
+}
+
+/* x (..., in), weight (out, in), bias (out) or NULL -> (..., out) */
+kiln_status kiln_infer_linear(const char *op, const kiln_op_attrs *attrs, int n_in, kiln_tensor *const *in,
+                              kiln_meta *out, kiln_dtype *in_dtype) {
+    (void)attrs;
+    const kiln_tensor *x = in[0], *w = in[1], *b = n_in > 2 ? in[2] : NULL;
+    if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1])
+        return shape_error(op, "linear takes x (..., in) and weight (out, in)", x, w);
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return shape_error(op, "the bias has one value per output feature: (out)", w, b);
+    KILN_TRY(common_float(op, n_in, in, in_dtype, &out[0].dtype));
+    kiln_meta_of(x, &out[0]);
+    out[0].dtype = in_dtype[0];
+    out[0].shape[x->ndim - 1] = w->shape[0];
+    return KILN_OK;
+}

@@ -1,0 +1,29 @@
+/* The optimizer record shared by optimizer.c and lr_scheduler.c. */
+#ifndef KILN_SRC_OPTIM_OPTIM_INTERNAL_H
+#define KILN_SRC_OPTIM_OPTIM_INTERNAL_H
+
+#include "kiln/optim.h"
+
+typedef enum kiln_optimizer_kind {
+    KILN_OPTIM_SGD = 0,
+    KILN_OPTIM_ADAM,
+    KILN_OPTIM_ADAMW,
+} kiln_optimizer_kind;
+
+/* Per-parameter state slots: SGD uses [0] (momentum_buffer); Adam/AdamW
+ * [0] exp_avg, [1] exp_avg_sq, [2] max_exp_avg_sq (amsgrad). */
+#define KILN_OPTIM_STATES 3
+
+struct kiln_optimizer {
+    kiln_optimizer_kind kind;
+    kiln_sgd_opts sgd;
+    kiln_adam_opts adam;
+    double lr; /* the single parameter group's lr (opts.lr at creation) */
+    int n;
+    kiln_tensor **params;                    /* (n) own references */
+    kiln_tensor **state[KILN_OPTIM_STATES];  /* (n) own references or NULL */
+    int64_t *steps;                          /* (n) updates each parameter received */
+    int64_t step_count;                      /* kiln_optimizer_step calls that succeeded */
+};
+
+#endif

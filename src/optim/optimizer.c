@@ -1,0 +1,358 @@
+/* SGD, Adam and AdamW, following torch.optim's single-tensor ("foreach=False")
+ * implementations operation by operation, so float64 runs agree with
+ * PyTorch to rounding.
+ *
+ * Updates are written with public ops (they run on every device) under
+ * no_grad inside an entered API region: temporaries are never registered
+ * with the user's scope and die as soon as the next op has consumed them.
+ * The parameters are written in place with kiln_copy_; state tensors are
+ * replaced (the optimizer holds the only reference to them). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "optim/optim_internal.h"
+#include "tensor/scope.h"
+#include "tensor/tensor_internal.h"
+
+/* ---- Consuming helpers: each takes ownership of its tensor arguments and
+ * returns NULL without calling the op when an argument is already NULL, so
+ * the first error stays the one reported. */
+
+static kiln_tensor *c_add(kiln_tensor *a, kiln_tensor *b) {
+    kiln_tensor *r = a && b ? kiln_add(a, b) : NULL;
+    kiln_tensor_drop(a);
+    kiln_tensor_drop(b);
+    return r;
+}
+static kiln_tensor *c_sub(kiln_tensor *a, kiln_tensor *b) {
+    kiln_tensor *r = a && b ? kiln_sub(a, b) : NULL;
+    kiln_tensor_drop(a);
+    kiln_tensor_drop(b);
+    return r;
+}
+static kiln_tensor *c_mul(kiln_tensor *a, kiln_tensor *b) {
+    kiln_tensor *r = a && b ? kiln_mul(a, b) : NULL;
+    kiln_tensor_drop(a);
+    kiln_tensor_drop(b);
+    return r;
+}
+static kiln_tensor *c_div(kiln_tensor *a, kiln_tensor *b) {
+    kiln_tensor *r = a && b ? kiln_div(a, b) : NULL;
+    kiln_tensor_drop(a);
+    kiln_tensor_drop(b);
+    return r;
+}
+static kiln_tensor *c_muls(kiln_tensor *a, double s) {
+    kiln_tensor *r = a ? kiln_mul_scalar(a, s) : NULL;
+    kiln_tensor_drop(a);
+    return r;
+}
+static kiln_tensor *c_adds(kiln_tensor *a, double s) {
+    kiln_tensor *r = a ? kiln_add_scalar(a, s) : NULL;
+    kiln_tensor_drop(a);
+    return r;
+}
+static kiln_tensor *c_sqrt(kiln_tensor *a) {
+    kiln_tensor *r = a ? kiln_sqrt(a) : NULL;
+    kiln_tensor_drop(a);
+    return r;
+}
+static kiln_tensor *c_neg(kiln_tensor *a) {
+    kiln_tensor *r = a ? kiln_neg(a) : NULL;
+    kiln_tensor_drop(a);
+    return r;
+}
+/* Elementwise maximum (amsgrad). */
+static kiln_tensor *c_maximum(kiln_tensor *a, kiln_tensor *b) {
+    kiln_tensor *gt = a && b ? kiln_gt(a, b) : NULL;
+    kiln_tensor *r = gt ? kiln_where(gt, a, b) : NULL;
+    kiln_tensor_drop(gt);
+    kiln_tensor_drop(a);
+    kiln_tensor_drop(b);
+    return r;
+}
+static kiln_tensor *ref(kiln_tensor *t) { return kiln_retain(t); }
+
+/* *slot = v (consumed); false when v is NULL (an op failed). */
+static bool set_state(kiln_tensor **slot, kiln_tensor *v) {
+    if (!v) return false;
+    kiln_tensor_drop(*slot);
+    *slot = v;
+    return true;
+}
+
+/* p <- v in place (v consumed). */
+static kiln_status assign(kiln_tensor *p, kiln_tensor *v) {
+    if (!v) return kiln_error_last()->status;
+    kiln_status st = kiln_copy_(p, v, 0);
+    kiln_tensor_drop(v);
+    return st;
+}
+
+/* ---- Creation -------------------------------------------------------------------------------- */
+
+kiln_sgd_opts kiln_sgd_defaults(double lr) { return (kiln_sgd_opts){.lr = lr}; }
+
+kiln_adam_opts kiln_adam_defaults(void) {
+    return (kiln_adam_opts){.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.0};
+}
+
+kiln_adam_opts kiln_adamw_defaults(void) {
+    kiln_adam_opts o = kiln_adam_defaults();
+    o.weight_decay = 1e-2;
+    return o;
+}
+
+static kiln_optimizer *optimizer_new(const char *fn, kiln_optimizer_kind kind, kiln_tensor *const *params, int n,
+                                     double lr) {
+    if (n < 0 || (n > 0 && !params)) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: %d parameters at %p", fn, n, (const void *)params);
+        return NULL;
+    }
+    if (!(lr >= 0)) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use a learning rate >= 0", "%s: invalid learning rate %g", fn, lr);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
+        if (kiln_tensor_check(params[i], fn)) return NULL;
+        if (!kiln_requires_grad(params[i]) || !kiln_is_leaf(params[i])) {
+            KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "mark it with kiln_set_requires_grad (optimizers train leaves)",
+                       "%s: parameter %d is not a leaf that requires grad", fn, i);
+            return NULL;
+        }
+    }
+    kiln_optimizer *o = KILN_CALLOC(1, sizeof *o);
+    if (!o) return NULL;
+    o->kind = kind;
+    o->lr = lr;
+    o->n = n;
+    o->params = KILN_CALLOC((size_t)(n ? n : 1), sizeof *o->params);
+    o->steps = KILN_CALLOC((size_t)(n ? n : 1), sizeof *o->steps);
+    for (int k = 0; k < KILN_OPTIM_STATES; k++) o->state[k] = KILN_CALLOC((size_t)(n ? n : 1), sizeof *o->state[k]);
+    bool ok = o->params && o->steps;
+    for (int k = 0; k < KILN_OPTIM_STATES; k++) ok = ok && o->state[k];
+    if (!ok) {
+        kiln_optimizer_free(o);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) o->params[i] = kiln_retain(params[i]);
+    return o;
+}
+
+kiln_optimizer *kiln_sgd(kiln_tensor *const *params, int n, const kiln_sgd_opts *opts) {
+    if (!opts) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass kiln_sgd_defaults(lr)", "kiln_sgd: opts is NULL (SGD has no default lr)");
+        return NULL;
+    }
+    if (opts->momentum < 0 || opts->weight_decay < 0 || (opts->nesterov && (opts->momentum <= 0 || opts->dampening != 0))) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "nesterov needs momentum > 0 and dampening 0",
+                   "kiln_sgd: momentum %g, dampening %g, weight_decay %g, nesterov %d", opts->momentum, opts->dampening,
+                   opts->weight_decay, (int)opts->nesterov);
+        return NULL;
+    }
+    kiln_optimizer *o = optimizer_new("kiln_sgd", KILN_OPTIM_SGD, params, n, opts->lr);
+    if (o) o->sgd = *opts;
+    return o;
+}
+
+static kiln_optimizer *adam_common(const char *fn, kiln_optimizer_kind kind, kiln_tensor *const *params, int n,
+                                   const kiln_adam_opts *opts) {
+    kiln_adam_opts o = opts ? *opts : (kind == KILN_OPTIM_ADAMW ? kiln_adamw_defaults() : kiln_adam_defaults());
+    if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps >= 0) || !(o.weight_decay >= 0)) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "betas in [0, 1), eps >= 0, weight_decay >= 0",
+                   "%s: betas (%g, %g), eps %g, weight_decay %g", fn, o.beta1, o.beta2, o.eps, o.weight_decay);
+        return NULL;
+    }
+    kiln_optimizer *opt = optimizer_new(fn, kind, params, n, o.lr);
+    if (opt) opt->adam = o;
+    return opt;
+}
+
+kiln_optimizer *kiln_adam(kiln_tensor *const *params, int n, const kiln_adam_opts *opts) {
+    return adam_common("kiln_adam", KILN_OPTIM_ADAM, params, n, opts);
+}
+
+kiln_optimizer *kiln_adamw(kiln_tensor *const *params, int n, const kiln_adam_opts *opts) {
+    return adam_common("kiln_adamw", KILN_OPTIM_ADAMW, params, n, opts);
+}
+
+void kiln_optimizer_free(kiln_optimizer *o) {
+    if (!o) return;
+    for (int i = 0; i < o->n; i++) {
+        if (o->params) kiln_tensor_drop(o->params[i]);
+        for (int k = 0; k < KILN_OPTIM_STATES; k++)
+            if (o->state[k]) kiln_tensor_drop(o->state[k][i]);
+    }
+    for (int k = 0; k < KILN_OPTIM_STATES; k++) free(o->state[k]);
+    free(o->params);
+    free(o->steps);
+    free(o);
+}
+
+/* ---- Updates ---------------------------------------------------------------------------------- */
+
+/* torch.optim.sgd._single_tensor_sgd for one parameter; g consumed. */
+static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g) {
+    const kiln_sgd_opts *s = &o->sgd;
+    kiln_tensor *p = o->params[i];
+    if (s->maximize) g = c_neg(g);
+    if (s->weight_decay != 0) g = c_add(g, c_muls(ref(p), s->weight_decay));
+    if (s->momentum != 0) {
+        kiln_tensor **buf = &o->state[0][i];
+        kiln_tensor *nb = !*buf ? (g ? kiln_to(g, kiln_get_device(g), kiln_dtype_of(g), KILN_COPY) : NULL)
+                                : c_add(c_muls(ref(*buf), s->momentum), c_muls(ref(g), 1.0 - s->dampening));
+        if (!set_state(buf, nb)) {
+            kiln_tensor_drop(g);
+            return kiln_error_last()->status;
+        }
+        if (s->nesterov)
+            g = c_add(g, c_muls(ref(*buf), s->momentum));
+        else {
+            kiln_tensor_drop(g);
+            g = ref(*buf);
+        }
+    }
+    return assign(p, c_add(ref(p), c_muls(g, -o->lr)));
+}
+
+/* torch.optim.adam._single_tensor_adam (AdamW: decoupled weight decay);
+ * g consumed. */
+static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g) {
+    const kiln_adam_opts *a = &o->adam;
+    kiln_tensor *p = o->params[i];
+    kiln_tensor **m = &o->state[0][i], **v = &o->state[1][i], **vmax = &o->state[2][i];
+    if (a->maximize) g = c_neg(g);
+    if (!g) return kiln_error_last()->status;
+    if (!*m && !set_state(m, kiln_new_zeros(p, kiln_shape_of(p)))) goto fail;
+    if (!*v && !set_state(v, kiln_new_zeros(p, kiln_shape_of(p)))) goto fail;
+    if (a->amsgrad && !*vmax && !set_state(vmax, kiln_new_zeros(p, kiln_shape_of(p)))) goto fail;
+    int64_t step = ++o->steps[i];
+    if (a->weight_decay != 0) {
+        if (o->kind == KILN_OPTIM_ADAMW) {
+            kiln_status st = assign(p, c_muls(ref(p), 1.0 - o->lr * a->weight_decay));
+            if (st) goto fail;
+        } else {
+            g = c_add(g, c_muls(ref(p), a->weight_decay));
+        }
+    }
+    /* exp_avg.lerp_(grad, 1 - beta1): m + w (g - m) for w < 0.5, as
+     * PyTorch's CPU lerp computes it (w >= 0.5: g - (g - m)(1 - w)). */
+    double w = 1.0 - a->beta1;
+    kiln_tensor *nm = w < 0.5 ? c_add(ref(*m), c_muls(c_sub(ref(g), ref(*m)), w))
+                              : c_sub(ref(g), c_muls(c_sub(ref(g), ref(*m)), 1.0 - w));
+    if (!set_state(m, nm)) goto fail;
+    /* exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2) */
+    kiln_tensor *nv = c_add(c_muls(ref(*v), a->beta2), c_mul(c_muls(ref(g), 1.0 - a->beta2), ref(g)));
+    kiln_tensor_drop(g);
+    g = NULL;
+    if (!set_state(v, nv)) goto fail;
+    double bc1 = 1.0 - pow(a->beta1, (double)step);
+    double bc2 = 1.0 - pow(a->beta2, (double)step);
+    double step_size = o->lr / bc1;
+    double bc2_sqrt = sqrt(bc2);
+    kiln_tensor *second = ref(*v);
+    if (a->amsgrad) {
+        if (!set_state(vmax, c_maximum(ref(*vmax), ref(*v)))) {
+            kiln_tensor_drop(second);
+            goto fail;
+        }
+        kiln_tensor_drop(second);
+        second = ref(*vmax);
+    }
+    /* denom = (sqrt(v) / sqrt(bc2)) + eps;  p.addcdiv_(m, denom, -step_size) */
+    kiln_tensor *denom = c_adds(c_muls(c_sqrt(second), 1.0 / bc2_sqrt), a->eps);
+    return assign(p, c_add(ref(p), c_muls(c_div(ref(*m), denom), -step_size)));
+fail:
+    kiln_tensor_drop(g);
+    return kiln_error_last()->status ? kiln_error_last()->status : KILN_ERR_INTERNAL;
+}
+
+static kiln_status step_body(kiln_optimizer *o) {
+    for (int i = 0; i < o->n; i++) {
+        kiln_error_clear();
+        kiln_tensor *g = kiln_grad(o->params[i]);
+        if (!g) {
+            if (kiln_error_last()->status) return kiln_error_last()->status;
+            continue; /* no gradient: skipped, as in PyTorch */
+        }
+        if (o->kind == KILN_OPTIM_SGD) {
+            o->steps[i]++;
+            KILN_TRY(sgd_update(o, i, g));
+        } else {
+            KILN_TRY(adam_update(o, i, g));
+        }
+    }
+    o->step_count++;
+    return KILN_OK;
+}
+
+kiln_status kiln_optimizer_step(kiln_optimizer *o) {
+    if (!o) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_optimizer_step: optimizer is NULL");
+    kiln_api_enter();
+    kiln_no_grad_begin();
+    kiln_status st = step_body(o);
+    kiln_grad_mode_end();
+    kiln_api_leave();
+    return st;
+}
+
+static kiln_status zero_grad_body(kiln_optimizer *o, bool set_to_none) {
+    for (int i = 0; i < o->n; i++) {
+        if (set_to_none) {
+            KILN_TRY(kiln_set_grad(o->params[i], NULL));
+            continue;
+        }
+        kiln_tensor *g = kiln_grad(o->params[i]);
+        if (!g) continue;
+        kiln_tensor *z = kiln_new_zeros(g, kiln_shape_of(g));
+        kiln_status st = z ? kiln_copy_(g, z, 0) : kiln_error_last()->status;
+        kiln_tensor_drop(z);
+        kiln_tensor_drop(g);
+        KILN_TRY(st);
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_optimizer_zero_grad(kiln_optimizer *o, bool set_to_none) {
+    if (!o) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_optimizer_zero_grad: optimizer is NULL");
+    kiln_api_enter();
+    kiln_no_grad_begin();
+    kiln_status st = zero_grad_body(o, set_to_none);
+    kiln_grad_mode_end();
+    kiln_api_leave();
+    return st;
+}
+
+double kiln_optimizer_get_lr(const kiln_optimizer *o) { return o ? o->lr : NAN; }
+
+kiln_status kiln_optimizer_set_lr(kiln_optimizer *o, double lr) {
+    if (!o || !(lr >= 0))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use a learning rate >= 0",
+                          "kiln_optimizer_set_lr: invalid learning rate %g", lr);
+    o->lr = lr;
+    return KILN_OK;
+}
+
+int64_t kiln_optimizer_step_count(const kiln_optimizer *o) { return o ? o->step_count : 0; }
+
+kiln_tensor *kiln_optimizer_state(kiln_optimizer *o, int i, const char *name) {
+    kiln_api_enter();
+    kiln_tensor *t = NULL;
+    static const char *const sgd_names[KILN_OPTIM_STATES] = {"momentum_buffer", "", ""};
+    static const char *const adam_names[KILN_OPTIM_STATES] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    if (!o || i < 0 || i >= o->n || !name) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_optimizer_state: bad optimizer, index %d or name", i);
+    } else {
+        const char *const *names = o->kind == KILN_OPTIM_SGD ? sgd_names : adam_names;
+        int k = 0;
+        while (k < KILN_OPTIM_STATES && strcmp(names[k], name) != 0) k++;
+        if (k == KILN_OPTIM_STATES || !*name)
+            KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "SGD: momentum_buffer; Adam: exp_avg, exp_avg_sq, max_exp_avg_sq",
+                       "kiln_optimizer_state: no state named '%s'", name);
+        else if (o->state[k][i])
+            t = kiln_retain(o->state[k][i]);
+    }
+    return kiln_api_return(t);
+}
