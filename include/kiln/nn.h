@@ -161,9 +161,10 @@ kiln_status kiln_module_zero_grad(kiln_module *m, bool set_to_none);
  * parameters become new leaf tensors; create optimizers afterwards. Copies
  * between host and device block unless the backend queues them. */
 kiln_status kiln_module_to(kiln_module *m, kiln_device device);
-/* Convert floating parameters and buffers to `dtype` (a floating dtype),
- * except BatchNorm's parameters and running statistics, which stay f32
- * (BatchNorm in float32, its output follows its input's dtype). */
+/* Convert floating parameters and buffers to `dtype` (a floating dtype).
+ * Under f16/bf16, BatchNorm's parameters and running statistics stay f32
+ * (BatchNorm in float32, its output follows its input's dtype); f64
+ * converts them too, as PyTorch's .double() does. */
 kiln_status kiln_module_to_dtype(kiln_module *m, kiln_dtype dtype);
 
 #ifdef __cplusplus

@@ -448,7 +448,10 @@ static kiln_status move_module(kiln_module *m, bool has_device, kiln_device devi
         for (int i = 0; i < sets[k]->n; i++) {
             kiln_tensor **slot = &sets[k]->items[i].u.tensor;
             kiln_dtype target = kiln_dtype_of(*slot);
-            if (has_dtype && kiln_dtype_is_floating(target)) target = m->keep_f32 ? KILN_F32 : dtype;
+            /* BatchNorm stays f32 under the half dtypes; f64 converts it too,
+             * as PyTorch's .double() does. */
+            if (has_dtype && kiln_dtype_is_floating(target))
+                target = m->keep_f32 && dtype != KILN_F64 ? KILN_F32 : dtype;
             kiln_device dev = has_device ? device : kiln_get_device(*slot);
             KILN_TRY(move_tensor(slot, dev, target, k == 0));
         }

@@ -38,7 +38,7 @@ struct kiln_module {
     const char *kind; /* static for built-in layers, owned copy for custom ones */
     bool kind_owned;
     bool training;
-    bool keep_f32; /* BatchNorm: parameters and buffers stay f32 under to_dtype */
+    bool keep_f32; /* BatchNorm: parameters and buffers stay f32 under to_dtype(f16/bf16) */
     kiln_module_slots params, buffers, children;
     kiln_module_config cfg;
     kiln_layer_forward forward;
