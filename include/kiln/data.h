@@ -1,0 +1,187 @@
+/* Kiln data: datasets, transforms and the loader.
+ *
+ * A dataset is a table of samples; each sample is an image (or any fixed-
+ * size record) plus an integer label. Readers validate files completely
+ * when they open them, so a bad file is an error naming the file, the byte
+ * offset and what was expected — never a crash or a read past a buffer.
+ *
+ * Ownership: kiln_dataset_* objects are created by an open/create call and
+ * freed with kiln_dataset_free. Blocking: opening reads (and for gzip
+ * files, decompresses) the whole file on the calling thread. */
+#ifndef KILN_DATA_H
+#define KILN_DATA_H
+
+#include "kiln/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_dataset kiln_dataset;
+
+/* What one sample looks like. Samples are stored as `dtype` elements in
+ * (channels, height, width) order. */
+typedef struct kiln_sample_info {
+    kiln_dtype dtype; /* KILN_U8 for image files */
+    int channels, height, width;
+    int num_classes; /* labels are in [0, num_classes) */
+} kiln_sample_info;
+
+/* The dataset interface, for users who bring their own data. `get` writes
+ * sample `index` into `dst` (sample_bytes(info) bytes) and its label into
+ * *label; it must be safe to call from several threads at once. `free`
+ * releases `ctx` (may be NULL). */
+typedef struct kiln_dataset_ops {
+    int64_t (*length)(void *ctx);
+    kiln_status (*get)(void *ctx, int64_t index, void *dst, int64_t *label);
+    void (*free)(void *ctx);
+} kiln_dataset_ops;
+
+/* A dataset over user callbacks; takes ownership of ctx (ops->free). */
+kiln_status kiln_dataset_create(const kiln_dataset_ops *ops, void *ctx, kiln_sample_info info, kiln_dataset **out);
+/* An in-memory dataset over `data` (N, C, H, W) and `labels` (N) i64 CPU
+ * tensors; holds its own references to both. */
+kiln_status kiln_dataset_from_tensors(kiln_tensor *data, kiln_tensor *labels, int num_classes, kiln_dataset **out);
+/* MNIST / Fashion-MNIST IDX files (raw or .gz): images (magic 0x00000803)
+ * and labels (0x00000801). */
+kiln_status kiln_dataset_open_idx(const char *images_path, const char *labels_path, kiln_dataset **out);
+/* CIFAR-10 (10 classes; 1 label byte) or CIFAR-100 (100 fine classes; 2
+ * label bytes: coarse, fine) binary batches; `paths` are concatenated. */
+kiln_status kiln_dataset_open_cifar(int n_paths, const char *const *paths, int num_classes, kiln_dataset **out);
+/* Fashion-MNIST "train" or "test" from `dir`, or from where Debian's
+ * dataset-fashion-mnist installs it when dir is NULL
+ * (/usr/share/datasets/fashion-mnist). The error names every place tried. */
+kiln_status kiln_dataset_open_fashion_mnist(const char *dir, const char *split, kiln_dataset **out);
+void kiln_dataset_free(kiln_dataset *ds);
+
+int64_t kiln_dataset_length(const kiln_dataset *ds);
+kiln_sample_info kiln_dataset_info(const kiln_dataset *ds);
+size_t kiln_sample_bytes(kiln_sample_info info);
+/* Copy sample `index` to dst; thread-safe. */
+kiln_status kiln_dataset_get(const kiln_dataset *ds, int64_t index, void *dst, int64_t *label);
+
+/* ---- Transforms ------------------------------------------------------------
+ *
+ * Per-sample image transforms, run on the CPU by the loader (or directly
+ * with kiln_transform_apply) while a batch is assembled. One fused pass per
+ * sample: each output pixel is read from its source position (crop offset,
+ * flip), converted to f32 (u8 divided by 255 when scale_u8), normalised,
+ * then cut out. Every random choice is a pure function of (seed, epoch,
+ * sample index) through the counter-based RNG, so the result does not
+ * depend on which thread made it or in what order. */
+
+#define KILN_TRANSFORM_MAX_CHANNELS 8
+
+typedef enum kiln_pad_mode {
+    KILN_PAD_ZERO = 0, /* padding pixels are raw 0 (black), normalised like any pixel */
+    KILN_PAD_REFLECT,  /* mirror without repeating the edge: -1 -> 1, W -> W-2 */
+} kiln_pad_mode;
+
+/* A pipeline description; zero-initialised means "convert to f32, nothing
+ * else" (kiln_transform_opts_default gives exactly that). */
+typedef struct kiln_transform_opts {
+    bool scale_u8;  /* u8 input: divide by 255 before normalising (default true) */
+    bool normalize; /* (x - mean[c]) / std[c] per channel */
+    float mean[KILN_TRANSFORM_MAX_CHANNELS];
+    float std[KILN_TRANSFORM_MAX_CHANNELS];
+    int crop_padding;       /* random crop of the original size from the image
+                             * padded by this many pixels each side; 0: off.
+                             * Must be < height and < width for reflect. */
+    kiln_pad_mode pad_mode;
+    float flip_p;           /* random horizontal flip with probability flip_p */
+    bool alternating_flip;  /* flip iff (epoch + bit(seed, index)) is odd:
+                             * every image is flipped on alternate epochs */
+    int cutout;             /* side of a zeroed square (in the normalised
+                             * output) centred uniformly in the image and
+                             * clipped at its borders; 0: off */
+} kiln_transform_opts;
+
+/* scale_u8 on, everything else off. */
+kiln_transform_opts kiln_transform_opts_default(void);
+/* Check `opts` against samples of `info` (dtype u8 or f32, channels within
+ * KILN_TRANSFORM_MAX_CHANNELS when normalising, std != 0, crop padding
+ * within the image for reflect, flip_p in [0, 1], cutout >= 0). Errors name
+ * the option and the value. */
+kiln_status kiln_transform_check(const kiln_transform_opts *opts, kiln_sample_info info);
+/* Transform one sample: `src` holds kiln_sample_bytes(info) bytes in
+ * (C, H, W) order; `dst` receives C*H*W floats (C, H, W). src and dst must
+ * not overlap. The options must have passed kiln_transform_check. Pure and
+ * thread-safe; does not block. */
+void kiln_transform_apply(const kiln_transform_opts *opts, kiln_sample_info info, const void *src, float *dst,
+                          uint64_t seed, int64_t epoch, int64_t index);
+
+/* ---- Loader ------------------------------------------------------------------
+ *
+ * Batches of (x f32 (B, C, H, W), y i64 (B)) from a dataset, assembled by
+ * worker threads (or the calling thread) into pooled buffers, delivered in
+ * order. See docs/data.md, "Transforms and loader", for costs and the
+ * prefetch path. */
+
+typedef struct kiln_loader kiln_loader;
+
+typedef struct kiln_loader_opts {
+    int64_t batch_size;   /* > 0 */
+    bool shuffle;         /* a permutation per epoch keyed by (seed, epoch) */
+    uint64_t seed;        /* shuffling and random transforms */
+    bool drop_last;       /* drop a last batch smaller than batch_size */
+    int num_workers;      /* 0: batches are made in kiln_loader_next; < 0: auto
+                           * (max(1, cores - 1) on a CPU device, reported) */
+    int prefetch_factor;  /* batches in flight per worker; 0 means 2 */
+    bool pin_memory;      /* assemble batches in pinned host memory */
+    kiln_device device;   /* where batches are consumed; CPU: they stay on the host */
+    bool prefetch_to_device; /* use the copy-stream prefetch path even when
+                              * device is the CPU (on by itself for other devices) */
+    kiln_transform_opts transforms;
+} kiln_loader_opts;
+
+/* batch_size 64, no shuffle, seed 0, keep the last batch, 0 workers,
+ * prefetch_factor 2, no pinning, CPU, default transforms. */
+kiln_loader_opts kiln_loader_opts_default(void);
+
+/* Per-epoch statistics (kiln_loader_stats). */
+typedef struct kiln_loader_stats {
+    int64_t epoch;             /* as given to kiln_loader_epoch_begin */
+    int64_t batches;           /* delivered so far this epoch */
+    int64_t batches_per_epoch;
+    double wait_s;             /* time the consumer was blocked in kiln_loader_next */
+    double elapsed_s;          /* since kiln_loader_epoch_begin */
+    double batches_per_s;      /* batches delivered / elapsed_s */
+    int64_t buffers_allocated; /* host batch buffers ever allocated (the pool) */
+    int num_workers;           /* after resolving auto */
+} kiln_loader_stats;
+
+/* Create a loader over `dataset` (borrowed: it must outlive the loader).
+ * Starts num_workers threads, which wait for kiln_loader_epoch_begin.
+ * Errors: bad options (named, with the value), a transform that does not
+ * fit the samples, an unavailable device, thread creation failure. */
+kiln_status kiln_loader_create(kiln_dataset *dataset, const kiln_loader_opts *opts, kiln_loader **out);
+/* Start epoch `epoch` (any value; shuffling and random transforms are keyed
+ * by it). An epoch still running is abandoned: batches not yet taken are
+ * dropped. Does not block on devices; waits only for workers to finish the
+ * batch each is making. */
+kiln_status kiln_loader_epoch_begin(kiln_loader *loader, int64_t epoch);
+/* The next batch in order: *x f32 (B, C, H, W) and *y i64 (B) on
+ * opts.device, new references the caller releases (registered with the
+ * caller's scope like any returned tensor). At the end of the epoch
+ * returns KILN_OK with *x and *y NULL. Blocks the host while the batch is
+ * not ready (the time is counted in wait_s). On the prefetch path the
+ * batch is ready on the caller's current stream of opts.device (which
+ * waits on the copy's event: device-side, no host block), and the next
+ * batch's copy is already queued on the loader's copy stream. Pooled host
+ * buffers are reused only after every reference to them (views included)
+ * is gone and any copy queued from them has finished. A worker's error
+ * (a dataset read failing) is returned for the batch it concerns. */
+kiln_status kiln_loader_next(kiln_loader *loader, kiln_tensor **x, kiln_tensor **y);
+/* Statistics of the current epoch. Does not block on workers. */
+kiln_status kiln_loader_stats_get(const kiln_loader *loader, kiln_loader_stats *out);
+/* Number of batches an epoch yields. */
+int64_t kiln_loader_num_batches(const kiln_loader *loader);
+/* Stop the workers (each finishes the batch it is making), join them and
+ * free the pool. Safe at any point, mid-epoch included. Batches the caller
+ * still holds stay valid. NULL is a no-op. */
+void kiln_loader_free(kiln_loader *loader);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
