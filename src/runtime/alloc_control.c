@@ -146,7 +146,8 @@ void kiln_alloc_stats_fill_all(kiln_caching_allocator *a) {
         }
     }
     for (int p = 0; p < 2; p++) {
-        const kiln_stat *n = &s->allocation[KILN_POOL_LARGE + p], *nb = &s->allocated_bytes[KILN_POOL_LARGE + p];
+        const kiln_stat *n = &s->allocation[KILN_POOL_LARGE + p],
+                        *nb = &s->allocated_bytes[KILN_POOL_LARGE + p];
         kiln_stat *ac = &s->active[KILN_POOL_LARGE + p], *acb = &s->active_bytes[KILN_POOL_LARGE + p];
         ac->current = n->current + a->pending_blocks[p];
         ac->allocated = n->allocated;
@@ -158,7 +159,8 @@ void kiln_alloc_stats_fill_all(kiln_caching_allocator *a) {
         acb->peak = max_i64(acb->peak, nb->peak);
     }
     for (size_t i = 0; i < KILN_ALLOC_POOL_STATS; i++) {
-        kiln_stat *all = &arr[i][KILN_POOL_ALL], *l = &arr[i][KILN_POOL_LARGE], *sm = &arr[i][KILN_POOL_SMALL];
+        kiln_stat *all = &arr[i][KILN_POOL_ALL], *l = &arr[i][KILN_POOL_LARGE],
+                  *sm = &arr[i][KILN_POOL_SMALL];
         all->current = l->current + sm->current;
         all->allocated = l->allocated + sm->allocated;
         all->freed = l->freed + sm->freed;

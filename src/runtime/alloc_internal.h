@@ -1,7 +1,7 @@
 /* Internals of the caching allocator shared by its source files
  * (caching_allocator.c: the hot paths; alloc_segments.c: segments, stream
  * records, the out-of-memory ladder; alloc_control.c: lifetime, cache
- * control, statistics). Nothing outside src/runtime/alloc_*.c and
+ * control, statistics, the lock's waiting side). Nothing outside src/runtime/alloc_*.c and
  * caching_allocator.c includes this. */
 #ifndef KILN_SRC_RUNTIME_ALLOC_INTERNAL_H
 #define KILN_SRC_RUNTIME_ALLOC_INTERNAL_H
@@ -31,7 +31,7 @@ enum { POOL_LARGE = 0, POOL_SMALL = 1 };
 enum { BLOCK_FREE = 0, BLOCK_ALLOCATED, BLOCK_PENDING };
 
 /* Free blocks of one (stream, pool) sit in size bins (docs/memory.md,
- * "Implementation"). Small pool: bin (size >> 9) - 1, one exact size per
+ * "Implementation and speed"). Small pool: bin (size >> 9) - 1, one exact size per
  * bin from 512 B to 2 MiB. Large pool (every block > 1 MiB): bin
  * (size >> 16) - 16, 64 KiB wide, up to 256 MiB; the last bin takes every
  * larger block. A two-level bitmap finds the first non-empty bin at or
@@ -75,9 +75,9 @@ typedef struct alloc_block {
     uint32_t prio;
     uint8_t state;
     uint8_t pool;
-    uint16_t bin;                /* its bin, while free */
-    alloc_bins *bins;            /* the bins of its stream and pool; NULL without caching */
-    struct alloc_block *hnext;   /* hash chain while allocated; slab free list */
+    uint16_t bin;              /* its bin, while free */
+    alloc_bins *bins;          /* the bins of its stream and pool; NULL without caching */
+    struct alloc_block *hnext; /* hash chain while allocated; slab free list */
     kiln_alloc_stream stream;
     /* second cache line */
     size_t requested; /* bytes asked for, while allocated or pending */
@@ -141,7 +141,9 @@ static inline void alloc_lock(kiln_caching_allocator *a) {
     if (__builtin_expect(__atomic_exchange_n(&a->lock, 1, __ATOMIC_ACQUIRE) != 0, 0)) kiln_alloc_lock_wait(a);
 }
 
-static inline void alloc_unlock(kiln_caching_allocator *a) { __atomic_store_n(&a->lock, 0, __ATOMIC_RELEASE); }
+static inline void alloc_unlock(kiln_caching_allocator *a) {
+    __atomic_store_n(&a->lock, 0, __ATOMIC_RELEASE);
+}
 
 /* ASan: free blocks and slack bytes are poisoned when the memory is host
  * accessible, so an overrun into cached memory is still reported. */

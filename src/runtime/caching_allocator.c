@@ -272,7 +272,8 @@ static inline alloc_block *pool_find(kiln_caching_allocator *a, int pool, kiln_a
     return b;
 }
 
-alloc_block *kiln_alloc_pool_find(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream, size_t size) {
+alloc_block *kiln_alloc_pool_find(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream,
+                                  size_t size) {
     return pool_find(a, pool, stream, size);
 }
 
@@ -329,7 +330,9 @@ alloc_block *kiln_alloc_live_find(kiln_caching_allocator *a, uintptr_t p) { retu
 
 /* ---- Taking and returning blocks ------------------------------------------------ */
 
-static inline bool block_is_split(const alloc_block *b) { return ((uintptr_t)b->prev | (uintptr_t)b->next) != 0; }
+static inline bool block_is_split(const alloc_block *b) {
+    return ((uintptr_t)b->prev | (uintptr_t)b->next) != 0;
+}
 
 /* A select, not a branch on the pool, which is as random as the sizes. */
 static inline bool should_split(const kiln_caching_allocator *a, const alloc_block *b, size_t size) {
@@ -337,7 +340,6 @@ static inline bool should_split(const kiln_caching_allocator *a, const alloc_blo
     bool small = remaining >= MIN_BLOCK, large = !is_oversize(a, size) & (remaining > SMALL_SIZE);
     return b->pool == POOL_SMALL ? small : large;
 }
-
 
 /* While blocks await stream events, active (= allocated + pending, see
  * kiln_alloc_stats_fill_all) can peak above what `allocation` records. */

@@ -3,7 +3,8 @@
  * callbacks. Used for every device type (cpu, cuda, meta in simulate mode)
  * and for pinned host memory.
  *
- * Thread-safe: every entry point takes the allocator's mutex. */
+ * Thread-safe: every entry point takes the allocator's lock (a spin-then-
+ * yield lock: holds are a few hundred instructions; see docs/memory.md). */
 #ifndef KILN_SRC_RUNTIME_CACHING_ALLOCATOR_H
 #define KILN_SRC_RUNTIME_CACHING_ALLOCATOR_H
 

@@ -92,11 +92,11 @@ static void test_small_best_fit(void) {
     for (int i = 0; i < 5; i++) CHECK_OK(kiln_caching_allocator_free(a, h[i]));
     CHECK_EQ_I(stats_of(a).inactive_split[KILN_POOL_SMALL].current, 6); /* five holes and the tail */
 
-    CHECK(alloc_on(a, 1000, 1) == h[1]);     /* 1 KiB: the lower of the two */
-    CHECK(alloc_on(a, 1024, 1) == h[3]);     /* then the other */
-    CHECK(alloc_on(a, 1025, 1) == h[4]);     /* 1.5 KiB: the 2 KiB hole, split */
-    CHECK(alloc_on(a, 512, 1) == h[4] + 1536); /* its 512-byte rest, an exact fit */
-    CHECK(alloc_on(a, 2 * KIB + 1, 1) == h[2]); /* 2.5 KiB: the 3 KiB hole */
+    CHECK(alloc_on(a, 1000, 1) == h[1]);          /* 1 KiB: the lower of the two */
+    CHECK(alloc_on(a, 1024, 1) == h[3]);          /* then the other */
+    CHECK(alloc_on(a, 1025, 1) == h[4]);          /* 1.5 KiB: the 2 KiB hole, split */
+    CHECK(alloc_on(a, 512, 1) == h[4] + 1536);    /* its 512-byte rest, an exact fit */
+    CHECK(alloc_on(a, 2 * KIB + 1, 1) == h[2]);   /* 2.5 KiB: the 3 KiB hole */
     CHECK(alloc_on(a, 3 * KIB + 512, 1) == h[0]); /* 3.5 KiB: the 4 KiB one, not the tail */
     char *tail_start = spacer[4] + 512;
     CHECK(alloc_on(a, 5 * KIB, 1) == tail_start); /* nothing else fits: the tail */
@@ -142,7 +142,8 @@ static void test_many_streams(void) {
     fake_dev d;
     kiln_caching_allocator *a = make(&d, NULL);
     char *p[STREAMS], *q[STREAMS];
-    for (int s = 0; s < STREAMS; s++) p[s] = alloc_on(a, 4096 * (size_t)(s + 1), (kiln_alloc_stream)(100 + s));
+    for (int s = 0; s < STREAMS; s++)
+        p[s] = alloc_on(a, 4096 * (size_t)(s + 1), (kiln_alloc_stream)(100 + s));
     CHECK_EQ_I(d.n_alloc, STREAMS);
     for (int s = 0; s < STREAMS; s++) CHECK_OK(kiln_caching_allocator_free(a, p[s]));
     /* In reverse, so the stream looked up last is never the next one. */
@@ -268,7 +269,8 @@ static void m_account(model *m, int64_t before[M_STATS][2]) {
             x->freed += dlt < 0 ? -dlt : 0;
             x->peak = x->current > x->peak ? x->current : x->peak;
         }
-        kiln_stat *all = &m->st[k][KILN_POOL_ALL], *l = &m->st[k][KILN_POOL_LARGE], *sm = &m->st[k][KILN_POOL_SMALL];
+        kiln_stat *all = &m->st[k][KILN_POOL_ALL], *l = &m->st[k][KILN_POOL_LARGE],
+                  *sm = &m->st[k][KILN_POOL_SMALL];
         all->current = l->current + sm->current;
         all->allocated = l->allocated + sm->allocated;
         all->freed = l->freed + sm->freed;
@@ -276,7 +278,8 @@ static void m_account(model *m, int64_t before[M_STATS][2]) {
     }
     m->oversize_alloc_cur = m->oversize_seg_cur = 0;
     for (int i = 0; i < m->n; i++) m->oversize_alloc_cur += m->b[i].live && m_oversize(m, m->b[i].size);
-    for (int s = 0; s < m->n_seg; s++) m->oversize_seg_cur += !m->seg[s].gone && m_oversize(m, m->seg[s].size);
+    for (int s = 0; s < m->n_seg; s++)
+        m->oversize_seg_cur += !m->seg[s].gone && m_oversize(m, m->seg[s].size);
     if (m->oversize_alloc_cur > m->oversize_alloc_peak) m->oversize_alloc_peak = m->oversize_alloc_cur;
     if (m->oversize_seg_cur > m->oversize_seg_peak) m->oversize_seg_peak = m->oversize_seg_cur;
 }
@@ -392,8 +395,8 @@ static int m_compare(const model *m, kiln_caching_allocator *a, int step) {
             for (int f = 0; f < 4; f++) {
                 if (g[f] == w[f]) continue;
                 if (bad++ < 5)
-                    fprintf(stderr, "step %d: %s[%d].%s = %lld, model %lld\n", step, m_stat_names[k], p, field[f],
-                            (long long)g[f], (long long)w[f]);
+                    fprintf(stderr, "step %d: %s[%d].%s = %lld, model %lld\n", step, m_stat_names[k], p,
+                            field[f], (long long)g[f], (long long)w[f]);
             }
         }
     }
@@ -463,8 +466,10 @@ static void check_against_model(uint64_t seed, uint64_t max_split, int max_mib) 
         m_free(m, (uintptr_t)live[s]);
     }
     if (!addr_bad) stat_bad += m_compare(m, a, OPS);
-    CHECK_MSG(addr_bad == 0, "seed %llu: %d addresses differ from the model", (unsigned long long)seed, addr_bad);
-    CHECK_MSG(stat_bad == 0, "seed %llu: %d statistics differ from the model", (unsigned long long)seed, stat_bad);
+    CHECK_MSG(addr_bad == 0, "seed %llu: %d addresses differ from the model", (unsigned long long)seed,
+              addr_bad);
+    CHECK_MSG(stat_bad == 0, "seed %llu: %d statistics differ from the model", (unsigned long long)seed,
+              stat_bad);
     CHECK(m->st[0][KILN_POOL_ALL].allocated > 100 || m->st[0][KILN_POOL_ALL].peak > 10);
     free(m->b);
     free(m);
