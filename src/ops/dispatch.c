@@ -90,14 +90,19 @@ static kiln_status cast_input(kiln_op_call *c, int i, kiln_dtype dtype) {
 
 static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
     const kiln_op_info *info = c->info;
-    if (c->device.type == KILN_DEVICE_META) return KILN_OK; /* shapes only */
-    const kiln_op_kernel *k = kiln_ops_kernel(c->device.type, c->op);
+    kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
+    /* Meta runs no kernel, but it allocates (simulated) the workspace the
+     * CPU kernel would ask for, so a planned step's peak counts it too.
+     * Workspace fns read shapes, strides and attributes only: they get the
+     * same arguments with NULL data pointers. */
+    bool on_meta = c->device.type == KILN_DEVICE_META;
+    const kiln_op_kernel *k = kiln_ops_kernel(on_meta ? KILN_DEVICE_CPU : c->device.type, c->op);
+    if (on_meta && (!k || !k->workspace || !(k->dtypes & KILN_DT(dt)))) return KILN_OK;
     char dev[32];
     kiln_device_str(c->device, dev, sizeof dev);
     if (!k)
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "run it on the cpu device, or report the missing kernel",
                           "kiln_%s: this build has no %s kernel for it", info->name, dev);
-    kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
     if (!(k->dtypes & KILN_DT(dt)))
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "cast the inputs with kiln_to to a supported dtype",
                           "kiln_%s: the %s kernel does not support dtype %s", info->name, dev, kiln_dtype_name(dt));
@@ -108,13 +113,17 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
             continue;
         }
         args.in[i] = (info->flags & OPF_BROADCAST) ? broadcast_view(c->in[i], &meta[0]) : kiln_tensor_strided(c->in[i]);
+        if (on_meta) args.in[i].data = NULL;
     }
-    for (int i = 0; i < c->n_out; i++) args.out[i] = kiln_tensor_strided(c->out[i]);
-    KILN_TRY(kiln_tensor_kernel_stream(c->device, &args.stream));
+    for (int i = 0; i < c->n_out; i++) {
+        args.out[i] = kiln_tensor_strided(c->out[i]);
+        if (on_meta) args.out[i].data = NULL;
+    }
+    if (!on_meta) KILN_TRY(kiln_tensor_kernel_stream(c->device, &args.stream));
     if (k->workspace) args.workspace_bytes = k->workspace(&args);
     if (args.workspace_bytes)
         KILN_TRY(kiln_memory_alloc(c->device, args.workspace_bytes, NULL, &args.workspace));
-    kiln_status st = k->run(&args);
+    kiln_status st = on_meta ? KILN_OK : k->run(&args);
     /* Freed in stream order: the next user of the block runs after the kernel. */
     if (args.workspace) kiln_memory_free(c->device, args.workspace);
     return st;

@@ -89,10 +89,12 @@ static bool gd_load(const char *name, golden_file *g) {
     g->n = 0;
     g->t = ok ? calloc(n ? n : 1, sizeof *g->t) : NULL;
     for (uint32_t i = 0; ok && i < n; i++) {
-        ok = g->t && gd_load_tensor(f, &g->t[i]);
+        if (!g->t) break;
         g->n = (int)i + 1;
+        ok = gd_load_tensor(f, &g->t[i]);
     }
     fclose(f);
+    ok = ok && g->t;
     if (!ok) {
         fprintf(stderr, "%s: malformed golden file\n", path);
         gd_free(g);

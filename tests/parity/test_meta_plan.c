@@ -80,9 +80,36 @@ static void test_meta_random_ops(void) {
     kiln_release(after_cpu);
 }
 
+/* A kernel's workspace counts on meta too: the peak of one convolution
+ * (forward and both backward kernels) is the same on meta and on the CPU. */
+static int64_t conv_peak(kiln_device dev) {
+    kiln_memory_stats ms = {0};
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_zeros(KILN_SHAPE(4, 16, 30, 30), KILN_F32, dev);
+    kiln_tensor *w = kiln_zeros(KILN_SHAPE(32, 16, 3, 3), KILN_F32, dev);
+    kiln_conv2d_opts co = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    CHECK_OK(kiln_set_requires_grad(x, true));
+    CHECK_OK(kiln_set_requires_grad(w, true));
+    CHECK_OK(kiln_memory_reset_peak(dev));
+    kiln_tensor *y = kiln_conv2d(x, w, NULL, &co);
+    kiln_tensor *s = y ? kiln_sum(y, 0, NULL, false) : NULL;
+    CHECK_OK(s ? kiln_backward(s, NULL, false) : kiln_error_last()->status);
+    CHECK_OK(kiln_memory_stats_get(dev, &ms));
+    CHECK_OK(kiln_scope_end());
+    return ms.allocated_bytes[KILN_POOL_ALL].peak;
+}
+
+static void test_meta_workspace(void) {
+    int64_t cpu = conv_peak(KILN_CPU), meta = conv_peak(KILN_META);
+    printf("one convolution, forward and backward: peak %lld bytes on the cpu, %lld on meta\n", (long long)cpu,
+           (long long)meta);
+    CHECK_EQ_I(meta, cpu);
+}
+
 int main(void) {
     if (kiln_init()) return 1;
     test_meta_random_ops();
+    test_meta_workspace();
     step_mem meta = {0}, cpu = {0};
     /* The CPU first, so its pools are warm like a training loop's; the
      * peak counts allocated bytes, which do not depend on caching. */
