@@ -4,4 +4,5 @@
 #define KILN_BENCH_BENCH_H
 int kiln_bench_alloc(int argc, char **argv);
 int kiln_bench_loader(int argc, char **argv);
+int kiln_bench_profiler(int argc, char **argv);
 #endif

@@ -11,6 +11,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ccache pkg-config git
   zlib1g-dev libcjson-dev
+  clang libclang-rt-14-dev
   libopenblas-dev libdnnl-dev
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist

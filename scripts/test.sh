@@ -11,14 +11,14 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
 ctest_args=(--output-on-failure --timeout 300 -j"$jobs" ${KILN_CTEST_ARGS:-})
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(release asan nvcc)
+[ ${#tiers[@]} -gt 0 ] || tiers=(release asan tsan nvcc fuzz)
 summary=()
 total_start=$(date +%s)
 
 # ceiling_s NAME: the tier's ceiling from docs/ci.md, in seconds.
 ceiling_s() {
   case "$1" in
-    release) echo 600 ;; asan) echo 720 ;; nvcc) echo 480 ;; *) echo 600 ;;
+    release) echo 600 ;; asan) echo 720 ;; tsan) echo 120 ;; nvcc) echo 480 ;; fuzz) echo 180 ;; *) echo 600 ;;
   esac
 }
 
@@ -46,6 +46,21 @@ tier_asan() {
     ctest --test-dir "$d" -LE slow "${ctest_args[@]}"
 }
 
+# ThreadSanitizer over what runs threads: the data layer (loader workers,
+# their shutdown, the pinned pool) and the scopes. Only those tests (and
+# no tools) are built, to keep the tier near 3 minutes on 2 cores.
+tier_tsan() {
+  local d="$top/build-ci/tsan"
+  mkdir -p "$top/build-ci"
+  cmake -S "$top" -B "$d" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON \
+    -DKILN_SANITIZE=thread -DKILN_BUILD_TOOLS=OFF >"$d.configure.log" 2>&1 || { cat "$d.configure.log"; return 1; }
+  local targets=(test_tensor_scope) f
+  for f in "$top"/tests/data/test_*.c; do targets+=("$(basename "$f" .c)"); done
+  cmake --build "$d" -j"$jobs" --target "${targets[@]}"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$d" -L data "${ctest_args[@]}"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$d" -R scope "${ctest_args[@]}"
+}
+
 tier_nvcc() {
   local nvcc
   nvcc=$(command -v nvcc || true)
@@ -57,11 +72,45 @@ tier_nvcc() {
   local d="$top/build-ci/cuda"
   mkdir -p "$top/build-ci"
   # Compile and link only, one architecture: no GPU here to run it on.
-  configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=ON -DKILN_WERROR=ON \
-    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DKILN_BUILD_TESTS=OFF
+  cmake -S "$top" -B "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=ON -DKILN_WERROR=ON \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DKILN_BUILD_TESTS=ON >"$d.configure.log" 2>&1 \
+    || { cat "$d.configure.log"; return 1; }
+  cmake --build "$d" -j"$jobs" --target kiln kiln_cli test_cuda_device
   grep -q "cuda=on" "$d/generated/kiln_config.h" || { echo "tier nvcc: CUDA backend was not enabled"; return 1; }
-  # Without a driver the CUDA build must still run and list zero CUDA devices.
+  # Without a driver the CUDA build must still run and list zero CUDA devices,
+  # and the real-GPU test must report itself skipped (CTest's code 77).
   "$d/bin/kiln" info
+  ctest --test-dir "$d" -R test_cuda_device --no-tests=error "${ctest_args[@]}"
+}
+
+# libFuzzer over the dataset file parsers (tests/fuzz/): each target runs
+# KILN_FUZZ_SECONDS (45) on a copy of its seed corpus; a crash fails the tier.
+tier_fuzz() {
+  local clang
+  clang=$(command -v clang || true)
+  if [ -z "$clang" ]; then
+    echo "tier fuzz: SKIPPED: clang not found (install the Debian packages clang and libclang-rt-14-dev)"
+    return 0
+  fi
+  local d="$top/build-ci/fuzz"
+  mkdir -p "$top/build-ci"
+  # The library and the fuzz targets only: libFuzzer brings its own main.
+  CC="$clang" configure_build "$d" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=fuzzer \
+    -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_TOOLS=OFF -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON
+  local secs=${KILN_FUZZ_SECONDS:-45} f name work
+  for f in "$d"/tests/fuzz/fuzz_*; do
+    [ -x "$f" ] || continue
+    name=$(basename "$f"); name=${name#fuzz_}
+    # A copy of the seed corpus: libFuzzer adds what it finds to it.
+    work="$d/corpus-$name"
+    rm -rf "$work" && mkdir -p "$work"
+    cp "$top/tests/fuzz/corpus/$name"/* "$work/"
+    echo "tier fuzz: $name for ${secs}s"
+    # A crash, a sanitizer report or a leak exits non-zero and leaves the
+    # input as crash-*/leak-* in $d for reproduction.
+    (cd "$d" && "$f" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      "$work" 2>&1 | tail -n 25) || return 1
+  done
 }
 
 for t in "${tiers[@]}"; do

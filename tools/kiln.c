@@ -68,6 +68,7 @@ typedef struct bench_entry {
 
 static const bench_entry benches[] = {
     {"alloc", kiln_bench_alloc, "caching allocator vs malloc, allocate+free latency"},
+    {"loader", kiln_bench_loader, "data loader pipeline: batches/s and MB/s for 0, 1, 2 workers"},
 };
 
 static int cmd_bench(int argc, char **argv) {

@@ -12,6 +12,7 @@
 #include "kiln/ops.h"
 #include "kiln/nn.h"
 #include "kiln/optim.h"
+#include "kiln/data.h"
 
 #ifdef __cplusplus
 extern "C" {
