@@ -13,90 +13,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cpu/dtype_access.h"
 #include "kernels/op_args.h"
 
 #define EW_INLINE  static inline __attribute__((always_inline))
 #define EW_MAX_OPS 4
 
-/* ---- Loads and stores (element index i, in elements) ------------------------------ */
-
-EW_INLINE double ew_ld_f(const void *p, kiln_dtype dt, int64_t i) {
-    switch (dt) {
-    case KILN_F32:
-        return ((const float *)p)[i];
-    case KILN_F64:
-        return ((const double *)p)[i];
-    case KILN_F16:
-        return kiln_f16_to_f32(((const uint16_t *)p)[i]);
-    case KILN_BF16:
-        return kiln_bf16_to_f32(((const uint16_t *)p)[i]);
-    case KILN_I32:
-        return ((const int32_t *)p)[i];
-    case KILN_I64:
-        return (double)((const int64_t *)p)[i];
-    case KILN_U8:
-        return ((const uint8_t *)p)[i];
-    case KILN_BOOL:
-        return ((const uint8_t *)p)[i] != 0;
-    default:
-        return 0;
-    }
-}
-
-EW_INLINE int64_t ew_ld_i(const void *p, kiln_dtype dt, int64_t i) {
-    switch (dt) {
-    case KILN_I32:
-        return ((const int32_t *)p)[i];
-    case KILN_I64:
-        return ((const int64_t *)p)[i];
-    case KILN_U8:
-        return ((const uint8_t *)p)[i];
-    case KILN_BOOL:
-        return ((const uint8_t *)p)[i] != 0;
-    default:
-        return 0;
-    }
-}
-
-EW_INLINE void ew_st_f(void *p, kiln_dtype dt, int64_t i, double v) {
-    switch (dt) {
-    case KILN_F32:
-        ((float *)p)[i] = (float)v;
-        break;
-    case KILN_F64:
-        ((double *)p)[i] = v;
-        break;
-    case KILN_F16:
-        ((uint16_t *)p)[i] = kiln_f32_to_f16((float)v);
-        break;
-    case KILN_BF16:
-        ((uint16_t *)p)[i] = kiln_f32_to_bf16((float)v);
-        break;
-    default:
-        break;
-    }
-}
-
-/* Integers wrap modulo 2^bits (the conversions are implementation-defined,
- * not undefined, in C; GCC and Clang wrap); bool stores x != 0. */
-EW_INLINE void ew_st_i(void *p, kiln_dtype dt, int64_t i, int64_t v) {
-    switch (dt) {
-    case KILN_I32:
-        ((int32_t *)p)[i] = (int32_t)v;
-        break;
-    case KILN_I64:
-        ((int64_t *)p)[i] = v;
-        break;
-    case KILN_U8:
-        ((uint8_t *)p)[i] = (uint8_t)v;
-        break;
-    case KILN_BOOL:
-        ((uint8_t *)p)[i] = v != 0;
-        break;
-    default:
-        break;
-    }
-}
 
 EW_INLINE int ew_is_float(kiln_dtype dt) {
     return dt == KILN_F32 || dt == KILN_F64 || dt == KILN_F16 || dt == KILN_BF16;

@@ -95,7 +95,7 @@ EW_INLINE void act_loop(const kiln_op_args *a, int op, kiln_dtype dt) {
     void *o = a->out[0].data;
     const void *x = a->in[0].data;
     const kiln_op_attrs *at = a->attrs;
-    EW_FOR_EACH(it, ew_st_f(o, dt, o0, act_f(op, ew_ld_f(x, dt, o1), at)));
+    EW_FOR_EACH(it, kiln_cpu_st_f(o, dt, o0, act_f(op, kiln_cpu_ld_f(x, dt, o1), at)));
 }
 
 EW_INLINE kiln_status act_run(const kiln_op_args *a, int op) {
@@ -116,7 +116,7 @@ EW_INLINE void grad_loop(const kiln_op_args *a, int op, kiln_dtype dt) {
     void *o = a->out[0].data;
     const void *g = a->in[0].data, *t = a->in[1].data;
     const kiln_op_attrs *at = a->attrs;
-    EW_FOR_EACH(it, ew_st_f(o, dt, o0, act_grad(op, ew_ld_f(g, dt, o1), ew_ld_f(t, dt, o2), at)));
+    EW_FOR_EACH(it, kiln_cpu_st_f(o, dt, o0, act_grad(op, kiln_cpu_ld_f(g, dt, o1), kiln_cpu_ld_f(t, dt, o2), at)));
 }
 
 EW_INLINE kiln_status grad_run(const kiln_op_args *a, int op) {
@@ -132,7 +132,7 @@ EW_INLINE void relu_grad_loop(const kiln_op_args *a, int unused, kiln_dtype dt) 
     ew_init(&it, 3, v);
     void *o = a->out[0].data;
     const void *g = a->in[0].data, *t = a->in[1].data;
-    EW_FOR_EACH(it, ew_st_f(o, dt, o0, ew_ld_f(t, dt, o2) > 0 ? ew_ld_f(g, dt, o1) : 0.0));
+    EW_FOR_EACH(it, kiln_cpu_st_f(o, dt, o0, kiln_cpu_ld_f(t, dt, o2) > 0 ? kiln_cpu_ld_f(g, dt, o1) : 0.0));
 }
 
 kiln_status kiln_cpu_ew_relu_backward(const kiln_op_args *a) {
@@ -161,7 +161,7 @@ EW_INLINE void dropout_loop(const kiln_op_args *a, int unused, kiln_dtype dt) {
     double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
     EW_FOR_EACH(it, {
         bool keep = (double)kiln_rng_u32_to_uniform(kiln_rng_u32_at(rng, (uint64_t)flat)) >= p;
-        ew_st_f(o, dt, o0, keep ? ew_ld_f(x, dt, o1) * scale : 0.0);
+        kiln_cpu_st_f(o, dt, o0, keep ? kiln_cpu_ld_f(x, dt, o1) * scale : 0.0);
     });
 }
 

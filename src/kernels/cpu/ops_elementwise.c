@@ -81,9 +81,9 @@ EW_INLINE void bin_loop(const kiln_op_args *a, int op, kiln_dtype dt) {
     void *o = a->out[0].data;
     const void *x = a->in[0].data, *y = a->in[1].data;
     if (ew_is_float(dt))
-        EW_FOR_EACH(it, ew_st_f(o, dt, o0, bin_f(op, ew_ld_f(x, dt, o1), ew_ld_f(y, dt, o2))));
+        EW_FOR_EACH(it, kiln_cpu_st_f(o, dt, o0, bin_f(op, kiln_cpu_ld_f(x, dt, o1), kiln_cpu_ld_f(y, dt, o2))));
     else
-        EW_FOR_EACH(it, ew_st_i(o, dt, o0, bin_i(op, ew_ld_i(x, dt, o1), ew_ld_i(y, dt, o2))));
+        EW_FOR_EACH(it, kiln_cpu_st_i(o, dt, o0, bin_i(op, kiln_cpu_ld_i(x, dt, o1), kiln_cpu_ld_i(y, dt, o2))));
 }
 
 EW_INLINE kiln_status bin_run(const kiln_op_args *a, int op) {
@@ -177,9 +177,9 @@ EW_INLINE void un_loop(const kiln_op_args *a, int op, kiln_dtype dt) {
     const void *x = a->in[0].data;
     const kiln_op_attrs *at = a->attrs;
     if (ew_is_float(dt))
-        EW_FOR_EACH(it, ew_st_f(o, dt, o0, un_f(op, ew_ld_f(x, dt, o1), at)));
+        EW_FOR_EACH(it, kiln_cpu_st_f(o, dt, o0, un_f(op, kiln_cpu_ld_f(x, dt, o1), at)));
     else
-        EW_FOR_EACH(it, ew_st_i(o, dt, o0, un_i(op, ew_ld_i(x, dt, o1), at)));
+        EW_FOR_EACH(it, kiln_cpu_st_i(o, dt, o0, un_i(op, kiln_cpu_ld_i(x, dt, o1), at)));
 }
 
 EW_INLINE kiln_status un_run(const kiln_op_args *a, int op) {
@@ -220,12 +220,12 @@ EW_INLINE void cmp_loop(const kiln_op_args *a, int op, kiln_dtype dt) {
     const void *x = a->in[0].data, *y = a->in[1].data;
     if (ew_is_float(dt)) {
         EW_FOR_EACH(it, {
-            double p = ew_ld_f(x, dt, o1), q = ew_ld_f(y, dt, o2);
+            double p = kiln_cpu_ld_f(x, dt, o1), q = kiln_cpu_ld_f(y, dt, o2);
             o[o0] = (uint8_t)CMP(op, p, q);
         });
     } else {
         EW_FOR_EACH(it, {
-            int64_t p = ew_ld_i(x, dt, o1), q = ew_ld_i(y, dt, o2);
+            int64_t p = kiln_cpu_ld_i(x, dt, o1), q = kiln_cpu_ld_i(y, dt, o2);
             o[o0] = (uint8_t)CMP(op, p, q);
         });
     }
@@ -251,7 +251,7 @@ EW_INLINE void isfinite_loop(const kiln_op_args *a, int unused, kiln_dtype dt) {
     uint8_t *o = a->out[0].data;
     const void *x = a->in[0].data;
     if (ew_is_float(dt))
-        EW_FOR_EACH(it, o[o0] = (uint8_t)isfinite(ew_ld_f(x, dt, o1)));
+        EW_FOR_EACH(it, o[o0] = (uint8_t)isfinite(kiln_cpu_ld_f(x, dt, o1)));
     else
         EW_FOR_EACH(it, o[o0] = 1);
 }

@@ -34,16 +34,16 @@ static void matmul_2d(mat a, mat b, mat c, int64_t n, int64_t k, int64_t m, doub
             }
         } else {
             for (int64_t p = 0; p < k; p++) {
-                double av = rk_load(a.data, a.dtype, i * a.rs + p * a.cs);
-                for (int64_t j = 0; j < m; j++) acc[j] += av * rk_load(b.data, b.dtype, p * b.rs + j * b.cs);
+                double av = kiln_cpu_ld_f(a.data, a.dtype, i * a.rs + p * a.cs);
+                for (int64_t j = 0; j < m; j++) acc[j] += av * kiln_cpu_ld_f(b.data, b.dtype, p * b.rs + j * b.cs);
             }
         }
-        for (int64_t j = 0; j < m; j++) rk_store((void *)c.data, c.dtype, i * c.rs + j * c.cs, acc[j]);
+        for (int64_t j = 0; j < m; j++) kiln_cpu_st_f((void *)c.data, c.dtype, i * c.rs + j * c.cs, acc[j]);
     }
 }
 
 static mat mat_of(const kiln_strided *s, int row_dim, int64_t batch_offset) {
-    mat r = {(const char *)s->data + (size_t)batch_offset * rk_elem_size(s->dtype), s->dtype,
+    mat r = {(const char *)s->data + (size_t)batch_offset * kiln_cpu_elem_size(s->dtype), s->dtype,
              s->strides[row_dim], s->strides[row_dim + 1]};
     return r;
 }
@@ -88,7 +88,7 @@ kiln_status kiln_cpu_linear(const kiln_op_args *a) {
     bool f32 = x->dtype == KILN_F32, f64 = x->dtype == KILN_F64;
     for (int64_t r = 0; r < rows; r++, rk_iter_next(&it)) {
         for (int64_t o = 0; o < out_f; o++) {
-            double s = b->ndim < 0 ? 0 : rk_load(b->data, b->dtype, o * b->strides[0]);
+            double s = b->ndim < 0 ? 0 : kiln_cpu_ld_f(b->data, b->dtype, o * b->strides[0]);
             if (f32) {
                 const float *xp = (const float *)x->data + it.off[0], *wp = (const float *)w->data + o * w0;
                 for (int64_t i = 0; i < in_f; i++) s += (double)xp[i * xs] * wp[i * w1];
@@ -98,10 +98,10 @@ kiln_status kiln_cpu_linear(const kiln_op_args *a) {
                 for (int64_t i = 0; i < in_f; i++) s += xp[i * xs] * wp[i * w1];
             } else {
                 for (int64_t i = 0; i < in_f; i++)
-                    s += rk_load(x->data, x->dtype, it.off[0] + i * xs) *
-                         rk_load(w->data, w->dtype, o * w0 + i * w1);
+                    s += kiln_cpu_ld_f(x->data, x->dtype, it.off[0] + i * xs) *
+                         kiln_cpu_ld_f(w->data, w->dtype, o * w0 + i * w1);
             }
-            rk_store(y->data, y->dtype, it.off[1] + o * ys, s);
+            kiln_cpu_st_f(y->data, y->dtype, it.off[1] + o * ys, s);
         }
     }
     return KILN_OK;

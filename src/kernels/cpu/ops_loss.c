@@ -47,7 +47,7 @@ static kiln_status bad_target(int64_t t, int64_t classes, int64_t ignore) {
 }
 
 static double class_weight(const kiln_strided *w, int64_t c) {
-    return w->ndim < 0 ? 1.0 : rk_load(w->data, w->dtype, c * w->strides[0]);
+    return w->ndim < 0 ? 1.0 : kiln_cpu_ld_f(w->data, w->dtype, c * w->strides[0]);
 }
 
 kiln_status kiln_cpu_nll_loss(const kiln_op_args *a) {
@@ -65,20 +65,20 @@ kiln_status kiln_cpu_nll_loss(const kiln_op_args *a) {
         if (t != at->ignore_index) {
             if (t < 0 || t >= l.classes) return bad_target(t, l.classes, at->ignore_index);
             double wt = class_weight(w, t);
-            li = -wt * rk_load(lp->data, lp->dtype, l.pos.off[1] + t * l.class_stride);
+            li = -wt * kiln_cpu_ld_f(lp->data, lp->dtype, l.pos.off[1] + t * l.class_stride);
             if (eps != 0) {
                 double s = 0;
                 for (int64_t c = 0; c < l.classes; c++)
-                    s -= class_weight(w, c) * rk_load(lp->data, lp->dtype, l.pos.off[1] + c * l.class_stride);
+                    s -= class_weight(w, c) * kiln_cpu_ld_f(lp->data, lp->dtype, l.pos.off[1] + c * l.class_stride);
                 li = (1 - eps) * li + eps / (double)l.classes * s;
             }
             wsum += wt;
         }
-        if (none) rk_store(loss->data, loss->dtype, l.pos.off[2], li);
+        if (none) kiln_cpu_st_f(loss->data, loss->dtype, l.pos.off[2], li);
         sum += li;
     }
-    if (!none) rk_store(loss->data, loss->dtype, 0, at->reduction == KILN_REDUCTION_MEAN ? sum / wsum : sum);
-    rk_store(total->data, total->dtype, 0, wsum);
+    if (!none) kiln_cpu_st_f(loss->data, loss->dtype, 0, at->reduction == KILN_REDUCTION_MEAN ? sum / wsum : sum);
+    kiln_cpu_st_f(total->data, total->dtype, 0, wsum);
     return KILN_OK;
 }
 
@@ -94,12 +94,12 @@ kiln_status kiln_cpu_nll_loss_backward(const kiln_op_args *a) {
     double eps = at->label_smoothing;
     nll_layout l;
     nll_layout_make(&l, gx, tg, none ? g->strides : NULL);
-    double div = at->reduction == KILN_REDUCTION_MEAN ? rk_load(tw->data, tw->dtype, 0) : 1.0;
+    double div = at->reduction == KILN_REDUCTION_MEAN ? kiln_cpu_ld_f(tw->data, tw->dtype, 0) : 1.0;
     for (int64_t i = 0; i < l.n_pos; i++, rk_iter_next(&l.pos)) {
         int64_t t = ((const int64_t *)tg->data)[l.pos.off[0]];
         bool ignored = t == at->ignore_index;
         if (!ignored && (t < 0 || t >= l.classes)) return bad_target(t, l.classes, at->ignore_index);
-        double scale = ignored ? 0 : rk_load(g->data, g->dtype, l.pos.off[2]) / div;
+        double scale = ignored ? 0 : kiln_cpu_ld_f(g->data, g->dtype, l.pos.off[2]) / div;
         for (int64_t c = 0; c < l.classes; c++) {
             double v = 0;
             if (!ignored) {
@@ -107,7 +107,7 @@ kiln_status kiln_cpu_nll_loss_backward(const kiln_op_args *a) {
                 if (c == t) v += (1 - eps) * class_weight(w, t);
                 v *= -scale;
             }
-            rk_store(gx->data, gx->dtype, l.pos.off[1] + c * l.class_stride, v);
+            kiln_cpu_st_f(gx->data, gx->dtype, l.pos.off[1] + c * l.class_stride, v);
         }
     }
     return KILN_OK;
@@ -129,11 +129,11 @@ kiln_status kiln_cpu_mse_loss(const kiln_op_args *a) {
     int64_t n = rk_iter_count(&it);
     double sum = 0;
     for (int64_t i = 0; i < n; i++, rk_iter_next(&it)) {
-        double d = rk_load(x->data, x->dtype, it.off[0]) - rk_load(t->data, t->dtype, it.off[1]);
-        if (none) rk_store(y->data, y->dtype, it.off[2], d * d);
+        double d = kiln_cpu_ld_f(x->data, x->dtype, it.off[0]) - kiln_cpu_ld_f(t->data, t->dtype, it.off[1]);
+        if (none) kiln_cpu_st_f(y->data, y->dtype, it.off[2], d * d);
         sum += d * d;
     }
     if (!none)
-        rk_store(y->data, y->dtype, 0, a->attrs->reduction == KILN_REDUCTION_MEAN ? sum / (double)n : sum);
+        kiln_cpu_st_f(y->data, y->dtype, 0, a->attrs->reduction == KILN_REDUCTION_MEAN ? sum / (double)n : sum);
     return KILN_OK;
 }

@@ -9,18 +9,18 @@ kiln_status kiln_cpu_sum(const kiln_op_args *a) {
     const kiln_strided *x = &a->in[0], *y = &a->out[0];
     rk_plan p;
     rk_plan_make(&p, x, y, a->attrs);
-    bool exact = !rk_is_float(x->dtype);
+    bool exact = !kiln_cpu_is_float(x->dtype);
     for (int64_t o = 0; o < p.n_out; o++, rk_iter_next(&p.outer)) {
         if (exact) {
             int64_t s = 0;
             for (int64_t r = 0; r < p.n_red; r++, rk_iter_next(&p.inner))
-                s += rk_load_i(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
-            rk_store_i(y->data, y->dtype, p.outer.off[1], s);
+                s += kiln_cpu_ld_i(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
+            kiln_cpu_st_i(y->data, y->dtype, p.outer.off[1], s);
         } else {
             double s = 0;
             for (int64_t r = 0; r < p.n_red; r++, rk_iter_next(&p.inner))
-                s += rk_load(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
-            rk_store(y->data, y->dtype, p.outer.off[1], s);
+                s += kiln_cpu_ld_f(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
+            kiln_cpu_st_f(y->data, y->dtype, p.outer.off[1], s);
         }
     }
     return KILN_OK;
@@ -33,8 +33,8 @@ kiln_status kiln_cpu_mean(const kiln_op_args *a) {
     for (int64_t o = 0; o < p.n_out; o++, rk_iter_next(&p.outer)) {
         double s = 0;
         for (int64_t r = 0; r < p.n_red; r++, rk_iter_next(&p.inner))
-            s += rk_load(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
-        rk_store(y->data, y->dtype, p.outer.off[1], p.n_red ? s / (double)p.n_red : NAN);
+            s += kiln_cpu_ld_f(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
+        kiln_cpu_st_f(y->data, y->dtype, p.outer.off[1], p.n_red ? s / (double)p.n_red : NAN);
     }
     return KILN_OK;
 }
@@ -44,22 +44,22 @@ static kiln_status extreme(const kiln_op_args *a, int sign) {
     const kiln_strided *x = &a->in[0], *y = &a->out[0];
     rk_plan p;
     rk_plan_make(&p, x, y, a->attrs);
-    bool exact = !rk_is_float(x->dtype);
+    bool exact = !kiln_cpu_is_float(x->dtype);
     for (int64_t o = 0; o < p.n_out; o++, rk_iter_next(&p.outer)) {
         if (exact) {
             int64_t best = 0;
             for (int64_t r = 0; r < p.n_red; r++, rk_iter_next(&p.inner)) {
-                int64_t v = rk_load_i(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
+                int64_t v = kiln_cpu_ld_i(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
                 if (r == 0 || (sign > 0 ? v > best : v < best)) best = v;
             }
-            rk_store_i(y->data, y->dtype, p.outer.off[1], best);
+            kiln_cpu_st_i(y->data, y->dtype, p.outer.off[1], best);
         } else {
             double best = 0;
             for (int64_t r = 0; r < p.n_red; r++, rk_iter_next(&p.inner)) {
-                double v = rk_load(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
+                double v = kiln_cpu_ld_f(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
                 if (r == 0 || isnan(v) || (!isnan(best) && (sign > 0 ? v > best : v < best))) best = v;
             }
-            rk_store(y->data, y->dtype, p.outer.off[1], best);
+            kiln_cpu_st_f(y->data, y->dtype, p.outer.off[1], best);
         }
     }
     return KILN_OK;
@@ -74,19 +74,19 @@ kiln_status kiln_cpu_argmax(const kiln_op_args *a) {
     const kiln_strided *x = &a->in[0], *y = &a->out[0];
     rk_plan p;
     rk_plan_make(&p, x, y, a->attrs);
-    bool exact = !rk_is_float(x->dtype);
+    bool exact = !kiln_cpu_is_float(x->dtype);
     for (int64_t o = 0; o < p.n_out; o++, rk_iter_next(&p.outer)) {
         int64_t at = 0;
         if (exact) {
             int64_t best = 0;
             for (int64_t r = 0; r < p.n_red; r++, rk_iter_next(&p.inner)) {
-                int64_t v = rk_load_i(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
+                int64_t v = kiln_cpu_ld_i(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
                 if (r == 0 || v > best) best = v, at = r;
             }
         } else {
             double best = 0;
             for (int64_t r = 0; r < p.n_red; r++, rk_iter_next(&p.inner)) {
-                double v = rk_load(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
+                double v = kiln_cpu_ld_f(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]);
                 if (r == 0 || (!isnan(best) && (isnan(v) || v > best))) best = v, at = r;
             }
         }
@@ -104,7 +104,7 @@ kiln_status kiln_cpu_norm(const kiln_op_args *a) {
     for (int64_t o = 0; o < p.n_out; o++, rk_iter_next(&p.outer)) {
         double acc = isinf(pn) && pn < 0 ? INFINITY : 0;
         for (int64_t r = 0; r < p.n_red; r++, rk_iter_next(&p.inner)) {
-            double v = fabs(rk_load(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]));
+            double v = fabs(kiln_cpu_ld_f(x->data, x->dtype, p.outer.off[0] + p.inner.off[0]));
             if (isnan(v))
                 acc = NAN;
             else if (isnan(acc))
@@ -122,7 +122,7 @@ kiln_status kiln_cpu_norm(const kiln_op_args *a) {
         }
         double res = acc;
         if (!isinf(pn) && pn != 0 && pn != 1) res = pn == 2 ? sqrt(acc) : pow(acc, 1.0 / pn);
-        rk_store(y->data, y->dtype, p.outer.off[1], res);
+        kiln_cpu_st_f(y->data, y->dtype, p.outer.off[1], res);
     }
     return KILN_OK;
 }

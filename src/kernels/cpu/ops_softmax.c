@@ -18,16 +18,16 @@ static kiln_status softmax_forward(const kiln_op_args *a, bool log_form) {
         int64_t xo = r.outer.off[0], yo = r.outer.off[1];
         double m = -INFINITY;
         for (int64_t j = 0; j < r.len; j++) {
-            double v = rk_load(x->data, x->dtype, xo + j * r.step[0]);
+            double v = kiln_cpu_ld_f(x->data, x->dtype, xo + j * r.step[0]);
             if (v > m || isnan(v)) m = v;
         }
         /* A row of -inf (every class masked) gives NaN, as in PyTorch. */
         double s = 0;
-        for (int64_t j = 0; j < r.len; j++) s += exp(rk_load(x->data, x->dtype, xo + j * r.step[0]) - m);
+        for (int64_t j = 0; j < r.len; j++) s += exp(kiln_cpu_ld_f(x->data, x->dtype, xo + j * r.step[0]) - m);
         double ls = log(s);
         for (int64_t j = 0; j < r.len; j++) {
-            double v = rk_load(x->data, x->dtype, xo + j * r.step[0]) - m;
-            rk_store(y->data, y->dtype, yo + j * r.step[1], log_form ? v - ls : exp(v) / s);
+            double v = kiln_cpu_ld_f(x->data, x->dtype, xo + j * r.step[0]) - m;
+            kiln_cpu_st_f(y->data, y->dtype, yo + j * r.step[1], log_form ? v - ls : exp(v) / s);
         }
     }
     return KILN_OK;
@@ -45,13 +45,13 @@ static kiln_status softmax_backward(const kiln_op_args *a, bool log_form) {
         int64_t go = r.outer.off[0], yo = r.outer.off[1], oo = r.outer.off[2];
         double s = 0;
         for (int64_t j = 0; j < r.len; j++) {
-            double gv = rk_load(g->data, g->dtype, go + j * r.step[0]);
-            s += log_form ? gv : gv * rk_load(y->data, y->dtype, yo + j * r.step[1]);
+            double gv = kiln_cpu_ld_f(g->data, g->dtype, go + j * r.step[0]);
+            s += log_form ? gv : gv * kiln_cpu_ld_f(y->data, y->dtype, yo + j * r.step[1]);
         }
         for (int64_t j = 0; j < r.len; j++) {
-            double gv = rk_load(g->data, g->dtype, go + j * r.step[0]);
-            double yv = rk_load(y->data, y->dtype, yo + j * r.step[1]);
-            rk_store(gx->data, gx->dtype, oo + j * r.step[2], log_form ? gv - exp(yv) * s : yv * (gv - s));
+            double gv = kiln_cpu_ld_f(g->data, g->dtype, go + j * r.step[0]);
+            double yv = kiln_cpu_ld_f(y->data, y->dtype, yo + j * r.step[1]);
+            kiln_cpu_st_f(gx->data, gx->dtype, oo + j * r.step[2], log_form ? gv - exp(yv) * s : yv * (gv - s));
         }
     }
     return KILN_OK;
