@@ -9,6 +9,8 @@
 #include "kiln_config.h"
 #include "runtime/runtime_internal.h"
 #include "autograd/autograd_internal.h"
+#include "diag/profiler_internal.h"
+#include "diag/anomaly.h"
 #include "ops/op_registry.h"
 #include "tensor/tensor_internal.h"
 
@@ -27,6 +29,8 @@ kiln_status kiln_init(void) {
 #endif
         kiln_ops_register_kernels(KILN_DEVICE_CPU, kiln_cpu_op_kernels());
         kiln_autograd_init();
+        kiln_profiler_init();
+        kiln_anomaly_init();
         st = kiln_runtime_init();
         initialised = st == KILN_OK;
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../bench/bench.h"
+#include "diag_commands.h"
 #include "kiln/kiln.h"
 #include "ops/op_registry.h"
 #ifdef KILN_WITH_CUDA
@@ -69,6 +70,7 @@ typedef struct bench_entry {
 static const bench_entry benches[] = {
     {"alloc", kiln_bench_alloc, "caching allocator vs malloc, allocate+free latency"},
     {"loader", kiln_bench_loader, "data loader pipeline: batches/s and MB/s for 0, 1, 2 workers"},
+    {"profiler", kiln_bench_profiler, "profiler cost per op: unregistered, off, on"},
 };
 
 static int cmd_bench(int argc, char **argv) {
@@ -91,6 +93,8 @@ static void usage(FILE *f) {
             "  info            version, build options, devices with memory\n"
             "  bench NAME      run a benchmark (kiln bench --list)\n"
             "  ops             the op list as a markdown table (docs/ops.md)\n"
+            "  smi [--watch S] GPU utilisation, memory, power (host CPU/RSS of kiln without a GPU)\n"
+            "  memory [DEVICE] allocator statistics of DEVICE (default cpu)\n"
             "  version         print the version\n"
             "  help            this text\n");
 }
@@ -113,6 +117,8 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(cmd, "info") == 0) rc = cmd_info();
     else if (strcmp(cmd, "bench") == 0) rc = cmd_bench(argc - 2, argv + 2);
+    else if (strcmp(cmd, "smi") == 0) rc = kiln_cmd_smi(argc - 2, argv + 2);
+    else if (strcmp(cmd, "memory") == 0) rc = kiln_cmd_memory(argc - 2, argv + 2);
     else if (strcmp(cmd, "ops") == 0) {
         char *md = kiln_ops_markdown();
         rc = md ? (fputs(md, stdout), 0) : fail("ops");

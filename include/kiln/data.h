@@ -27,37 +27,63 @@ typedef struct kiln_sample_info {
     int num_classes; /* labels are in [0, num_classes) */
 } kiln_sample_info;
 
-/* The dataset interface, for users who bring their own data. `get` writes
- * sample `index` into `dst` (sample_bytes(info) bytes) and its label into
- * *label; it must be safe to call from several threads at once. `free`
- * releases `ctx` (may be NULL). */
+/* The dataset interface, for users who bring their own data (see
+ * docs/data.md, "Adding a dataset"). `length` returns the sample count,
+ * fixed while a loader uses the dataset. `get` writes sample `index`
+ * (0 <= index < length, checked by Kiln) into `dst` (kiln_sample_bytes(info)
+ * bytes) and its label into *label; several loader threads call it at
+ * once, so it must be thread-safe. `free` releases `ctx` (may be NULL). */
 typedef struct kiln_dataset_ops {
     int64_t (*length)(void *ctx);
     kiln_status (*get)(void *ctx, int64_t index, void *dst, int64_t *label);
     void (*free)(void *ctx);
 } kiln_dataset_ops;
 
-/* A dataset over user callbacks; takes ownership of ctx (ops->free). */
+/* A dataset over user callbacks. On success it owns ctx (ops->free runs in
+ * kiln_dataset_free); on failure (a NULL callback, a sample shape with a
+ * size below 1, num_classes < 1: KILN_ERR_INVALID_ARGUMENT) ctx is still
+ * the caller's. *ops is copied. */
 kiln_status kiln_dataset_create(const kiln_dataset_ops *ops, void *ctx, kiln_sample_info info, kiln_dataset **out);
-/* An in-memory dataset over `data` (N, C, H, W) and `labels` (N) i64 CPU
- * tensors; holds its own references to both. */
+/* An in-memory dataset over `data` and `labels`, strided CPU tensors: data
+ * (N, C, H, W), (N, H, W) or (N, D) (D channels of 1x1) of any dtype, and
+ * labels (N) i64, every label checked against num_classes. Holds its own
+ * references to both (a non-contiguous `data` is copied once, here), so the
+ * caller may release its references right away. Later in-place writes to
+ * the tensors are seen by kiln_dataset_get. */
 kiln_status kiln_dataset_from_tensors(kiln_tensor *data, kiln_tensor *labels, int num_classes, kiln_dataset **out);
-/* MNIST / Fashion-MNIST IDX files (raw or .gz): images (magic 0x00000803)
- * and labels (0x00000801). */
+/* MNIST-style IDX files (raw or gzip; detected by content, not by name):
+ * images (magic 0x00000803, u8 (N, rows, cols)) and labels (0x00000801,
+ * u8 (N)). Samples are u8 (1, rows, cols); num_classes is the largest label
+ * + 1, as IDX files do not record it. Errors: KILN_ERR_IO naming the file,
+ * the offset and what was expected. */
 kiln_status kiln_dataset_open_idx(const char *images_path, const char *labels_path, kiln_dataset **out);
-/* CIFAR-10 (10 classes; 1 label byte) or CIFAR-100 (100 fine classes; 2
- * label bytes: coarse, fine) binary batches; `paths` are concatenated. */
+/* CIFAR-10 (num_classes 10; 1 label byte) or CIFAR-100 (100; 2 label bytes:
+ * coarse, fine — the fine label is returned) binary batches, raw or gzip;
+ * the `paths` are concatenated in order. Samples are u8 (3, 32, 32). Every
+ * label byte is checked. */
 kiln_status kiln_dataset_open_cifar(int n_paths, const char *const *paths, int num_classes, kiln_dataset **out);
-/* Fashion-MNIST "train" or "test" from `dir`, or from where Debian's
- * dataset-fashion-mnist installs it when dir is NULL
- * (/usr/share/datasets/fashion-mnist). The error names every place tried. */
+/* Fashion-MNIST "train" (60000) or "test" (10000) from `dir`, or from where
+ * Debian's dataset-fashion-mnist installs it when dir is NULL
+ * (/usr/share/datasets/fashion-mnist). Each file is looked for as .gz and
+ * unpacked; 10 classes, every label checked. When files are missing the
+ * error names every place tried. */
 kiln_status kiln_dataset_open_fashion_mnist(const char *dir, const char *split, kiln_dataset **out);
+/* Frees the dataset and what it holds (runs ops->free). NULL is a no-op. */
 void kiln_dataset_free(kiln_dataset *ds);
 
+/* Sample count (0 for NULL). */
 int64_t kiln_dataset_length(const kiln_dataset *ds);
+/* The sample shape, dtype and class count (all zero for NULL). */
 kiln_sample_info kiln_dataset_info(const kiln_dataset *ds);
+/* Bytes of one sample: channels * height * width * dtype size; 0 when a
+ * size is below 1, the dtype is invalid or the product overflows. */
 size_t kiln_sample_bytes(kiln_sample_info info);
-/* Copy sample `index` to dst; thread-safe. */
+/* Copy sample `index` to dst (kiln_sample_bytes bytes) and its label to
+ * *label (label may be NULL). Thread-safe for the built-in datasets and
+ * for user datasets whose `get` is; never blocks on a device. Errors: an
+ * index outside [0, length) (KILN_ERR_INVALID_ARGUMENT), a label from a
+ * user `get` outside [0, num_classes) (KILN_ERR_STATE), or the user's
+ * error. */
 kiln_status kiln_dataset_get(const kiln_dataset *ds, int64_t index, void *dst, int64_t *label);
 
 /* ---- Transforms ------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include "kiln/nn.h"
 #include "kiln/optim.h"
 #include "kiln/data.h"
+#include "kiln/diag.h"
 
 #ifdef __cplusplus
 extern "C" {

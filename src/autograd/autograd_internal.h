@@ -55,6 +55,11 @@ struct kiln_node {
     const char *file; /* the user's call site */
     int line;
     bool released; /* saved tensors freed by a backward without retain_graph */
+    /* The live-node registry (for the leak detector): a list under the
+     * registry lock; saved_bytes is what saved_in/saved_out hold now. */
+    kiln_node *reg_prev, *reg_next;
+    bool registered;
+    _Atomic uint64_t saved_bytes;
 };
 
 /* The autograd data of t, created on demand (NULL on allocation failure). */
@@ -65,6 +70,23 @@ void kiln_node_release(kiln_node *n);
 void kiln_node_release_saved(kiln_node *n);
 /* True when t takes part in autograd (a leaf requiring grad, or a grad_fn). */
 bool kiln_autograd_tracks(const kiln_tensor *t);
+
+/* ---- The live-node registry (node.c), read by the diag layer ---------------------- */
+
+/* Nodes alive right now and the bytes their saved tensors hold (atomic
+ * counters: no lock, no blocking). */
+void kiln_node_live_stats(int64_t *nodes, uint64_t *saved_bytes);
+/* Lock the registry: while held no node can be freed, so the list from
+ * kiln_node_registry_first (following reg_next) and the edges of its nodes
+ * may be walked. Do not create, retain or release nodes (or run ops) while
+ * holding it. */
+void kiln_node_registry_lock(void);
+void kiln_node_registry_unlock(void);
+kiln_node *kiln_node_registry_first(void);
+
+/* The node whose backward formula is running on this thread (NULL outside
+ * backward): what the anomaly check names for ops run inside backward. */
+const kiln_node *kiln_backward_running_node(void);
 
 /* Registration with the dispatcher and the tensor layer (kiln_init). */
 void kiln_autograd_init(void);

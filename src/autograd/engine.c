@@ -229,6 +229,10 @@ static kiln_status check_saved(const kiln_node *n) {
     return KILN_OK;
 }
 
+static _Thread_local const kiln_node *running_node;
+
+const kiln_node *kiln_backward_running_node(void) { return running_node; }
+
 static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, bool retain_graph) {
     run_slot *slot = table_find(tab, n, false);
     const kiln_op_info *info = kiln_op_info_get(n->op);
@@ -253,7 +257,14 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
         if (!st && !info->backward)
             st = KILN_RAISE(KILN_ERR_UNSUPPORTED, "report this: tests/ops/test_op_coverage lists it",
                             "kiln_backward: op %s has no backward formula in this build", info->name);
-        if (!st) st = info->backward(&ctx, slot->grads, grad_in);
+        if (!st) {
+            const kiln_node *outer = running_node;
+            running_node = n;
+            kiln_dispatch_range_push(info->backward_name);
+            st = info->backward(&ctx, slot->grads, grad_in);
+            kiln_dispatch_range_pop();
+            running_node = outer;
+        }
     }
     for (int k = 0; k < KILN_OP_MAX_OUT; k++)
         if (slot->grads[k]) kiln_tensor_drop(slot->grads[k]), slot->grads[k] = NULL;

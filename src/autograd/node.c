@@ -1,5 +1,6 @@
 /* Recording the graph: the dispatcher's autograd hook, the tensor layer's
  * view hook, nodes and the per-tensor autograd data. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,52 @@
 #include "tensor/scope.h"
 
 static _Atomic uint64_t next_seq = 1;
+
+/* The live-node registry: every node from the moment it is complete until
+ * it is freed, so the leak detector can find graphs that outlive a step. */
+static pthread_mutex_t registry_mutex = PTHREAD_MUTEX_INITIALIZER;
+static kiln_node *registry_head;
+static atomic_int_fast64_t live_nodes;
+static _Atomic uint64_t live_saved_bytes;
+
+static uint64_t tensor_bytes(const kiln_tensor *t) {
+    return t ? (uint64_t)kiln_numel(t) * kiln_dtype_size(t->dtype) : 0;
+}
+
+static void registry_add(kiln_node *n) {
+    uint64_t bytes = 0;
+    for (int i = 0; i < KILN_OP_MAX_IN; i++) bytes += tensor_bytes(n->saved_in[i]);
+    for (int i = 0; i < KILN_OP_MAX_OUT; i++) bytes += tensor_bytes(n->saved_out[i]);
+    atomic_store(&n->saved_bytes, bytes);
+    atomic_fetch_add(&live_saved_bytes, bytes);
+    atomic_fetch_add(&live_nodes, 1);
+    pthread_mutex_lock(&registry_mutex);
+    n->reg_next = registry_head;
+    if (registry_head) registry_head->reg_prev = n;
+    registry_head = n;
+    n->registered = true;
+    pthread_mutex_unlock(&registry_mutex);
+}
+
+static void registry_remove(kiln_node *n) {
+    if (!n->registered) return;
+    pthread_mutex_lock(&registry_mutex);
+    if (n->reg_prev) n->reg_prev->reg_next = n->reg_next;
+    else registry_head = n->reg_next;
+    if (n->reg_next) n->reg_next->reg_prev = n->reg_prev;
+    n->registered = false;
+    pthread_mutex_unlock(&registry_mutex);
+    atomic_fetch_sub(&live_nodes, 1);
+}
+
+void kiln_node_live_stats(int64_t *nodes, uint64_t *saved_bytes) {
+    if (nodes) *nodes = (int64_t)atomic_load(&live_nodes);
+    if (saved_bytes) *saved_bytes = atomic_load(&live_saved_bytes);
+}
+
+void kiln_node_registry_lock(void) { pthread_mutex_lock(&registry_mutex); }
+void kiln_node_registry_unlock(void) { pthread_mutex_unlock(&registry_mutex); }
+kiln_node *kiln_node_registry_first(void) { return registry_head; }
 
 kiln_autograd_meta *kiln_autograd_meta_get(kiln_tensor *t, bool create) {
     if (!t->autograd && create) t->autograd = KILN_CALLOC(1, sizeof(kiln_autograd_meta));
@@ -34,6 +81,7 @@ bool kiln_autograd_tracks(const kiln_tensor *t) {
 void kiln_node_retain(kiln_node *n) { atomic_fetch_add_explicit(&n->refcount, 1, memory_order_relaxed); }
 
 void kiln_node_release_saved(kiln_node *n) {
+    atomic_fetch_sub(&live_saved_bytes, atomic_exchange(&n->saved_bytes, 0));
     for (int i = 0; i < KILN_OP_MAX_IN; i++)
         if (n->saved_in[i]) kiln_tensor_drop(n->saved_in[i]), n->saved_in[i] = NULL;
     for (int i = 0; i < KILN_OP_MAX_OUT; i++)
@@ -48,6 +96,7 @@ void kiln_node_release(kiln_node *n) {
     kiln_node *cur = n;
     for (;;) {
         if (cur && atomic_fetch_sub_explicit(&cur->refcount, 1, memory_order_acq_rel) == 1) {
+            registry_remove(cur);
             kiln_node_release_saved(cur);
             for (int i = 0; i < cur->n_in; i++) {
                 if (cur->next[i].leaf) kiln_tensor_drop(cur->next[i].leaf);
@@ -124,6 +173,7 @@ static kiln_status record(kiln_op_id op, const kiln_op_attrs *attrs, int n_in, k
         memcpy(m->shape, out[i]->shape, sizeof m->shape);
         if ((save & S_OUT(i)) && !(n->saved_out[i] = save_alias(out[i], &n->saved_out_version[i]))) goto fail;
     }
+    registry_add(n);
     for (int i = 0; i < n_out; i++) {
         if (!kiln_dtype_is_floating(out[i]->dtype)) continue; /* indices carry no gradient */
         kiln_autograd_meta *m = kiln_autograd_meta_get(out[i], true);

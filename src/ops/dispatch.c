@@ -13,11 +13,26 @@
 
 #include "base/error.h"
 #include "ops/op_registry.h"
+#include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
 
 static kiln_dispatch_hook hooks[KILN_HOOK_KIND_COUNT];
+static kiln_op_observer observer;
+
+void kiln_dispatch_set_observer(const kiln_op_observer *o) {
+    if (o) observer = *o;
+    else memset(&observer, 0, sizeof observer);
+}
+
+void kiln_dispatch_range_push(const char *name) {
+    if (observer.range_push) observer.range_push(name);
+}
+
+void kiln_dispatch_range_pop(void) {
+    if (observer.range_pop) observer.range_pop();
+}
 
 void kiln_dispatch_set_hook(kiln_hook_kind kind, const kiln_dispatch_hook *hook) {
     if ((unsigned)kind >= KILN_HOOK_KIND_COUNT) return;
@@ -123,7 +138,13 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
     if (k->workspace) args.workspace_bytes = k->workspace(&args);
     if (args.workspace_bytes)
         KILN_TRY(kiln_memory_alloc(c->device, args.workspace_bytes, NULL, &args.workspace));
-    kiln_status st = on_meta ? KILN_OK : k->run(&args);
+    kiln_status st = KILN_OK;
+    if (!on_meta) {
+        kiln_counter_add(KILN_COUNTER_KERNEL_LAUNCHES, 1);
+        if (observer.kernel) observer.kernel(c, true);
+        st = k->run(&args);
+        if (observer.kernel) observer.kernel(c, false);
+    }
     /* Freed in stream order: the next user of the block runs after the kernel. */
     if (args.workspace) kiln_memory_free(c->device, args.workspace);
     return st;

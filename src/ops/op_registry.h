@@ -136,6 +136,20 @@ typedef struct kiln_dispatch_hook {
 /* Higher layers register their hook at kiln_init (includes point down). */
 void kiln_dispatch_set_hook(kiln_hook_kind kind, const kiln_dispatch_hook *hook);
 
+/* What the profiler observes beyond begin/end, registered at kiln_init.
+ * kernel runs just before (before = true) and just after a dispatched
+ * kernel; range_push/pop bracket each backward formula the autograd engine
+ * runs, so the ops a formula calls nest under it. Any entry may be NULL. */
+typedef struct kiln_op_observer {
+    void (*kernel)(kiln_op_call *call, bool before);
+    void (*range_push)(const char *name);
+    void (*range_pop)(void);
+} kiln_op_observer;
+void kiln_dispatch_set_observer(const kiln_op_observer *observer);
+/* Called by layers below the profiler (autograd) to open and close a range. */
+void kiln_dispatch_range_push(const char *name);
+void kiln_dispatch_range_pop(void);
+
 /* Run op: n_in inputs (NULL allowed where the op says optional), attrs.
  * On success out[0..n_out) are new references (never scope-registered:
  * public wrappers do that through kiln_api_return). `device` is used only

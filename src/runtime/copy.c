@@ -3,7 +3,24 @@
  * asynchronous only when the host side is pinned; otherwise the host waits
  * for it (that is what makes reusing a pageable buffer safe). */
 #include "base/error.h"
+#include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
+
+/* A host<->device copy: counted (bytes each way, pageable or pinned) and,
+ * when it is blocking, a host synchronisation. */
+static kiln_status host_device_copy(const kiln_backend *be, kiln_copy_kind kind, int index, void *dst,
+                                    const void *src, size_t bytes, void *stream, bool non_blocking) {
+    const void *host = kind == KILN_COPY_H2D ? src : dst;
+    bool pinned = kiln_is_pinned_ptr(host);
+    bool async = non_blocking && pinned;
+    kiln_counter_add(kind == KILN_COPY_H2D ? KILN_COUNTER_BYTES_H2D : KILN_COUNTER_BYTES_D2H, bytes);
+    if (!pinned) kiln_counter_add(KILN_COUNTER_PAGEABLE_COPIES, 1);
+    if (async) return be->copy(kind, index, index, dst, src, bytes, stream, true);
+    uint64_t t0 = kiln_sync_enter();
+    kiln_status st = be->copy(kind, index, index, dst, src, bytes, stream, false);
+    kiln_sync_leave(kind == KILN_COPY_H2D ? "blocking copy H2D" : "blocking copy D2H", t0);
+    return st;
+}
 
 kiln_status kiln_runtime_copy(kiln_device dst_device, void *dst, kiln_device src_device, const void *src,
                               size_t bytes, kiln_stream *stream, bool non_blocking) {
@@ -30,14 +47,8 @@ kiln_status kiln_runtime_copy(kiln_device dst_device, void *dst, kiln_device src
     }
     void *h = kiln_stream_handle(stream);
     if (src_host && dst_host) return be->copy(KILN_COPY_H2H, 0, 0, dst, src, bytes, h, false);
-    if (src_host) {
-        bool async = non_blocking && kiln_is_pinned_ptr(src);
-        return be->copy(KILN_COPY_H2D, dev.index, dev.index, dst, src, bytes, h, async);
-    }
-    if (dst_host) {
-        bool async = non_blocking && kiln_is_pinned_ptr(dst);
-        return be->copy(KILN_COPY_D2H, dev.index, dev.index, dst, src, bytes, h, async);
-    }
+    if (src_host) return host_device_copy(be, KILN_COPY_H2D, dev.index, dst, src, bytes, h, non_blocking);
+    if (dst_host) return host_device_copy(be, KILN_COPY_D2H, dev.index, dst, src, bytes, h, non_blocking);
     if (src_device.type != dst_device.type) {
         char a[32], b[32];
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "copy through the cpu device",

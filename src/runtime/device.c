@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "runtime/backend.h"
+#include "runtime/counters.h"
 
 static _Atomic(const kiln_backend *) backends[KILN_DEVICE_TYPE_COUNT];
 static const char *const type_names[KILN_DEVICE_TYPE_COUNT] = {"cpu", "cuda", "meta"};
@@ -159,5 +160,8 @@ kiln_device kiln_current_device(void) {
 kiln_status kiln_device_synchronize(kiln_device device) {
     const kiln_backend *be = kiln_backend_for(device);
     if (!be) return kiln_error_last()->status;
-    return be->synchronize(device.index);
+    uint64_t t0 = kiln_sync_enter();
+    kiln_status st = be->synchronize(device.index);
+    kiln_sync_leave("kiln_device_synchronize", t0);
+    return st;
 }

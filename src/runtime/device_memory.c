@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
 
 static pthread_mutex_t memory_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -74,6 +75,7 @@ static kiln_device unpack(void *ctx) {
 
 static kiln_status dev_alloc(void *ctx, size_t bytes, void **ptr) {
     kiln_device d = unpack(ctx);
+    kiln_counter_add(KILN_COUNTER_RAW_ALLOCS, 1);
     return kiln_backend_get(d.type)->raw_alloc(d.index, bytes, ptr);
 }
 static void dev_free(void *ctx, void *ptr, size_t bytes) {

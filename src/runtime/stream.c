@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
 
 struct kiln_stream {
@@ -123,7 +124,10 @@ bool kiln_stream_query(kiln_stream *stream) {
 
 kiln_status kiln_stream_synchronize(kiln_stream *stream) {
     if (!stream) return null_arg("kiln_stream_synchronize: stream");
-    return kiln_backend_get(stream->device.type)->stream_synchronize(stream->device.index, stream->handle);
+    uint64_t t0 = kiln_sync_enter();
+    kiln_status st = kiln_backend_get(stream->device.type)->stream_synchronize(stream->device.index, stream->handle);
+    kiln_sync_leave("kiln_stream_synchronize", t0);
+    return st;
 }
 
 kiln_status kiln_stream_wait_stream(kiln_stream *waiter, kiln_stream *other) {
@@ -185,7 +189,10 @@ bool kiln_event_query(kiln_event *event) {
 kiln_status kiln_event_synchronize(kiln_event *event) {
     if (!event) return null_arg("kiln_event_synchronize: event");
     if (!event->recorded) return KILN_OK;
-    return kiln_backend_get(event->device.type)->event_synchronize(event->device.index, event->handle);
+    uint64_t t0 = kiln_sync_enter();
+    kiln_status st = kiln_backend_get(event->device.type)->event_synchronize(event->device.index, event->handle);
+    kiln_sync_leave("kiln_event_synchronize", t0);
+    return st;
 }
 
 kiln_status kiln_stream_wait_event(kiln_stream *stream, kiln_event *event) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
@@ -300,7 +301,11 @@ static kiln_status item_impl(const kiln_tensor *t, double *out) {
 
 kiln_status kiln_item(const kiln_tensor *t, double *out) {
     kiln_api_enter();
+    /* Reading a value always waits for the device: one host sync, even on
+     * the CPU device (where the wait is free), so counts agree across devices. */
+    uint64_t t0 = kiln_sync_enter();
     kiln_status st = item_impl(t, out);
+    kiln_sync_leave("kiln_item", t0);
     kiln_api_leave();
     return st;
 }
