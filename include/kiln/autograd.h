@@ -32,6 +32,12 @@ kiln_tensor *kiln_grad(kiln_tensor *t);
  * zero_grad does by default). The leaf takes its own reference. */
 kiln_status kiln_set_grad(kiln_tensor *t, kiln_tensor *grad);
 
+/* Clear a leaf's gradient: drop it (set_to_none, which frees its memory:
+ * PyTorch's default) or write zeros into it in place, keeping the buffer
+ * (and any view of it, such as a DDP bucket) alive. No-op without one.
+ * Queued on the current stream; does not block. */
+kiln_status kiln_zero_grad(kiln_tensor *t, bool set_to_none);
+
 /* Backpropagate from `root`. grad_output: the gradient of root (NULL means
  * ones, allowed only when root has one element). Leaves accumulate into
  * .grad. Without retain_graph the nodes' saved tensors are released as

@@ -302,6 +302,19 @@ kiln_status kiln_set_grad(kiln_tensor *t, kiln_tensor *grad) {
     return KILN_OK;
 }
 
+kiln_status kiln_zero_grad(kiln_tensor *t, bool set_to_none) {
+    KILN_TRY(kiln_tensor_check(t, "kiln_zero_grad"));
+    if (set_to_none) return kiln_set_grad(t, NULL);
+    kiln_autograd_meta *m = t->autograd;
+    if (!m || !m->grad) return KILN_OK;
+    kiln_api_enter();
+    kiln_tensor *z = kiln_new_zeros(m->grad, kiln_shape_of(m->grad));
+    kiln_status st = z ? kiln_copy_(m->grad, z, 0) : kiln_error_last()->status;
+    if (z) kiln_tensor_drop(z);
+    kiln_api_leave();
+    return st;
+}
+
 kiln_tensor *kiln_detach(kiln_tensor *t) {
     kiln_api_enter();
     if (kiln_tensor_check(t, "kiln_detach")) return kiln_api_return(NULL);

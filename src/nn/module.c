@@ -384,20 +384,7 @@ kiln_status kiln_module_load_state_dict(kiln_module *m, const kiln_named_tensor 
 /* ---- Gradients ----------------------------------------------------------------------------- */
 
 static kiln_status zero_grad_body(kiln_module *m, bool set_to_none) {
-    for (int i = 0; i < m->params.n; i++) {
-        kiln_tensor *p = m->params.items[i].u.tensor;
-        if (set_to_none) {
-            KILN_TRY(kiln_set_grad(p, NULL));
-            continue;
-        }
-        kiln_tensor *g = kiln_grad(p);
-        if (!g) continue;
-        kiln_tensor *z = kiln_new_zeros(g, kiln_shape_of(g));
-        kiln_status st = z ? kiln_copy_(g, z, 0) : kiln_error_last()->status;
-        kiln_tensor_drop(z);
-        kiln_tensor_drop(g);
-        KILN_TRY(st);
-    }
+    for (int i = 0; i < m->params.n; i++) KILN_TRY(kiln_zero_grad(m->params.items[i].u.tensor, set_to_none));
     for (int i = 0; i < m->children.n; i++) KILN_TRY(zero_grad_body(m->children.items[i].u.child, set_to_none));
     return KILN_OK;
 }

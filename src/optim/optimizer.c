@@ -299,19 +299,7 @@ kiln_status kiln_optimizer_step(kiln_optimizer *o) {
 }
 
 static kiln_status zero_grad_body(kiln_optimizer *o, bool set_to_none) {
-    for (int i = 0; i < o->n; i++) {
-        if (set_to_none) {
-            KILN_TRY(kiln_set_grad(o->params[i], NULL));
-            continue;
-        }
-        kiln_tensor *g = kiln_grad(o->params[i]);
-        if (!g) continue;
-        kiln_tensor *z = kiln_new_zeros(g, kiln_shape_of(g));
-        kiln_status st = z ? kiln_copy_(g, z, 0) : kiln_error_last()->status;
-        kiln_tensor_drop(z);
-        kiln_tensor_drop(g);
-        KILN_TRY(st);
-    }
+    for (int i = 0; i < o->n; i++) KILN_TRY(kiln_zero_grad(o->params[i], set_to_none));
     return KILN_OK;
 }
 
