@@ -3,6 +3,7 @@
 #ifndef KILN_BENCH_BENCH_H
 #define KILN_BENCH_BENCH_H
 int kiln_bench_alloc(int argc, char **argv);
+int kiln_bench_cnn(int argc, char **argv);
 int kiln_bench_loader(int argc, char **argv);
 int kiln_bench_profiler(int argc, char **argv);
 #endif

@@ -2,6 +2,8 @@
  * vanish from the static library) and reads the environment. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "base/error.h"
 #include "base/log_internal.h"
@@ -11,11 +13,27 @@
 #include "autograd/autograd_internal.h"
 #include "diag/profiler_internal.h"
 #include "diag/anomaly.h"
+#include "ops/cpu_tables.h"
 #include "ops/op_registry.h"
 #include "tensor/tensor_internal.h"
 
 static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
 static bool initialised;
+
+/* KILN_CPU_KERNELS picks the CPU kernels: unset, empty or "fast" puts the
+ * fast table (oneDNN, where built) before the portable reference kernels;
+ * "reference" runs the reference kernels only. Read once per kiln_init. */
+static kiln_status register_fast_cpu_kernels(void) {
+    kiln_ops_clear_fast_kernels(KILN_DEVICE_CPU);
+    const char *choice = getenv("KILN_CPU_KERNELS");
+    if (choice && !strcmp(choice, "reference")) return KILN_OK;
+    if (choice && *choice && strcmp(choice, "fast"))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "set it to fast or reference, or unset it",
+                          "KILN_CPU_KERNELS='%s' is not a kernel choice (fast or reference)", choice);
+    const kiln_op_kernel *fast = kiln_cpu_fast_op_kernels();
+    if (fast) kiln_ops_register_fast_kernels(KILN_DEVICE_CPU, fast);
+    return KILN_OK;
+}
 
 kiln_status kiln_init(void) {
     pthread_mutex_lock(&init_mutex);
@@ -28,10 +46,11 @@ kiln_status kiln_init(void) {
         kiln_backend_register(kiln_cuda_backend());
 #endif
         kiln_ops_register_kernels(KILN_DEVICE_CPU, kiln_cpu_op_kernels());
+        st = register_fast_cpu_kernels();
         kiln_autograd_init();
         kiln_profiler_init();
         kiln_anomaly_init();
-        st = kiln_runtime_init();
+        if (!st) st = kiln_runtime_init();
         initialised = st == KILN_OK;
     }
     pthread_mutex_unlock(&init_mutex);
@@ -43,6 +62,7 @@ void kiln_shutdown(void) {
     if (initialised) {
         kiln_tensor_layer_shutdown(); /* reports tensors still alive, before their memory goes */
         kiln_runtime_shutdown();
+        kiln_cpu_fast_kernels_shutdown();
         initialised = false;
     }
     pthread_mutex_unlock(&init_mutex);

@@ -9,6 +9,7 @@
 #include "diag_commands.h"
 #include "kiln/kiln.h"
 #include "ops/op_registry.h"
+#include "train.h"
 #ifdef KILN_WITH_CUDA
 #include "runtime/cuda_backend.h"
 #endif
@@ -69,6 +70,7 @@ typedef struct bench_entry {
 
 static const bench_entry benches[] = {
     {"alloc", kiln_bench_alloc, "caching allocator vs malloc, allocate+free latency"},
+    {"cnn", kiln_bench_cnn, "tutorial CNN 3x32x32: train/infer images/s vs PyTorch (interleaved)"},
     {"loader", kiln_bench_loader, "data loader pipeline: batches/s and MB/s for 0, 1, 2 workers"},
     {"profiler", kiln_bench_profiler, "profiler cost per op: unregistered, off, on"},
 };
@@ -91,6 +93,7 @@ static void usage(FILE *f) {
             "usage: kiln COMMAND [args]\n"
             "commands:\n"
             "  info            version, build options, devices with memory\n"
+            "  train [opts]    train a model spec on Fashion-MNIST (kiln train --help)\n"
             "  bench NAME      run a benchmark (kiln bench --list)\n"
             "  ops             the op list as a markdown table (docs/ops.md)\n"
             "  smi [--watch S] GPU utilisation, memory, power (host CPU/RSS of kiln without a GPU)\n"
@@ -116,6 +119,7 @@ int main(int argc, char **argv) {
     if (kiln_init() != KILN_OK) return fail("init");
     int rc;
     if (strcmp(cmd, "info") == 0) rc = cmd_info();
+    else if (strcmp(cmd, "train") == 0) rc = kiln_cmd_train(argc - 2, argv + 2);
     else if (strcmp(cmd, "bench") == 0) rc = cmd_bench(argc - 2, argv + 2);
     else if (strcmp(cmd, "smi") == 0) rc = kiln_cmd_smi(argc - 2, argv + 2);
     else if (strcmp(cmd, "memory") == 0) rc = kiln_cmd_memory(argc - 2, argv + 2);

@@ -14,6 +14,7 @@
 #include "kiln/optim.h"
 #include "kiln/data.h"
 #include "kiln/diag.h"
+#include "kiln/io.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -167,6 +167,36 @@ kiln_status kiln_module_to(kiln_module *m, kiln_device device);
  * converts them too, as PyTorch's .double() does. */
 kiln_status kiln_module_to_dtype(kiln_module *m, kiln_dtype dtype);
 
+/* ---- Model specs ----------------------------------------------------------------------
+ * A plain-text model, one layer per line ('#' starts a comment):
+ *   conv OUT kK [pP] [sS] [nobias]   Conv2d (in-channels inferred), padding 0, stride 1 by default
+ *   relu | gelu                       activations
+ *   maxpool K [sS] [pP]              MaxPool2d (stride K by default); avgpool likewise
+ *   adaptiveavgpool N                AdaptiveAvgPool2d to N x N
+ *   flatten                          (C, H, W) -> C*H*W features
+ *   linear OUT [nobias]              Linear (in-features inferred; needs flat input)
+ *   dropout P                        Dropout, 0 <= P < 1
+ *   batchnorm                        BatchNorm2d over the current channels
+ *   residual {  ...  }              relu(body(x) + shortcut(x)) (kiln_nn_residual): the
+ *                                    shortcut is the identity when the body keeps the shape,
+ *                                    else a 1x1 conv (no bias, stride from the sizes) + BatchNorm
+ * The result is a Sequential (children "0", "1", ...; a residual block's
+ * children "body" and "shortcut") for inputs (N, channels, height, width).
+ * Errors (KILN_ERR_INVALID_ARGUMENT) read "NAME:LINE: ..." with the line's
+ * text and the expected form; a shape mismatch names both lines and the
+ * shape. On success *out is a new module the caller frees with
+ * kiln_module_free; on failure *out is NULL. Does not block. */
+kiln_status kiln_model_spec_parse(const char *text, const char *name, int64_t channels, int64_t height, int64_t width,
+                                  kiln_module **out);
+/* The same over `size` bytes of text that need not end in NUL (a NUL byte
+ * inside is an error). */
+kiln_status kiln_model_spec_parse_n(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
+                                    int64_t width, kiln_module **out);
+/* Read the spec file `path` (at most 1 MiB) and parse it; errors name the
+ * path. KILN_ERR_IO when it cannot be read. */
+kiln_status kiln_model_spec_load(const char *path, int64_t channels, int64_t height, int64_t width,
+                                 kiln_module **out);
+
 #ifdef __cplusplus
 }
 #endif

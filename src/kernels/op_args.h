@@ -68,12 +68,19 @@ typedef kiln_status (*kiln_op_kernel_fn)(const kiln_op_args *args);
 /* Scratch bytes a kernel needs for these args (optional; NULL = none). */
 typedef size_t (*kiln_op_workspace_fn)(const kiln_op_args *args);
 
+/* Whether a kernel handles these args (shapes, strides, attributes; data
+ * pointers may be NULL, as for workspace fns). Optional: NULL = every call
+ * whose dtype is in `dtypes`. Fast kernels use it to decline layouts or
+ * parameters they do not cover; the dispatcher then tries the next table. */
+typedef bool (*kiln_op_supports_fn)(const kiln_op_args *args);
+
 /* One backend's kernel for one op. `dtypes` is a bit mask (1u << dtype)
  * of the dtypes of out[0] the kernel handles. */
 typedef struct kiln_op_kernel {
     kiln_op_kernel_fn run;
     kiln_op_workspace_fn workspace;
     uint32_t dtypes;
+    kiln_op_supports_fn supports; /* optional */
 } kiln_op_kernel;
 
 #define KILN_DT(d) (1u << (d))

@@ -11,4 +11,11 @@ void kiln_cpu_fill_elementwise(kiln_op_kernel *table); /* arithmetic, activation
 void kiln_cpu_fill_reduce(kiln_op_kernel *table);      /* reductions, softmax, losses, linear algebra */
 void kiln_cpu_fill_nn(kiln_op_kernel *table);          /* conv, pooling, batch norm, shape and indexing */
 
+/* The fast CPU table (cpu_fast_table.c): oneDNN kernels for the ops it
+ * covers, consulted before the reference table (kiln_ops_select_kernel).
+ * NULL when this build has no fast kernels (KILN_WITH_ONEDNN off). */
+const kiln_op_kernel *kiln_cpu_fast_op_kernels(void);
+/* Frees what the fast kernels cached (primitives, engine); kiln_shutdown. */
+void kiln_cpu_fast_kernels_shutdown(void);
+
 #endif

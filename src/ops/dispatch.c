@@ -103,15 +103,37 @@ static kiln_status cast_input(kiln_op_call *c, int i, kiln_dtype dtype) {
     return KILN_OK;
 }
 
+/* The op's views: inputs (broadcast where the op broadcasts), outputs. On
+ * meta the data pointers are NULL (workspace and supports fns read shapes,
+ * strides and attributes only). */
+static void build_args(const kiln_op_call *c, const kiln_meta *meta, bool on_meta, kiln_op_args *args) {
+    const kiln_op_info *info = c->info;
+    for (int i = 0; i < c->n_in; i++) {
+        if (!c->in[i]) {
+            args->in[i].ndim = -1; /* an absent optional input */
+            continue;
+        }
+        args->in[i] = (info->flags & OPF_BROADCAST) ? broadcast_view(c->in[i], &meta[0]) : kiln_tensor_strided(c->in[i]);
+        if (on_meta) args->in[i].data = NULL;
+    }
+    for (int i = 0; i < c->n_out; i++) {
+        args->out[i] = kiln_tensor_strided(c->out[i]);
+        if (on_meta) args->out[i].data = NULL;
+    }
+}
+
 static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
     const kiln_op_info *info = c->info;
     kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
     /* Meta runs no kernel, but it allocates (simulated) the workspace the
-     * CPU kernel would ask for, so a planned step's peak counts it too.
-     * Workspace fns read shapes, strides and attributes only: they get the
-     * same arguments with NULL data pointers. */
+     * CPU kernel would ask for, so a planned step's peak counts it too. */
     bool on_meta = c->device.type == KILN_DEVICE_META;
-    const kiln_op_kernel *k = kiln_ops_kernel(on_meta ? KILN_DEVICE_CPU : c->device.type, c->op);
+    kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
+    build_args(c, meta, on_meta, &args);
+    /* A fast table's kernel when one takes these args, else the reference. */
+    bool fast = false;
+    const kiln_op_kernel *k =
+        kiln_ops_select_kernel(on_meta ? KILN_DEVICE_CPU : c->device.type, c->op, dt, &args, &fast);
     if (on_meta && (!k || !k->workspace || !(k->dtypes & KILN_DT(dt)))) return KILN_OK;
     char dev[32];
     kiln_device_str(c->device, dev, sizeof dev);
@@ -121,19 +143,6 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
     if (!(k->dtypes & KILN_DT(dt)))
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "cast the inputs with kiln_to to a supported dtype",
                           "kiln_%s: the %s kernel does not support dtype %s", info->name, dev, kiln_dtype_name(dt));
-    kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
-    for (int i = 0; i < c->n_in; i++) {
-        if (!c->in[i]) {
-            args.in[i].ndim = -1; /* an absent optional input */
-            continue;
-        }
-        args.in[i] = (info->flags & OPF_BROADCAST) ? broadcast_view(c->in[i], &meta[0]) : kiln_tensor_strided(c->in[i]);
-        if (on_meta) args.in[i].data = NULL;
-    }
-    for (int i = 0; i < c->n_out; i++) {
-        args.out[i] = kiln_tensor_strided(c->out[i]);
-        if (on_meta) args.out[i].data = NULL;
-    }
     if (!on_meta) KILN_TRY(kiln_tensor_kernel_stream(c->device, &args.stream));
     if (k->workspace) args.workspace_bytes = k->workspace(&args);
     if (args.workspace_bytes)
@@ -141,6 +150,7 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
     kiln_status st = KILN_OK;
     if (!on_meta) {
         kiln_counter_add(KILN_COUNTER_KERNEL_LAUNCHES, 1);
+        if (fast) kiln_ops_count_fast_run(c->op);
         if (observer.kernel) observer.kernel(c, true);
         st = k->run(&args);
         if (observer.kernel) observer.kernel(c, false);

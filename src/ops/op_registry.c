@@ -56,6 +56,49 @@ const kiln_op_kernel *kiln_ops_kernel(kiln_device_type type, kiln_op_id op) {
     return &t[op];
 }
 
+/* Written only from kiln_init (under its mutex) while no op runs; read by
+ * every dispatch. The count is published after the slot it covers. */
+static _Atomic(const kiln_op_kernel *) fast_tables[KILN_DEVICE_TYPE_COUNT][KILN_OPS_MAX_FAST_TABLES];
+static atomic_int n_fast_tables[KILN_DEVICE_TYPE_COUNT];
+static _Atomic uint64_t fast_runs[KILN_OP_COUNT];
+
+void kiln_ops_register_fast_kernels(kiln_device_type type, const kiln_op_kernel *table) {
+    if ((unsigned)type >= KILN_DEVICE_TYPE_COUNT || !table) return;
+    int n = atomic_load(&n_fast_tables[type]);
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&fast_tables[type][i]) == table) return;
+    if (n >= KILN_OPS_MAX_FAST_TABLES) return;
+    atomic_store(&fast_tables[type][n], table);
+    atomic_store(&n_fast_tables[type], n + 1);
+}
+
+void kiln_ops_clear_fast_kernels(kiln_device_type type) {
+    if ((unsigned)type < KILN_DEVICE_TYPE_COUNT) atomic_store(&n_fast_tables[type], 0);
+}
+
+const kiln_op_kernel *kiln_ops_select_kernel(kiln_device_type type, kiln_op_id op, kiln_dtype dtype,
+                                             const kiln_op_args *args, bool *fast) {
+    *fast = false;
+    if ((unsigned)type >= KILN_DEVICE_TYPE_COUNT || (unsigned)op >= KILN_OP_COUNT) return NULL;
+    int n = atomic_load(&n_fast_tables[type]);
+    for (int i = 0; i < n; i++) {
+        const kiln_op_kernel *k = &atomic_load(&fast_tables[type][i])[op];
+        if (!k->run || !(k->dtypes & KILN_DT(dtype))) continue;
+        if (k->supports && !k->supports(args)) continue;
+        *fast = true;
+        return k;
+    }
+    return kiln_ops_kernel(type, op);
+}
+
+uint64_t kiln_ops_fast_runs(kiln_op_id op) {
+    return (unsigned)op < KILN_OP_COUNT ? atomic_load(&fast_runs[op]) : 0;
+}
+
+void kiln_ops_count_fast_run(kiln_op_id op) {
+    if ((unsigned)op < KILN_OP_COUNT) atomic_fetch_add(&fast_runs[op], 1);
+}
+
 static const char *flag_text(unsigned f, char *buf, size_t size) {
     static const struct {
         unsigned bit;

@@ -95,8 +95,29 @@ const char *kiln_precision_name(kiln_precision p);
 /* Register a backend's kernels (an array of KILN_OP_COUNT entries, static
  * storage). View ops need none. Called from kiln_init. */
 void kiln_ops_register_kernels(kiln_device_type type, const kiln_op_kernel *table);
-/* The kernel for op on a device type; NULL if none is registered. */
+/* The reference kernel for op on a device type (the table given to
+ * kiln_ops_register_kernels); NULL if none is registered. */
 const kiln_op_kernel *kiln_ops_kernel(kiln_device_type type, kiln_op_id op);
+
+/* Fast kernel tables, consulted before the reference table in the order
+ * they were registered (registering a table twice keeps one entry). An
+ * entry is used when it has a run fn, its dtypes cover the output dtype
+ * and its supports fn (if any) accepts the args; otherwise the next table
+ * is tried, and the reference table last. kiln_init clears and refills
+ * them (KILN_CPU_KERNELS=reference registers none). */
+#define KILN_OPS_MAX_FAST_TABLES 4
+void kiln_ops_register_fast_kernels(kiln_device_type type, const kiln_op_kernel *table);
+void kiln_ops_clear_fast_kernels(kiln_device_type type);
+/* The kernel the dispatcher runs for op with these args and output dtype:
+ * the first fast entry that takes them, else the reference entry (which
+ * may be NULL or not cover dtype: the caller reports that). *fast says
+ * which it was. */
+const kiln_op_kernel *kiln_ops_select_kernel(kiln_device_type type, kiln_op_id op, kiln_dtype dtype,
+                                             const kiln_op_args *args, bool *fast);
+/* How many times the dispatcher has run a fast-table kernel for op since
+ * the process started (tests check the fast path was really taken). */
+uint64_t kiln_ops_fast_runs(kiln_op_id op);
+void kiln_ops_count_fast_run(kiln_op_id op);
 /* The CPU reference table (kernels/cpu), filled by the op groups. */
 const kiln_op_kernel *kiln_cpu_op_kernels(void);
 

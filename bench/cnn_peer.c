@@ -1,0 +1,159 @@
+/* Runs the PyTorch peer of `kiln bench cnn` with posix_spawn (no shell, so
+ * paths need no quoting), its stdout and stderr on one pipe, and picks the
+ * figures out of the line starting "RESULT ". */
+#include "cnn_peer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define PEER_REL_PATH "bench/peer/torch_cnn_bench.py"
+
+static bool readable(const char *path) { return access(path, R_OK) == 0; }
+
+/* dir of `path` (up to its last '/') + suffix into buf; false if it does not fit. */
+static bool beside(const char *path, const char *suffix, char *buf, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return false;
+    int len = snprintf(buf, n, "%.*s/%s", (int)(slash - path), path, suffix);
+    return len > 0 && (size_t)len < n;
+}
+
+const char *bench_cnn_peer_find(const char *explicit_path, char *buf, size_t n, char *why, size_t why_n) {
+    if (explicit_path) {
+        snprintf(buf, n, "%s", explicit_path);
+        if (readable(buf)) return buf;
+        snprintf(why, why_n, "--peer-script %s is not readable", explicit_path);
+        return NULL;
+    }
+    snprintf(buf, n, "%s", PEER_REL_PATH);
+    if (readable(buf)) return buf;
+    /* CMake compiles with absolute source paths: the checkout's copy. */
+    if (beside(__FILE__, "peer/torch_cnn_bench.py", buf, n) && readable(buf)) return buf;
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        if (beside(exe, "../../" PEER_REL_PATH, buf, n) && readable(buf)) return buf;
+    }
+    snprintf(why, why_n,
+             "%s not found (tried the working directory, the source tree and the binary's build tree; "
+             "run from the checkout or pass --peer-script PATH)",
+             PEER_REL_PATH);
+    return NULL;
+}
+
+/* The number after "key": in a flat JSON object, or a negative value. */
+static double json_number(const char *json, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    if (!p) return -1;
+    char *end;
+    double v = strtod(p + strlen(pat), &end);
+    return end == p + strlen(pat) ? -1 : v;
+}
+
+static void json_string(const char *json, const char *key, char *out, size_t n) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": \"", key);
+    const char *p = strstr(json, pat);
+    out[0] = '\0';
+    if (!p) return;
+    p += strlen(pat);
+    size_t i = 0;
+    while (p[i] && p[i] != '"' && i + 1 < n) out[i] = p[i], i++;
+    out[i] = '\0';
+}
+
+static void strip_newline(char *s) {
+    size_t len = strlen(s);
+    while (len && (s[len - 1] == '\n' || s[len - 1] == '\r')) s[--len] = '\0';
+}
+
+/* Read the child's output to the end: the RESULT line into `result`, the
+ * last non-empty line into `last` (the reason when there is no result). */
+static void read_output(int fd, char *result, size_t result_n, char *last, size_t last_n) {
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return;
+    }
+    char line[2048];
+    while (fgets(line, sizeof line, f)) {
+        strip_newline(line);
+        if (strncmp(line, "RESULT ", 7) == 0)
+            snprintf(result, result_n, "%s", line + 7);
+        else if (line[0])
+            snprintf(last, last_n, "%s", line);
+    }
+    fclose(f);
+}
+
+void bench_cnn_peer_run(const char *python, const char *script, const char *mode, int batch, int steps,
+                        int warmup, bench_cnn_peer_result *out) {
+    memset(out, 0, sizeof *out);
+    char b[16], s[16], w[16];
+    snprintf(b, sizeof b, "%d", batch);
+    snprintf(s, sizeof s, "%d", steps);
+    snprintf(w, sizeof w, "%d", warmup);
+    char *const argv[] = {(char *)python,
+                          (char *)script,
+                          "--mode",
+                          (char *)mode,
+                          "--batch",
+                          b,
+                          "--steps",
+                          s,
+                          "--repeats",
+                          "1",
+                          "--warmup",
+                          w,
+                          NULL};
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(out->reason, sizeof out->reason, "pipe: %s", strerror(errno));
+        return;
+    }
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], STDERR_FILENO);
+    posix_spawn_file_actions_addclose(&fa, fds[0]);
+    posix_spawn_file_actions_addclose(&fa, fds[1]);
+    pid_t pid;
+    int err = posix_spawn(&pid, python, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (err) {
+        close(fds[0]);
+        snprintf(out->reason, sizeof out->reason,
+                 "cannot run %s: %s (install python3-torch, or pass --python PATH)", python, strerror(err));
+        return;
+    }
+    char result[2048] = "", last[400] = "";
+    read_output(fds[0], result, sizeof result, last, sizeof last);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    double img_s = result[0] ? json_number(result, "img_s_median") : -1;
+    if (img_s > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        out->ok = true;
+        out->img_s = img_s;
+        json_string(result, "torch", out->torch_version, sizeof out->torch_version);
+        return;
+    }
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    snprintf(out->reason, sizeof out->reason, "%s %s exited with status %d%s%s", python, script, code,
+             last[0] ? ": " : "", last);
+    if (strstr(last, "No module named 'torch'"))
+        snprintf(out->reason + strlen(out->reason), sizeof out->reason - strlen(out->reason),
+                 " (install python3-torch: apt-get install python3-torch)");
+}

@@ -1,0 +1,601 @@
+/* `kiln bench cnn`: training and inference images/s of the tutorial CNN
+ * (OptimizedCNN of the PyTorch CUDA optimisation guide) on 3x32x32 inputs,
+ * interleaved with the PyTorch peer bench/peer/torch_cnn_bench.py.
+ *
+ * Network: three stages conv(3x3, padding 1) + relu + maxpool(2) with 32,
+ * 64 and 128 channels (32 -> 16 -> 8 -> 4), fc1 2048 -> 512, relu, fc2
+ * 512 -> 10. Training step: zero_grad(set_to_none), forward, cross-entropy,
+ * backward, Adam(lr 1e-3). Inference step: forward in eval mode under
+ * no_grad. Inputs: one fixed randn batch and random labels, as the peer's;
+ * with --data, batches come from a kiln_loader instead (below).
+ *
+ * Measurement: `warmup` untimed steps of each mode once, then `repeats`
+ * rounds; each round times `steps` Kiln steps, then runs the peer for the
+ * same mode and step count (a fresh python process: it pays its own
+ * import and warm-up, untimed), so both see the same minutes of a shared
+ * machine. Reported: median [min-max] images/s over the rounds, GFLOP/s
+ * from 8.51 GFLOP per training step and 2.91 per forward at batch 128
+ * (scaled by batch / 128), and kiln/peer ratios of the medians. Then one
+ * training step under the profiler, its top rows by self CPU time, and a
+ * last stdout line of JSON.
+ *
+ * --data trains from a kiln_loader over a synthetic CIFAR-sized u8 dataset
+ * (reflect-pad-4 crop, flip, normalise, pinned batches, `workers` threads)
+ * and reports the fraction of the timed time the step waited for a batch.
+ *
+ *   kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]
+ *                  [--mode train|infer|both] [--no-peer] [--data] [--workers N]
+ *                  [--profile-rows N] [--python PATH] [--peer-script PATH] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "cnn_peer.h"
+#include "kiln/data.h"
+#include "kiln/kiln.h"
+
+#define CNN_FLAT        (128 * 4 * 4)
+#define GFLOP_TRAIN_128 8.51 /* one training step at batch 128 */
+#define GFLOP_FWD_128   2.91 /* one forward at batch 128 */
+#define MAX_REPEATS     64
+#define DATA_BATCHES    16 /* batches per epoch of the synthetic dataset */
+
+typedef struct cnn_config {
+    int batch, steps, repeats, warmup, workers, profile_rows;
+    bool train, infer, peer, data;
+    const char *python, *peer_script;
+} cnn_config;
+
+typedef struct cnn_bench {
+    kiln_module *model;
+    kiln_optimizer *opt;
+    kiln_tensor *x, *y;    /* (B, 3, 32, 32) f32, (B) i64 */
+    kiln_dataset *dataset; /* --data: (N, 3, 32, 32) u8 */
+    kiln_loader *loader;
+    int64_t epoch;
+    double wait_s; /* time spent in kiln_loader_next */
+} cnn_bench;
+
+/* Images/s of each round, for one mode and one side. */
+typedef struct cnn_series {
+    double v[MAX_REPEATS];
+    int n;
+    bool missing; /* the peer gave no figure (reason printed) */
+} cnn_series;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- The model ----------------------------------------------------------------------- */
+
+/* x = pool(relu(conv_i(x))) three times; view(-1, 2048); relu(fc1); fc2. */
+static kiln_tensor *cnn_forward(kiln_module *m, kiln_tensor *x, void *user) {
+    (void)user;
+    static const char *const convs[3] = {"conv1", "conv2", "conv3"};
+    kiln_module *pool = kiln_module_child(m, "pool"), *relu = kiln_module_child(m, "relu");
+    kiln_tensor *h = kiln_retain(x);
+    for (int i = 0; i < 3 && h; i++) {
+        kiln_tensor *c = kiln_module_forward(kiln_module_child(m, convs[i]), h);
+        kiln_release(h);
+        kiln_tensor *r = c ? kiln_module_forward(relu, c) : NULL;
+        kiln_release(c);
+        h = r ? kiln_module_forward(pool, r) : NULL;
+        kiln_release(r);
+    }
+    if (!h) return NULL;
+    kiln_tensor *flat = kiln_view(h, KILN_SHAPE(-1, CNN_FLAT));
+    kiln_release(h);
+    kiln_tensor *f1 = flat ? kiln_module_forward(kiln_module_child(m, "fc1"), flat) : NULL;
+    kiln_release(flat);
+    kiln_tensor *r1 = f1 ? kiln_module_forward(relu, f1) : NULL;
+    kiln_release(f1);
+    kiln_tensor *out = r1 ? kiln_module_forward(kiln_module_child(m, "fc2"), r1) : NULL;
+    kiln_release(r1);
+    return out;
+}
+
+/* Children in OptimizedCNN's order, so parameter names and order are PyTorch's. */
+static kiln_module *cnn_new(void) {
+    kiln_module *m = kiln_nn_custom("OptimizedCNN", cnn_forward, NULL);
+    if (!m) return NULL;
+    kiln_status st = kiln_module_add_child(m, "conv1", kiln_nn_conv2d(3, 32, 3, 1, 1, 1, 1, true));
+    if (!st) st = kiln_module_add_child(m, "conv2", kiln_nn_conv2d(32, 64, 3, 1, 1, 1, 1, true));
+    if (!st) st = kiln_module_add_child(m, "conv3", kiln_nn_conv2d(64, 128, 3, 1, 1, 1, 1, true));
+    if (!st) st = kiln_module_add_child(m, "pool", kiln_nn_max_pool2d(2, 2, 0));
+    if (!st) st = kiln_module_add_child(m, "fc1", kiln_nn_linear(CNN_FLAT, 512, true));
+    if (!st) st = kiln_module_add_child(m, "fc2", kiln_nn_linear(512, 10, true));
+    if (!st) st = kiln_module_add_child(m, "relu", kiln_nn_relu());
+    if (st) {
+        kiln_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* ---- Inputs -------------------------------------------------------------------------- */
+
+static kiln_dataset *synthetic_cifar(int64_t n) {
+    kiln_tensor *data = kiln_empty(KILN_SHAPE(n, 3, 32, 32), KILN_U8, KILN_CPU); /* (N, 3, 32, 32) */
+    kiln_tensor *labels = kiln_empty(KILN_SHAPE(n), KILN_I64, KILN_CPU);         /* (N) */
+    kiln_dataset *ds = NULL;
+    if (data && labels) {
+        uint8_t *px = kiln_data_ptr(data);
+        int64_t *lab = kiln_data_ptr(labels);
+        uint64_t s = 0x9E3779B97F4A7C15ull;
+        for (int64_t i = 0; i < n * 3 * 32 * 32; i++) {
+            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+            px[i] = (uint8_t)(s >> 56);
+        }
+        for (int64_t i = 0; i < n; i++) lab[i] = i % 10;
+        if (kiln_dataset_from_tensors(data, labels, 10, &ds)) ds = NULL;
+    }
+    kiln_release(data);
+    kiln_release(labels);
+    return ds;
+}
+
+/* The CIFAR-10 recipe of `kiln bench loader`, batches pinned, last partial batch dropped. */
+static kiln_status open_loader(cnn_bench *b, const cnn_config *cfg) {
+    b->dataset = synthetic_cifar((int64_t)cfg->batch * DATA_BATCHES);
+    if (!b->dataset) return kiln_error_last()->status;
+    kiln_loader_opts o = kiln_loader_opts_default();
+    o.batch_size = cfg->batch;
+    o.shuffle = true;
+    o.seed = 1;
+    o.drop_last = true;
+    o.num_workers = cfg->workers;
+    o.pin_memory = true;
+    o.transforms.normalize = true;
+    const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, sd[3] = {0.2470f, 0.2435f, 0.2616f};
+    for (int c = 0; c < 3; c++) o.transforms.mean[c] = mean[c], o.transforms.std[c] = sd[c];
+    o.transforms.crop_padding = 4;
+    o.transforms.pad_mode = KILN_PAD_REFLECT;
+    o.transforms.flip_p = 0.5f;
+    kiln_status st = kiln_loader_create(b->dataset, &o, &b->loader);
+    return st ? st : kiln_loader_epoch_begin(b->loader, b->epoch);
+}
+
+/* The next loader batch (registered with the open scope), starting a new
+ * epoch when one ends; the time spent waiting goes to b->wait_s. */
+static kiln_status next_batch(cnn_bench *b, kiln_tensor **x, kiln_tensor **y) {
+    double t0 = now_s();
+    kiln_status st = kiln_loader_next(b->loader, x, y);
+    if (!st && !*x) {
+        st = kiln_loader_epoch_begin(b->loader, ++b->epoch);
+        if (!st) st = kiln_loader_next(b->loader, x, y);
+    }
+    b->wait_s += now_s() - t0;
+    return st;
+}
+
+static kiln_status cnn_setup(cnn_bench *b, const cnn_config *cfg) {
+    kiln_manual_seed(0);
+    b->model = cnn_new();
+    if (!b->model) return kiln_error_last()->status;
+    kiln_tensor **params = NULL;
+    int n = 0;
+    kiln_status st = kiln_module_parameters(b->model, &params, &n);
+    if (!st) b->opt = kiln_adam(params, n, NULL);
+    free(params);
+    if (st || !b->opt) return st ? st : kiln_error_last()->status;
+    b->x = kiln_randn(KILN_SHAPE(cfg->batch, 3, 32, 32), KILN_F32, KILN_CPU);
+    b->y = kiln_empty(KILN_SHAPE(cfg->batch), KILN_I64, KILN_CPU);
+    if (!b->x || !b->y) return kiln_error_last()->status;
+    int64_t *labels = kiln_data_ptr(b->y);
+    uint64_t s = 88172645463325252ull;
+    for (int i = 0; i < cfg->batch; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        labels[i] = (int64_t)(s % 10);
+    }
+    return cfg->data ? open_loader(b, cfg) : KILN_OK;
+}
+
+static void cnn_teardown(cnn_bench *b) {
+    kiln_loader_free(b->loader);
+    kiln_dataset_free(b->dataset);
+    kiln_optimizer_free(b->opt);
+    kiln_module_free(b->model);
+    kiln_release(b->x);
+    kiln_release(b->y);
+}
+
+/* ---- Steps --------------------------------------------------------------------------- */
+
+static kiln_status train_step(cnn_bench *b) {
+    kiln_scope_begin();
+    kiln_tensor *x = b->x, *y = b->y;
+    kiln_status st = b->loader ? next_batch(b, &x, &y) : KILN_OK;
+    kiln_tensor *logits = st ? NULL : kiln_module_forward(b->model, x);
+    kiln_loss_opts lo = kiln_loss_defaults();
+    kiln_tensor *loss = logits ? kiln_cross_entropy(logits, y, &lo) : NULL;
+    if (!st && !loss) st = kiln_error_last()->status;
+    if (!st) st = kiln_optimizer_zero_grad(b->opt, true);
+    if (!st) st = kiln_backward(loss, NULL, false);
+    if (!st) st = kiln_optimizer_step(b->opt);
+    kiln_status end = kiln_scope_end();
+    return st ? st : end;
+}
+
+static kiln_status infer_step(cnn_bench *b) {
+    kiln_scope_begin();
+    kiln_no_grad_begin();
+    kiln_tensor *out = kiln_module_forward(b->model, b->x);
+    kiln_status st = out ? KILN_OK : kiln_error_last()->status;
+    kiln_status mode = kiln_grad_mode_end();
+    kiln_status end = kiln_scope_end();
+    return st ? st : mode ? mode : end;
+}
+
+/* n steps of one mode; *secs gets their wall time (the device is synchronised at the end). */
+static kiln_status run_steps(cnn_bench *b, bool train, int n, double *secs) {
+    kiln_module_train(b->model, train);
+    double t0 = now_s();
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < n && !st; i++) st = train ? train_step(b) : infer_step(b);
+    if (!st) st = kiln_device_synchronize(KILN_CPU);
+    *secs = now_s() - t0;
+    kiln_module_train(b->model, true);
+    return st;
+}
+
+/* One training step under the profiler; prints the top `rows` by self CPU time. */
+static kiln_status profile_step(cnn_bench *b, int rows) {
+    kiln_module_train(b->model, true);
+    kiln_status st = kiln_profiler_start(NULL);
+    if (st) return st;
+    st = train_step(b);
+    if (!st) st = kiln_device_synchronize(KILN_CPU);
+    kiln_status stop = kiln_profiler_stop();
+    if (st || stop) return st ? st : stop;
+    char *table = kiln_profiler_table(KILN_SORT_SELF_CPU, rows);
+    if (!table) return kiln_error_last()->status;
+    printf("\nper-op breakdown of one training step (kiln profiler, top %d by self CPU):\n%s", rows, table);
+    free(table);
+    return KILN_OK;
+}
+
+/* ---- Statistics and output --------------------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const cnn_series *s) {
+    double v[MAX_REPEATS];
+    memcpy(v, s->v, sizeof(double) * (size_t)s->n);
+    qsort(v, (size_t)s->n, sizeof v[0], cmp_double);
+    return s->n % 2 ? v[s->n / 2] : 0.5 * (v[s->n / 2 - 1] + v[s->n / 2]);
+}
+
+static double series_min(const cnn_series *s) {
+    double m = s->v[0];
+    for (int i = 1; i < s->n; i++) m = s->v[i] < m ? s->v[i] : m;
+    return m;
+}
+
+static double series_max(const cnn_series *s) {
+    double m = s->v[0];
+    for (int i = 1; i < s->n; i++) m = s->v[i] > m ? s->v[i] : m;
+    return m;
+}
+
+static bool has_figures(const cnn_series *s) { return s->n > 0 && !s->missing; }
+
+static void print_row(const char *mode, const char *who, const cnn_series *s, double gflop_per_img,
+                      const cnn_series *peer) {
+    if (!has_figures(s)) {
+        printf("%-6s %-6s %34s\n", mode, who, "-");
+        return;
+    }
+    double med = median(s);
+    char range[64];
+    snprintf(range, sizeof range, "%.1f [%.1f-%.1f]", med, series_min(s), series_max(s));
+    printf("%-6s %-6s %34s %10.1f %9.2f", mode, who, range, 1e3 / med, med * gflop_per_img);
+    if (peer && has_figures(peer)) printf(" %8.2fx", med / median(peer));
+    printf("\n");
+}
+
+/* The figure, or null. */
+static void json_figure(const char *key, const cnn_series *s, bool comma) {
+    if (has_figures(s))
+        printf("\"%s\":%.2f", key, median(s));
+    else
+        printf("\"%s\":null", key);
+    if (comma) printf(",");
+}
+
+static void json_ratio(const char *key, const cnn_series *k, const cnn_series *p, bool comma) {
+    if (has_figures(k) && has_figures(p))
+        printf("\"%s\":%.3f", key, median(k) / median(p));
+    else
+        printf("\"%s\":null", key);
+    if (comma) printf(",");
+}
+
+static void json_escaped(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            printf("\\u%04x", *s);
+        else
+            putchar(*s);
+    }
+    putchar('"');
+}
+
+typedef struct cnn_results {
+    cnn_series train, infer, peer_train, peer_infer;
+    double wait_frac; /* --data: wait / timed training time; < 0 without --data */
+    char peer_reason[600];
+    char torch_version[32];
+    double load_before, load_after;
+    double foreign_cores; /* CPU used by other processes during the rounds / wall time; < 0: unknown */
+} cnn_results;
+
+static void print_json(const cnn_config *cfg, const cnn_results *r) {
+    double gt = GFLOP_TRAIN_128 / 128.0, gf = GFLOP_FWD_128 / 128.0;
+    printf("{\"bench\":\"cnn\",");
+    json_figure("train_img_s", &r->train, true);
+    json_figure("infer_img_s", &r->infer, true);
+    json_figure("peer_train_img_s", &r->peer_train, true);
+    json_figure("peer_infer_img_s", &r->peer_infer, true);
+    printf("\"train_gflop_s\":");
+    if (has_figures(&r->train))
+        printf("%.2f,", median(&r->train) * gt);
+    else
+        printf("null,");
+    printf("\"infer_gflop_s\":");
+    if (has_figures(&r->infer))
+        printf("%.2f,", median(&r->infer) * gf);
+    else
+        printf("null,");
+    printf("\"ratios\":{");
+    json_ratio("train", &r->train, &r->peer_train, true);
+    json_ratio("infer", &r->infer, &r->peer_infer, false);
+    printf("},\"ranges\":{");
+    const cnn_series *all[4] = {&r->train, &r->infer, &r->peer_train, &r->peer_infer};
+    const char *names[4] = {"train", "infer", "peer_train", "peer_infer"};
+    bool first = true;
+    for (int i = 0; i < 4; i++) {
+        if (!has_figures(all[i])) continue;
+        printf("%s\"%s\":[%.2f,%.2f]", first ? "" : ",", names[i], series_min(all[i]), series_max(all[i]));
+        first = false;
+    }
+    printf("},\"data_wait_frac\":");
+    if (r->wait_frac >= 0)
+        printf("%.4f,", r->wait_frac);
+    else
+        printf("null,");
+    printf("\"peer_reason\":");
+    if (r->peer_reason[0])
+        json_escaped(r->peer_reason);
+    else
+        printf("null");
+    printf(",\"config\":{\"batch\":%d,\"steps\":%d,\"repeats\":%d,\"warmup\":%d,\"mode\":\"%s\",\"data\":%s,"
+           "\"workers\":%d,\"peer\":%s,\"peer_threads\":2,\"torch\":",
+           cfg->batch, cfg->steps, cfg->repeats, cfg->warmup,
+           cfg->train && cfg->infer ? "both"
+           : cfg->train             ? "train"
+                                    : "infer",
+           cfg->data ? "true" : "false", cfg->data ? cfg->workers : 0, cfg->peer ? "true" : "false");
+    if (r->torch_version[0])
+        json_escaped(r->torch_version);
+    else
+        printf("null");
+    printf(",\"gflop_train_step_b128\":%.2f,\"gflop_forward_b128\":%.2f,\"loadavg_before\":%.2f,"
+           "\"loadavg_after\":%.2f,\"foreign_cores\":%.3f}}\n",
+           GFLOP_TRAIN_128, GFLOP_FWD_128, r->load_before, r->load_after, r->foreign_cores);
+}
+
+/* ---- Driver -------------------------------------------------------------------------------- */
+
+static void usage(void) {
+    fprintf(stderr, "usage: kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]\n"
+                    "                      [--mode train|infer|both] [--no-peer] [--data] [--workers N]\n"
+                    "                      [--profile-rows N] [--python PATH] [--peer-script PATH]\n");
+}
+
+/* 0 on success, 2 on a usage error. */
+static int parse_args(int argc, char **argv, cnn_config *c) {
+    *c = (cnn_config){.batch = 128,
+                      .steps = 5,
+                      .repeats = 3,
+                      .warmup = 3,
+                      .workers = 1,
+                      .profile_rows = 15,
+                      .train = true,
+                      .infer = true,
+                      .peer = true,
+                      .python = "/usr/bin/python3"};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has_value = i + 1 < argc;
+        if (strcmp(a, "--steps") == 0 && has_value)
+            c->steps = atoi(argv[++i]);
+        else if (strcmp(a, "--repeats") == 0 && has_value)
+            c->repeats = atoi(argv[++i]);
+        else if (strcmp(a, "--warmup") == 0 && has_value)
+            c->warmup = atoi(argv[++i]);
+        else if (strcmp(a, "--batch") == 0 && has_value)
+            c->batch = atoi(argv[++i]);
+        else if (strcmp(a, "--workers") == 0 && has_value)
+            c->workers = atoi(argv[++i]);
+        else if (strcmp(a, "--profile-rows") == 0 && has_value)
+            c->profile_rows = atoi(argv[++i]);
+        else if (strcmp(a, "--python") == 0 && has_value)
+            c->python = argv[++i];
+        else if (strcmp(a, "--peer-script") == 0 && has_value)
+            c->peer_script = argv[++i];
+        else if (strcmp(a, "--no-peer") == 0)
+            c->peer = false;
+        else if (strcmp(a, "--data") == 0)
+            c->data = true;
+        else if (strcmp(a, "--mode") == 0 && has_value) {
+            const char *m = argv[++i];
+            c->train = strcmp(m, "train") == 0 || strcmp(m, "both") == 0;
+            c->infer = strcmp(m, "infer") == 0 || strcmp(m, "both") == 0;
+            if (!c->train && !c->infer) {
+                fprintf(stderr, "kiln bench cnn: --mode %s: use train, infer or both\n", m);
+                return 2;
+            }
+        } else {
+            usage();
+            return 2;
+        }
+    }
+    if (c->steps < 1 || c->repeats < 1 || c->repeats > MAX_REPEATS || c->warmup < 0 || c->batch < 1 ||
+        c->workers < 0 || c->profile_rows < 0) {
+        fprintf(stderr,
+                "kiln bench cnn: need --steps >= 1, 1 <= --repeats <= %d, --warmup >= 0, --batch >= 1, "
+                "--workers >= 0, --profile-rows >= 0\n",
+                MAX_REPEATS);
+        return 2;
+    }
+    return 0;
+}
+
+static double load_1m(void) {
+    double l[1] = {-1};
+    return getloadavg(l, 1) == 1 ? l[0] : -1;
+}
+
+/* CPU seconds all processes have been busy (from /proc/stat's "cpu" line:
+ * user, nice, system, irq, softirq, steal), or a negative value. */
+static double busy_cpu_s(void) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                   &v[6], &v[7]);
+    fclose(f);
+    if (n != 8) return -1;
+    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* CPU seconds of this process and its waited-for children (the peers). */
+static double own_cpu_s(void) {
+    struct rusage self, kids;
+    getrusage(RUSAGE_SELF, &self);
+    getrusage(RUSAGE_CHILDREN, &kids);
+    double s = 0;
+    const struct rusage *u[2] = {&self, &kids};
+    for (int i = 0; i < 2; i++)
+        s += (double)u[i]->ru_utime.tv_sec + 1e-6 * (double)u[i]->ru_utime.tv_usec +
+             (double)u[i]->ru_stime.tv_sec + 1e-6 * (double)u[i]->ru_stime.tv_usec;
+    return s;
+}
+
+/* One round of one mode: Kiln's timed steps, then the peer's. */
+static kiln_status run_round(cnn_bench *b, const cnn_config *cfg, bool train, const char *script,
+                             cnn_series *k, cnn_series *p, cnn_results *r, double *train_secs) {
+    double secs;
+    kiln_status st = run_steps(b, train, cfg->steps, &secs);
+    if (st) return st;
+    k->v[k->n++] = (double)cfg->batch * cfg->steps / secs;
+    if (train) *train_secs += secs;
+    if (!script) return KILN_OK;
+    bench_cnn_peer_result pr;
+    bench_cnn_peer_run(cfg->python, script, train ? "train" : "infer", cfg->batch, cfg->steps, cfg->warmup,
+                       &pr);
+    if (!pr.ok) {
+        p->missing = true;
+        if (!r->peer_reason[0]) snprintf(r->peer_reason, sizeof r->peer_reason, "%s", pr.reason);
+        return KILN_OK;
+    }
+    p->v[p->n++] = pr.img_s;
+    snprintf(r->torch_version, sizeof r->torch_version, "%s", pr.torch_version);
+    return KILN_OK;
+}
+
+static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *script, cnn_results *r) {
+    double secs, train_secs = 0;
+    kiln_status st = KILN_OK;
+    if (cfg->train && cfg->warmup) st = run_steps(b, true, cfg->warmup, &secs);
+    if (!st && cfg->infer && cfg->warmup) st = run_steps(b, false, cfg->warmup, &secs);
+    b->wait_s = 0;
+    double busy0 = busy_cpu_s(), own0 = own_cpu_s(), t0 = now_s();
+    for (int i = 0; i < cfg->repeats && !st; i++) {
+        if (cfg->train) st = run_round(b, cfg, true, script, &r->train, &r->peer_train, r, &train_secs);
+        if (!st && cfg->infer)
+            st = run_round(b, cfg, false, script, &r->infer, &r->peer_infer, r, &train_secs);
+        fprintf(stderr, "round %d/%d done\n", i + 1, cfg->repeats);
+    }
+    r->wait_frac = cfg->data && train_secs > 0 ? b->wait_s / train_secs : -1;
+    double busy1 = busy_cpu_s(), wall = now_s() - t0;
+    r->foreign_cores =
+        busy0 >= 0 && busy1 >= 0 && wall > 0 ? (busy1 - busy0 - (own_cpu_s() - own0)) / wall : -1;
+    if (r->foreign_cores < 0 && busy0 >= 0 && busy1 >= 0) r->foreign_cores = 0; /* clock-tick rounding */
+    return st;
+}
+
+static void print_table(const cnn_config *cfg, const cnn_results *r) {
+    double gt = GFLOP_TRAIN_128 / 128.0, gf = GFLOP_FWD_128 / 128.0;
+    printf("\n%-6s %-6s %34s %10s %9s %9s\n", "mode", "who", "img/s median [min-max]", "ms/step", "GFLOP/s",
+           "kiln/peer");
+    if (cfg->train) {
+        print_row("train", "kiln", &r->train, gt, &r->peer_train);
+        if (cfg->peer) print_row("train", "torch", &r->peer_train, gt, NULL);
+    }
+    if (cfg->infer) {
+        print_row("infer", "kiln", &r->infer, gf, &r->peer_infer);
+        if (cfg->peer) print_row("infer", "torch", &r->peer_infer, gf, NULL);
+    }
+    if (r->wait_frac >= 0)
+        printf("--data: the training step waited for batches %.1f%% of its time (%d loader worker%s)\n",
+               100.0 * r->wait_frac, cfg->workers, cfg->workers == 1 ? "" : "s");
+    if (r->peer_reason[0]) printf("peer figures missing: %s\n", r->peer_reason);
+    printf("load average (1 min): %.2f before, %.2f after; other processes used %.2f cores meanwhile%s\n",
+           r->load_before, r->load_after, r->foreign_cores,
+           r->foreign_cores > 0.1 ? " (above 0.1: the figures are disturbed, run again)" : "");
+}
+
+int kiln_bench_cnn(int argc, char **argv) {
+    cnn_config cfg;
+    int rc = parse_args(argc, argv, &cfg);
+    if (rc) return rc;
+    if (kiln_init()) {
+        fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
+        return 1;
+    }
+    cnn_results r;
+    memset(&r, 0, sizeof r);
+    r.wait_frac = -1;
+    char script_buf[4096];
+    const char *script = NULL;
+    if (cfg.peer)
+        script = bench_cnn_peer_find(cfg.peer_script, script_buf, sizeof script_buf, r.peer_reason,
+                                     sizeof r.peer_reason);
+    if (cfg.peer && !script)
+        r.peer_train.missing = r.peer_infer.missing = true;
+    else if (!cfg.peer)
+        snprintf(r.peer_reason, sizeof r.peer_reason, "--no-peer");
+    r.load_before = load_1m();
+    printf("kiln bench cnn: OptimizedCNN 3x32x32, batch %d, Adam 1e-3, cross-entropy; %d warm-up, %d rounds "
+           "of %d steps; inputs %s; peer %s\n",
+           cfg.batch, cfg.warmup, cfg.repeats, cfg.steps,
+           cfg.data ? "from the loader (synthetic CIFAR)" : "fixed randn", script ? script : "off");
+    fflush(stdout);
+    cnn_bench b;
+    memset(&b, 0, sizeof b);
+    kiln_status st = cnn_setup(&b, &cfg);
+    if (!st) st = run_all(&b, &cfg, script, &r);
+    r.load_after = load_1m();
+    if (!st) print_table(&cfg, &r);
+    if (!st && cfg.profile_rows > 0) st = profile_step(&b, cfg.profile_rows);
+    if (st)
+        fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
+    else
+        print_json(&cfg, &r);
+    cnn_teardown(&b);
+    return st ? 1 : 0;
+}

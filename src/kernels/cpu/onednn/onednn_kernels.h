@@ -1,0 +1,38 @@
+/* The oneDNN kernels of the fast CPU table (src/ops/cpu_fast_table.c):
+ * f32 convolution (forward with bias, input gradient, weight gradient)
+ * on contiguous NCHW / OIHW tensors, and f32 mm / bmm / linear on operands
+ * whose matrices are row- or column-major (transposed views included).
+ * Each op has run, workspace (oneDNN's scratchpad size) and supports
+ * (declines what it does not cover, so the dispatcher falls back to the
+ * reference kernel). Compiled with KILN_WITH_ONEDNN only. */
+#ifndef KILN_SRC_KERNELS_CPU_ONEDNN_ONEDNN_KERNELS_H
+#define KILN_SRC_KERNELS_CPU_ONEDNN_ONEDNN_KERNELS_H
+
+#ifdef KILN_WITH_ONEDNN
+#include "kernels/op_args.h"
+
+kiln_status kiln_onednn_conv2d(const kiln_op_args *a);
+size_t kiln_onednn_conv2d_workspace(const kiln_op_args *a);
+bool kiln_onednn_conv2d_supports(const kiln_op_args *a);
+kiln_status kiln_onednn_conv2d_grad_input(const kiln_op_args *a);
+size_t kiln_onednn_conv2d_grad_input_workspace(const kiln_op_args *a);
+bool kiln_onednn_conv2d_grad_input_supports(const kiln_op_args *a);
+kiln_status kiln_onednn_conv2d_grad_weight(const kiln_op_args *a);
+size_t kiln_onednn_conv2d_grad_weight_workspace(const kiln_op_args *a);
+bool kiln_onednn_conv2d_grad_weight_supports(const kiln_op_args *a);
+
+kiln_status kiln_onednn_mm(const kiln_op_args *a);
+kiln_status kiln_onednn_bmm(const kiln_op_args *a);
+kiln_status kiln_onednn_linear(const kiln_op_args *a);
+size_t kiln_onednn_mm_workspace(const kiln_op_args *a);
+size_t kiln_onednn_bmm_workspace(const kiln_op_args *a);
+size_t kiln_onednn_linear_workspace(const kiln_op_args *a);
+bool kiln_onednn_mm_supports(const kiln_op_args *a);
+bool kiln_onednn_bmm_supports(const kiln_op_args *a);
+bool kiln_onednn_linear_supports(const kiln_op_args *a);
+
+/* Destroys every cached primitive, the stream and the engine (called by
+ * kiln_shutdown; the next call creates them again). */
+void kiln_onednn_shutdown(void);
+#endif
+#endif

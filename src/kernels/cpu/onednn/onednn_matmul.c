@@ -1,0 +1,171 @@
+/* oneDNN matmul for mm (M, K) @ (K, N), bmm (B, M, K) @ (B, K, N) and
+ * linear x (..., K) @ weight (N, K)^T + bias (N), f32. Operands are
+ * described to oneDNN with their strides, so transposed views run without
+ * a copy; a matrix must be row-major (column stride 1) or column-major
+ * (row stride 1), and linear's leading dims must collapse into one. */
+#ifdef KILN_WITH_ONEDNN
+#include <string.h>
+
+#include "kernels/cpu/onednn/onednn_internal.h"
+
+typedef enum { MM_PLAIN, MM_BATCHED, MM_LINEAR } mm_kind;
+
+/* One operand as oneDNN sees it: ndims 2 (rows, cols) or 3 (B, rows, cols). */
+typedef struct mm_operand {
+    int64_t dims[3], strides[3];
+} mm_operand;
+
+/* Key layout: ndims, then dims and strides of src, weights, dst, then bias. */
+enum { K_NDIMS = 0, K_OPS = 1, K_BIAS = K_OPS + 18 };
+
+/* Strides of size-1 dims carry no information: choose ones that keep the
+ * matrix plain, then check it is row- or column-major. */
+static bool plain_matrix(int64_t rows, int64_t cols, int64_t *rs, int64_t *cs) {
+    if (rows <= 0 || cols <= 0) return false;
+    if (rows == 1) *rs = *cs == 1 ? cols : 1;
+    if (cols == 1) *cs = *rs == 1 ? rows : 1;
+    return (*cs == 1 && *rs >= cols) || (*rs == 1 && *cs >= rows);
+}
+
+static bool set_operand(mm_operand *o, int64_t batch, int64_t bstride, int64_t rows, int64_t cols, int64_t rs,
+                        int64_t cs, bool batched) {
+    if (!plain_matrix(rows, cols, &rs, &cs)) return false;
+    int d = 0;
+    if (batched) {
+        if (batch <= 0 || bstride < 0) return false;
+        o->dims[0] = batch;
+        o->strides[0] = batch == 1 ? (rows - 1) * rs + (cols - 1) * cs + 1 : bstride;
+        d = 1;
+    }
+    o->dims[d] = rows, o->strides[d] = rs;
+    o->dims[d + 1] = cols, o->strides[d + 1] = cs;
+    return true;
+}
+
+/* x (..., K) as a (rows, K) matrix: the leading dims must collapse. */
+static bool flat_operand(const kiln_strided *x, mm_operand *o) {
+    if (x->ndim < 1) return false;
+    int64_t rows = 1, rs = 0, expect = -1;
+    for (int i = x->ndim - 2; i >= 0; i--) {
+        if (x->shape[i] == 1) continue;
+        if (expect >= 0 && x->strides[i] != expect) return false;
+        if (expect < 0) rs = x->strides[i];
+        expect = x->strides[i] * x->shape[i];
+        rows *= x->shape[i];
+    }
+    return set_operand(o, 1, 0, rows, x->shape[x->ndim - 1], rows == 1 ? 0 : rs, x->strides[x->ndim - 1],
+                       false);
+}
+
+static bool all_f32(const kiln_op_args *a) {
+    if (a->out[0].dtype != KILN_F32) return false;
+    for (int i = 0; i < a->n_in; i++)
+        if (a->in[i].ndim >= 0 && a->in[i].dtype != KILN_F32) return false;
+    return true;
+}
+
+static bool mm_key(mm_kind kind, const kiln_op_args *a, kiln_onednn_key *key) {
+    if (!all_f32(a)) return false;
+    mm_operand o[3];
+    memset(o, 0, sizeof o);
+    const kiln_strided *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
+    bool bias = false;
+    int ndims = 2;
+    if (kind == MM_PLAIN) {
+        if (x->ndim != 2 || w->ndim != 2 || y->ndim != 2) return false;
+        if (!set_operand(&o[0], 1, 0, x->shape[0], x->shape[1], x->strides[0], x->strides[1], false) ||
+            !set_operand(&o[1], 1, 0, w->shape[0], w->shape[1], w->strides[0], w->strides[1], false) ||
+            !set_operand(&o[2], 1, 0, y->shape[0], y->shape[1], y->strides[0], y->strides[1], false))
+            return false;
+    } else if (kind == MM_BATCHED) {
+        ndims = 3;
+        if (x->ndim != 3 || w->ndim != 3 || y->ndim != 3) return false;
+        const kiln_strided *t[3] = {x, w, y};
+        for (int i = 0; i < 3; i++)
+            if (!set_operand(&o[i], t[i]->shape[0], t[i]->strides[0], t[i]->shape[1], t[i]->shape[2],
+                             t[i]->strides[1], t[i]->strides[2], true))
+                return false;
+    } else {
+        const kiln_strided *b = a->n_in > 2 && a->in[2].ndim >= 0 ? &a->in[2] : NULL;
+        if (w->ndim != 2 || !flat_operand(x, &o[0]) || !flat_operand(y, &o[2])) return false;
+        /* weight (N, K) read as its transpose (K, N) */
+        if (!set_operand(&o[1], 1, 0, w->shape[1], w->shape[0], w->strides[1], w->strides[0], false))
+            return false;
+        if (b && (b->ndim != 1 || (b->shape[0] > 1 && b->strides[0] != 1))) return false;
+        bias = b != NULL;
+    }
+    memset(key, 0, sizeof *key);
+    key->kind = KILN_ONEDNN_MATMUL;
+    key->v[K_NDIMS] = ndims;
+    for (int i = 0; i < 3; i++) {
+        memcpy(&key->v[K_OPS + 6 * i], o[i].dims, sizeof o[i].dims);
+        memcpy(&key->v[K_OPS + 6 * i + 3], o[i].strides, sizeof o[i].strides);
+    }
+    key->v[K_BIAS] = bias;
+    return true;
+}
+
+static kiln_status build_matmul(const kiln_onednn_key *key, const_dnnl_primitive_attr_t attr,
+                                dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
+    int nd = (int)key->v[K_NDIMS];
+    dnnl_memory_desc_t md[3], bias;
+    for (int i = 0; i < 3; i++) {
+        dnnl_dims_t dims, strides;
+        memcpy(dims, &key->v[K_OPS + 6 * i], sizeof(int64_t) * 3);
+        memcpy(strides, &key->v[K_OPS + 6 * i + 3], sizeof(int64_t) * 3);
+        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md[i], nd, dims, dnnl_f32, strides));
+    }
+    if (key->v[K_BIAS]) { /* (1, N), broadcast over the rows */
+        int64_t n = md[2].dims[nd - 1];
+        dnnl_dims_t dims = {1, n}, strides = {n, 1};
+        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bias, 2, dims, dnnl_f32, strides));
+    }
+    dnnl_matmul_desc_t d;
+    KILN_DNNL_CHECK(dnnl_matmul_desc_init(&d, &md[0], &md[1], key->v[K_BIAS] ? &bias : NULL, &md[2]));
+    KILN_DNNL_CHECK(dnnl_primitive_desc_create(pd, &d, attr, engine, NULL));
+    return KILN_OK;
+}
+
+static const int mm_args[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+
+/* The cached primitive in *p; NULL (not an error) when not covered. */
+static kiln_status mm_prepare(mm_kind kind, const kiln_op_args *a, kiln_onednn_prim **p) {
+    *p = NULL;
+    kiln_onednn_key key;
+    if (!mm_key(kind, a, &key)) return KILN_OK;
+    return kiln_onednn_get(&key, build_matmul, key.v[K_BIAS] ? 4 : 3, mm_args, p);
+}
+
+static kiln_status mm_run(mm_kind kind, const kiln_op_args *a, const char *op) {
+    kiln_onednn_prim *p;
+    KILN_TRY(mm_prepare(kind, a, &p));
+    if (!p)
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "%s: the oneDNN kernel was given arguments it declines",
+                          op);
+    void *data[4] = {a->in[0].data, a->in[1].data, a->out[0].data, a->n_in > 2 ? a->in[2].data : NULL};
+    return kiln_onednn_execute(p, data, a->workspace, a->workspace_bytes);
+}
+
+static size_t mm_workspace(mm_kind kind, const kiln_op_args *a) {
+    kiln_onednn_prim *p;
+    return mm_prepare(kind, a, &p) == KILN_OK && p ? p->scratch_bytes : 0;
+}
+
+static bool mm_supports(mm_kind kind, const kiln_op_args *a) {
+    kiln_onednn_prim *p;
+    return mm_prepare(kind, a, &p) == KILN_OK && p;
+}
+
+kiln_status kiln_onednn_mm(const kiln_op_args *a) { return mm_run(MM_PLAIN, a, "kiln_mm"); }
+kiln_status kiln_onednn_bmm(const kiln_op_args *a) { return mm_run(MM_BATCHED, a, "kiln_bmm"); }
+kiln_status kiln_onednn_linear(const kiln_op_args *a) { return mm_run(MM_LINEAR, a, "kiln_linear"); }
+size_t kiln_onednn_mm_workspace(const kiln_op_args *a) { return mm_workspace(MM_PLAIN, a); }
+size_t kiln_onednn_bmm_workspace(const kiln_op_args *a) { return mm_workspace(MM_BATCHED, a); }
+size_t kiln_onednn_linear_workspace(const kiln_op_args *a) { return mm_workspace(MM_LINEAR, a); }
+bool kiln_onednn_mm_supports(const kiln_op_args *a) { return mm_supports(MM_PLAIN, a); }
+bool kiln_onednn_bmm_supports(const kiln_op_args *a) { return mm_supports(MM_BATCHED, a); }
+bool kiln_onednn_linear_supports(const kiln_op_args *a) { return mm_supports(MM_LINEAR, a); }
+
+#else
+typedef int kiln_onednn_matmul_unused; /* ISO C: a translation unit is not empty */
+#endif

@@ -1,0 +1,48 @@
+/* The fast CPU kernel table: oneDNN convolution and matmul for f32
+ * (kernels/cpu/onednn/). Entries decline what they do not cover through
+ * their supports fn, and the dispatcher then runs the reference kernel;
+ * ops without an entry always run the reference kernel. */
+#include <pthread.h>
+
+#include "ops/cpu_tables.h"
+
+#ifdef KILN_WITH_ONEDNN
+#include "kernels/cpu/onednn/onednn_kernels.h"
+
+#define F32 KILN_DT(KILN_F32)
+
+static kiln_op_kernel fast_table[KILN_OP_COUNT];
+static pthread_once_t fast_table_once = PTHREAD_ONCE_INIT;
+
+static void build_fast_table(void) {
+    fast_table[KILN_OP_CONV2D] =
+        (kiln_op_kernel){kiln_onednn_conv2d, kiln_onednn_conv2d_workspace, F32, kiln_onednn_conv2d_supports};
+    fast_table[KILN_OP_CONV2D_GRAD_INPUT] =
+        (kiln_op_kernel){kiln_onednn_conv2d_grad_input, kiln_onednn_conv2d_grad_input_workspace, F32,
+                         kiln_onednn_conv2d_grad_input_supports};
+    fast_table[KILN_OP_CONV2D_GRAD_WEIGHT] =
+        (kiln_op_kernel){kiln_onednn_conv2d_grad_weight, kiln_onednn_conv2d_grad_weight_workspace, F32,
+                         kiln_onednn_conv2d_grad_weight_supports};
+    fast_table[KILN_OP_MM] =
+        (kiln_op_kernel){kiln_onednn_mm, kiln_onednn_mm_workspace, F32, kiln_onednn_mm_supports};
+    fast_table[KILN_OP_BMM] =
+        (kiln_op_kernel){kiln_onednn_bmm, kiln_onednn_bmm_workspace, F32, kiln_onednn_bmm_supports};
+    /* LINEAR stays on the reference kernel for now: with the oneDNN linear
+     * the tutorial CNN's f32 parity gradients (tests/parity) drift to 6.5e-2
+     * relative error although its logits match, and the harness's linear
+     * cases pass with it; the cause is not yet found. kiln_onednn_linear is
+     * kept (matmul with the weight read transposed and the bias fused) for
+     * when it is. */
+}
+
+const kiln_op_kernel *kiln_cpu_fast_op_kernels(void) {
+    pthread_once(&fast_table_once, build_fast_table);
+    return fast_table;
+}
+
+void kiln_cpu_fast_kernels_shutdown(void) { kiln_onednn_shutdown(); }
+
+#else
+const kiln_op_kernel *kiln_cpu_fast_op_kernels(void) { return NULL; }
+void kiln_cpu_fast_kernels_shutdown(void) {}
+#endif
