@@ -84,7 +84,7 @@ tier_nvcc() {
 }
 
 # libFuzzer over the dataset file parsers (tests/fuzz/): each target runs
-# KILN_FUZZ_SECONDS (30) on a copy of its seed corpus; a crash fails the tier.
+# KILN_FUZZ_SECONDS (25) on a copy of its seed corpus; a crash fails the tier.
 tier_fuzz() {
   local clang
   clang=$(command -v clang || true)
@@ -97,7 +97,7 @@ tier_fuzz() {
   # The library and the fuzz targets only: libFuzzer brings its own main.
   CC="$clang" configure_build "$d" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=fuzzer \
     -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_TOOLS=OFF -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON
-  local secs=${KILN_FUZZ_SECONDS:-30} f name work
+  local secs=${KILN_FUZZ_SECONDS:-25} f name work
   for f in "$d"/tests/fuzz/fuzz_*; do
     [ -x "$f" ] || continue
     name=$(basename "$f"); name=${name#fuzz_}
