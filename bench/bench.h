@@ -2,8 +2,13 @@
  * last stdout line holding a JSON object with the figures. */
 #ifndef KILN_BENCH_BENCH_H
 #define KILN_BENCH_BENCH_H
+
+#include "kiln/kiln.h"
+
 int kiln_bench_alloc(int argc, char **argv);
 int kiln_bench_cnn(int argc, char **argv);
 int kiln_bench_loader(int argc, char **argv);
 int kiln_bench_profiler(int argc, char **argv);
+/* bench_data.c: a CIFAR-sized synthetic u8 dataset (N, 3, 32, 32). */
+kiln_dataset *kiln_bench_synthetic_cifar(int64_t n);
 #endif

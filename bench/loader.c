@@ -75,26 +75,6 @@ fail:
     return -1;
 }
 
-static kiln_dataset *synthetic_cifar(int64_t n) {
-    kiln_tensor *data = kiln_empty(KILN_SHAPE(n, 3, 32, 32), KILN_U8, KILN_CPU);
-    kiln_tensor *labels = kiln_empty(KILN_SHAPE(n), KILN_I64, KILN_CPU);
-    kiln_dataset *ds = NULL;
-    if (data && labels) {
-        uint8_t *px = kiln_data_ptr(data);
-        int64_t *lab = kiln_data_ptr(labels);
-        uint64_t s = 0x9E3779B97F4A7C15ull;
-        for (int64_t i = 0; i < n * 3 * 32 * 32; i++) {
-            s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-            px[i] = (uint8_t)(s >> 56);
-        }
-        for (int64_t i = 0; i < n; i++) lab[i] = i % 10;
-        if (kiln_dataset_from_tensors(data, labels, 10, &ds)) ds = NULL;
-    }
-    kiln_release(data);
-    kiln_release(labels);
-    return ds;
-}
-
 static void print_row(const char *name, int workers, const loader_result *r) {
     printf("%-14s %7d %9lld %12.1f %10.1f %9.1f%%\n", name, workers, (long long)r->batches, r->batches_per_s,
            r->mb_per_s, 100.0 * r->wait_frac);
@@ -126,7 +106,7 @@ int kiln_bench_loader(int argc, char **argv) {
     char skipped[1200] = "";
     if (kiln_dataset_open_fashion_mnist(NULL, "train", &sets[0]))
         snprintf(skipped, sizeof skipped, "%s", kiln_error_message());
-    sets[1] = synthetic_cifar(10000);
+    sets[1] = kiln_bench_synthetic_cifar(10000);
     if (!sets[1]) {
         fprintf(stderr, "kiln bench loader: %s\n", kiln_error_message());
         kiln_dataset_free(sets[0]);
