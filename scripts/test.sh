@@ -14,6 +14,29 @@ tiers=("$@")
 [ ${#tiers[@]} -gt 0 ] || tiers=(release asan tsan nvcc fuzz)
 summary=()
 total_start=$(date +%s)
+# Test counts over every tier, for the closing line CI reads.
+counts_file=$(mktemp)
+trap 'rm -f "$counts_file"' EXIT
+
+# run_ctest ARGS...: ctest, its output shown as it comes and its closing
+# counts (passed, failed, skipped) added to the run's totals.
+run_ctest() {
+  local log rc=0
+  log=$(mktemp)
+  ctest "$@" 2>&1 | tee "$log" || rc=$?
+  awk '/tests passed, [0-9]+ tests? failed out of/ {
+         for (i = 1; i <= NF; i++) { if ($i == "failed") f = $(i - 2); if ($i == "of") t = $(i + 1) } }
+       /\(Skipped\)$/ { s++ }
+       END { printf "%d %d %d\n", t - f - s, f, s }' "$log" >>"$counts_file"
+  rm -f "$log"
+  return $rc
+}
+
+# The closing line: "tests: N passed, N failed, N skipped" over all tiers
+# run so far (fuzz targets that ran clean count as passed tests).
+print_counts() {
+  awk '{ p += $1; f += $2; s += $3 } END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$counts_file"
+}
 
 # ceiling_s NAME: the tier's ceiling from docs/ci.md, in seconds.
 ceiling_s() {
@@ -32,7 +55,7 @@ tier_release() {
   local d="$top/build-ci/release"
   mkdir -p "$top/build-ci"
   configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON
-  ctest --test-dir "$d" -LE slow "${ctest_args[@]}"
+  run_ctest --test-dir "$d" -LE slow "${ctest_args[@]}"
   "$top/scripts/check-install.sh" "$d"
 }
 
@@ -43,7 +66,7 @@ tier_asan() {
     -DKILN_SANITIZE=address,undefined
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir "$d" -LE slow "${ctest_args[@]}"
+    run_ctest --test-dir "$d" -LE slow "${ctest_args[@]}"
 }
 
 # ThreadSanitizer over what runs threads: the data layer (loader workers,
@@ -57,8 +80,8 @@ tier_tsan() {
   local targets=(test_tensor_scope) f
   for f in "$top"/tests/data/test_*.c; do targets+=("$(basename "$f" .c)"); done
   cmake --build "$d" -j"$jobs" --target "${targets[@]}"
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$d" -L data "${ctest_args[@]}"
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$d" -R scope "${ctest_args[@]}"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest --test-dir "$d" -L data "${ctest_args[@]}"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest --test-dir "$d" -R scope "${ctest_args[@]}"
 }
 
 tier_nvcc() {
@@ -80,7 +103,7 @@ tier_nvcc() {
   # Without a driver the CUDA build must still run and list zero CUDA devices,
   # and the real-GPU test must report itself skipped (CTest's code 77).
   "$d/bin/kiln" info
-  ctest --test-dir "$d" -R test_cuda_device --no-tests=error "${ctest_args[@]}"
+  run_ctest --test-dir "$d" -R test_cuda_device --no-tests=error "${ctest_args[@]}"
 }
 
 # libFuzzer over the dataset file parsers (tests/fuzz/): each target runs
@@ -109,7 +132,8 @@ tier_fuzz() {
     # A crash, a sanitizer report or a leak exits non-zero and leaves the
     # input as crash-*/leak-* in $d for reproduction.
     (cd "$d" && "$f" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      "$work" 2>&1 | tail -n 25) || return 1
+      "$work" 2>&1 | tail -n 25) || { echo "0 1 0" >>"$counts_file"; return 1; }
+    echo "1 0 0" >>"$counts_file"
   done
 }
 
@@ -127,6 +151,7 @@ for t in "${tiers[@]}"; do
   summary+=("$line")
   if [ $status -ne 0 ]; then
     printf '%s\n' "${summary[@]}"
+    print_counts
     exit $status
   fi
 done
@@ -134,3 +159,4 @@ done
 echo "=== summary"
 printf '%s\n' "${summary[@]}"
 echo "total $(( $(date +%s) - total_start ))s (budget 2700s)"
+print_counts
