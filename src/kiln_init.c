@@ -14,6 +14,9 @@
 #include "diag/profiler_internal.h"
 #include "diag/anomaly.h"
 #include "ops/cpu_tables.h"
+#ifdef KILN_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 #include "ops/op_registry.h"
 #include "tensor/tensor_internal.h"
 
@@ -46,6 +49,9 @@ kiln_status kiln_init(void) {
         kiln_backend_register(kiln_cuda_backend());
 #endif
         kiln_ops_register_kernels(KILN_DEVICE_CPU, kiln_cpu_op_kernels());
+#ifdef KILN_WITH_CUDA
+        kiln_ops_register_kernels(KILN_DEVICE_CUDA, kiln_cuda_op_kernels());
+#endif
         st = register_fast_cpu_kernels();
         kiln_autograd_init();
         kiln_profiler_init();
