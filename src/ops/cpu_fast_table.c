@@ -27,12 +27,8 @@ static void build_fast_table(void) {
         (kiln_op_kernel){kiln_onednn_mm, kiln_onednn_mm_workspace, F32, kiln_onednn_mm_supports};
     fast_table[KILN_OP_BMM] =
         (kiln_op_kernel){kiln_onednn_bmm, kiln_onednn_bmm_workspace, F32, kiln_onednn_bmm_supports};
-    /* LINEAR stays on the reference kernel for now: with the oneDNN linear
-     * the tutorial CNN's f32 parity gradients (tests/parity) drift to 6.5e-2
-     * relative error although its logits match, and the harness's linear
-     * cases pass with it; the cause is not yet found. kiln_onednn_linear is
-     * kept (matmul with the weight read transposed and the bias fused) for
-     * when it is. */
+    fast_table[KILN_OP_LINEAR] =
+        (kiln_op_kernel){kiln_onednn_linear, kiln_onednn_linear_workspace, F32, kiln_onednn_linear_supports};
 }
 
 const kiln_op_kernel *kiln_cpu_fast_op_kernels(void) {

@@ -153,12 +153,44 @@ def run_optimizer(build, state, x, y, make_opt):
     return m.state_dict()
 
 
+# A fully connected layer followed by ReLU has few units per sample, so a
+# pre-activation within rounding of zero decides a whole unit's gradient:
+# an f32 kernel that sums in another order (oneDNN's, cuBLAS's) may flip its
+# sign and move the layer's gradients by percents. The input batch is
+# redrawn until every such pre-activation is at least this fraction of the
+# layer's largest one away from zero (f32 sums of these sizes are good to
+# about 1e-6 of it). Convolutions have thousands of units per channel, where
+# a flip moves a gradient by far less than the tolerance.
+RELU_MARGIN = 1e-4
+
+
+def fc_relu_margin(build, state, x):
+    """min |v| / max |v| over the inputs of ReLU that come from nn.Linear."""
+    rng = torch.get_rng_state()  # building the model draws; the batch must not see it
+    m = fresh(build, state)
+    torch.set_rng_state(rng)
+    ratios = []
+    for mod in m.modules():
+        if isinstance(mod, nn.Linear):
+            mod.register_forward_hook(lambda _m, _i, out: ratios.append(
+                (out.abs().min() / out.abs().max()).item()))
+    with torch.no_grad():
+        m(x.double())
+    # The last Linear gives the logits (no ReLU after it).
+    return min(ratios[:-1]) if len(ratios) > 1 else 1.0
+
+
 def make(name, build, in_shape, seed):
     torch.manual_seed(seed)
     model = build()
     round_params_bf16(model)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    x = torch.randn(4, *in_shape)
+    for attempt in range(100):
+        x = torch.randn(4, *in_shape)
+        if fc_relu_margin(build, state, x) >= RELU_MARGIN:
+            break
+    else:
+        raise SystemExit("%s: no input batch with a ReLU margin of %g in 100 draws" % (name, RELU_MARGIN))
     y = torch.randint(0, 10, (4,))
     w = Writer()
     for k, v in state.items():
@@ -185,7 +217,8 @@ def make(name, build, in_shape, seed):
     for prefix, sd in (("sgd.", sgd), ("adam.", adam)):
         for k, v in sd.items():
             w.add(prefix + k, v, sample=True)
-    print("%s: loss %.6f, %d parameters" % (name, loss.item(), sum(p.numel() for p in model.parameters())))
+    print("%s: loss %.6f, %d parameters, input draw %d" % (name, loss.item(),
+                                                         sum(p.numel() for p in model.parameters()), attempt))
     w.save(os.path.join(HERE, "golden", name + ".bin"))
 
 
