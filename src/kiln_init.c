@@ -24,7 +24,7 @@ static pthread_mutex_t init_mutex = PTHREAD_MUTEX_INITIALIZER;
 static bool initialised;
 
 /* KILN_CPU_KERNELS picks the CPU kernels: unset, empty or "fast" puts the
- * fast table (oneDNN, where built) before the portable reference kernels;
+ * fast tables (oneDNN, where built, then the plain-C one) before the portable reference kernels;
  * "reference" runs the reference kernels only. Read once per kiln_init. */
 static kiln_status register_fast_cpu_kernels(void) {
     kiln_ops_clear_fast_kernels(KILN_DEVICE_CPU);
@@ -35,6 +35,7 @@ static kiln_status register_fast_cpu_kernels(void) {
                           "KILN_CPU_KERNELS='%s' is not a kernel choice (fast or reference)", choice);
     const kiln_op_kernel *fast = kiln_cpu_fast_op_kernels();
     if (fast) kiln_ops_register_fast_kernels(KILN_DEVICE_CPU, fast);
+    kiln_ops_register_fast_kernels(KILN_DEVICE_CPU, kiln_cpu_fast_c_op_kernels());
     return KILN_OK;
 }
 

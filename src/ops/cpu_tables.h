@@ -15,6 +15,9 @@ void kiln_cpu_fill_nn(kiln_op_kernel *table);          /* conv, pooling, batch n
  * covers, consulted before the reference table (kiln_ops_select_kernel).
  * NULL when this build has no fast kernels (KILN_WITH_ONEDNN off). */
 const kiln_op_kernel *kiln_cpu_fast_op_kernels(void);
+/* The plain-C fast table (cpu_fast_c_table.c, kernels/cpu/fast/): f32
+ * kernels needing no library, consulted after the oneDNN table. Never NULL. */
+const kiln_op_kernel *kiln_cpu_fast_c_op_kernels(void);
 /* Frees what the fast kernels cached (primitives, engine); kiln_shutdown. */
 void kiln_cpu_fast_kernels_shutdown(void);
 

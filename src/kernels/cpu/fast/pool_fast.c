@@ -1,0 +1,147 @@
+/* Fast CPU max pooling for f32 on contiguous (N, C, H, W) tensors: the
+ * forward with indices and the backward, one plane at a time, planes
+ * shared out over OpenMP threads when the build has OpenMP. Same results
+ * as the reference kernels (kernels/cpu/ops_pool.c), bit for bit: the first
+ * maximum wins ties, NaN beats everything; the backward adds each window's
+ * gradient in the same order the reference does, in f32 instead of double
+ * only where no two windows share an input (stride >= kernel), where the
+ * sum has one term. Overlapping windows are declined (reference kernel). */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/fast/fast_kernels.h"
+#include "kernels/nn_geometry.h"
+
+static bool contiguous(const kiln_strided *t) {
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != expect) return false;
+        expect *= t->shape[i];
+    }
+    return true;
+}
+
+/* (planes, H, W) of a contiguous 3-d or 4-d tensor. */
+static void planes_of(const kiln_strided *t, int64_t *planes, int64_t *h, int64_t *w) {
+    *planes = 1;
+    for (int i = 0; i < t->ndim - 2; i++) *planes *= t->shape[i];
+    *h = t->shape[t->ndim - 2];
+    *w = t->shape[t->ndim - 1];
+}
+
+bool kiln_fast_max_pool2d_supports(const kiln_op_args *a) {
+    const kiln_strided *x = &a->in[0], *y = &a->out[0], *ix = &a->out[1];
+    if (x->ndim < 3 || x->ndim > 4 || x->dtype != KILN_F32 || y->dtype != KILN_F32 || a->n_out < 2 ||
+        ix->dtype != KILN_I64)
+        return false;
+    return contiguous(x) && contiguous(y) && contiguous(ix);
+}
+
+kiln_status kiln_fast_max_pool2d(const kiln_op_args *a) {
+    const float *x = a->in[0].data;
+    float *y = a->out[0].data;
+    int64_t *ix = a->out[1].data;
+    kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
+    int64_t P, H, W, OH, OW, unused;
+    planes_of(&a->in[0], &P, &H, &W);
+    planes_of(&a->out[0], &unused, &OH, &OW);
+    const int64_t kh = g.kernel[0], kw = g.kernel[1], sh = g.stride[0], sw = g.stride[1];
+    const int64_t ph = g.padding[0], pw = g.padding[1];
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (P * OH * OW > 4096)
+#endif
+    for (int64_t p = 0; p < P; p++) {
+        const float *xp = x + p * H * W;
+        float *yp = y + p * OH * OW;
+        int64_t *ip = ix + p * OH * OW;
+        if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && ph == 0 && pw == 0 && 2 * OH <= H && 2 * OW <= W) {
+            /* The common 2x2 window fully inside the input: the same
+             * comparisons in the same order as the general loop below
+             * (which starts from -inf: the first value is taken unless it is
+             * -inf, where the first index is kept all the same). */
+            for (int64_t oh = 0; oh < OH; oh++) {
+                const float *r0 = xp + 2 * oh * W, *r1 = r0 + W;
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    int64_t w = 2 * ow, bi = 2 * oh * W + w;
+                    float best = r0[w];
+                    float c[3] = {r0[w + 1], r1[w], r1[w + 1]};
+                    int64_t ci[3] = {bi + 1, bi + W, bi + W + 1};
+                    for (int k = 0; k < 3; k++)
+                        if (c[k] > best || isnan(c[k])) best = c[k], bi = ci[k];
+                    yp[oh * OW + ow] = best;
+                    ip[oh * OW + ow] = bi;
+                }
+            }
+            continue;
+        }
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t h0 = oh * sh - ph, h1 = h0 + kh < H ? h0 + kh : H;
+            if (h0 < 0) h0 = 0;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t w0 = ow * sw - pw, w1 = w0 + kw < W ? w0 + kw : W;
+                if (w0 < 0) w0 = 0;
+                float best = -INFINITY;
+                int64_t best_i = h0 * W + w0;
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t w = w0; w < w1; w++) {
+                        float v = xp[h * W + w];
+                        if (v > best || isnan(v)) best = v, best_i = h * W + w;
+                    }
+                yp[oh * OW + ow] = best;
+                ip[oh * OW + ow] = best_i;
+            }
+        }
+    }
+    return KILN_OK;
+}
+
+bool kiln_fast_max_pool2d_backward_supports(const kiln_op_args *a) {
+    const kiln_strided *go = &a->in[0], *ix = &a->in[1], *dx = &a->out[0];
+    kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
+    if (go->ndim < 3 || go->ndim > 4 || go->dtype != KILN_F32 || dx->dtype != KILN_F32 || ix->dtype != KILN_I64)
+        return false;
+    /* Windows that overlap would add several gradients into one input:
+     * the reference sums those in double, so leave them to it. */
+    if (g.stride[0] < g.kernel[0] || g.stride[1] < g.kernel[1]) return false;
+    return contiguous(go) && contiguous(ix) && contiguous(dx);
+}
+
+kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a) {
+    const float *go = a->in[0].data;
+    const int64_t *ix = a->in[1].data;
+    float *dx = a->out[0].data;
+    int64_t P, H, W, OH, OW, unused;
+    planes_of(&a->out[0], &P, &H, &W);
+    planes_of(&a->in[0], &unused, &OH, &OW);
+    const int64_t HW = H * W, OHW = OH * OW;
+    int bad = 0;
+    int64_t bad_index = 0;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (P * HW > 4096)
+#endif
+    for (int64_t p = 0; p < P; p++) {
+        float *dp = dx + p * HW;
+        const float *gp = go + p * OHW;
+        const int64_t *ip = ix + p * OHW;
+        memset(dp, 0, sizeof(float) * (size_t)HW);
+        for (int64_t i = 0; i < OHW; i++) {
+            int64_t k = ip[i];
+            if (k < 0 || k >= HW) {
+#ifdef _OPENMP
+#pragma omp critical(kiln_fast_pool_bad)
+#endif
+                {
+                    bad = 1;
+                    bad_index = k;
+                }
+                continue;
+            }
+            dp[k] += gp[i];
+        }
+    }
+    if (bad)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_max_pool2d returned",
+                          "kiln_max_pool2d_backward: index %lld is outside the %lld-element plane",
+                          (long long)bad_index, (long long)HW);
+    return KILN_OK;
+}
