@@ -15,6 +15,10 @@ static void build_fast_c_table(void) {
     fast_c_table[KILN_OP_MAX_POOL2D] = (kiln_op_kernel){kiln_fast_max_pool2d, NULL, F32, kiln_fast_max_pool2d_supports};
     fast_c_table[KILN_OP_MAX_POOL2D_BACKWARD] =
         (kiln_op_kernel){kiln_fast_max_pool2d_backward, NULL, F32, kiln_fast_max_pool2d_backward_supports};
+    fast_c_table[KILN_OP_RELU] = (kiln_op_kernel){kiln_fast_relu, NULL, F32, kiln_fast_relu_supports};
+    fast_c_table[KILN_OP_RELU_BACKWARD] =
+        (kiln_op_kernel){kiln_fast_relu_backward, NULL, F32, kiln_fast_relu_backward_supports};
+    fast_c_table[KILN_OP_SUM] = (kiln_op_kernel){kiln_fast_sum, kiln_fast_sum_workspace, F32, kiln_fast_sum_supports};
 }
 
 const kiln_op_kernel *kiln_cpu_fast_c_op_kernels(void) {

@@ -13,4 +13,13 @@ bool kiln_fast_max_pool2d_supports(const kiln_op_args *a);
 kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a);
 bool kiln_fast_max_pool2d_backward_supports(const kiln_op_args *a);
 
+kiln_status kiln_fast_relu(const kiln_op_args *a);
+bool kiln_fast_relu_supports(const kiln_op_args *a);
+kiln_status kiln_fast_relu_backward(const kiln_op_args *a);
+bool kiln_fast_relu_backward_supports(const kiln_op_args *a);
+
+kiln_status kiln_fast_sum(const kiln_op_args *a);
+bool kiln_fast_sum_supports(const kiln_op_args *a);
+size_t kiln_fast_sum_workspace(const kiln_op_args *a);
+
 #endif

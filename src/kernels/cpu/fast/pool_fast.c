@@ -62,12 +62,19 @@ kiln_status kiln_fast_max_pool2d(const kiln_op_args *a) {
             for (int64_t oh = 0; oh < OH; oh++) {
                 const float *r0 = xp + 2 * oh * W, *r1 = r0 + W;
                 for (int64_t ow = 0; ow < OW; ow++) {
-                    int64_t w = 2 * ow, bi = 2 * oh * W + w;
-                    float best = r0[w];
-                    float c[3] = {r0[w + 1], r1[w], r1[w + 1]};
-                    int64_t ci[3] = {bi + 1, bi + W, bi + W + 1};
-                    for (int k = 0; k < 3; k++)
-                        if (c[k] > best || isnan(c[k])) best = c[k], bi = ci[k];
+                    /* selects rather than branches, so it vectorises */
+                    int64_t w = 2 * ow, base = 2 * oh * W + w;
+                    float best = r0[w], c;
+                    int64_t bi = base;
+                    c = r0[w + 1];
+                    bool take = (c > best) | (c != c);
+                    best = take ? c : best, bi = take ? base + 1 : bi;
+                    c = r1[w];
+                    take = (c > best) | (c != c);
+                    best = take ? c : best, bi = take ? base + W : bi;
+                    c = r1[w + 1];
+                    take = (c > best) | (c != c);
+                    best = take ? c : best, bi = take ? base + W + 1 : bi;
                     yp[oh * OW + ow] = best;
                     ip[oh * OW + ow] = bi;
                 }
