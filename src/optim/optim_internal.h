@@ -26,4 +26,10 @@ struct kiln_optimizer {
     int64_t step_count;                      /* kiln_optimizer_step calls that succeeded */
 };
 
+/* Whether updates may use the fused kernels where they apply (default on);
+ * off runs every update op by op. For tests that compare the two paths. */
+void kiln_optim_use_fused(bool on);
+/* Parameter updates that ran fused since the process started. */
+uint64_t kiln_optim_fused_updates(void);
+
 #endif

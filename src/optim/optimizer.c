@@ -6,12 +6,19 @@
  * no_grad inside an entered API region: temporaries are never registered
  * with the user's scope and die as soon as the next op has consumed them.
  * The parameters are written in place with kiln_copy_; state tensors are
- * replaced (the optimizer holds the only reference to them). */
+ * replaced (the optimizer holds the only reference to them).
+ *
+ * Where the device has fused optimizer kernels (kernels/optim_kernels.h)
+ * and a parameter, its gradient and its state are contiguous tensors of
+ * one covered dtype, the update runs as one fused pass instead, writing the
+ * parameter and the state in place. It computes the same bits as the
+ * op-by-op path (tests/optim/test_fused_optim.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "kernels/optim_kernels.h"
 #include "optim/optim_internal.h"
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
@@ -193,10 +200,60 @@ void kiln_optimizer_free(kiln_optimizer *o) {
 
 /* ---- Updates ---------------------------------------------------------------------------------- */
 
+static _Atomic bool fused_off;
+static _Atomic uint64_t fused_updates;
+
+void kiln_optim_use_fused(bool on) { fused_off = !on; }
+uint64_t kiln_optim_fused_updates(void) { return fused_updates; }
+
+/* The fused kernels for these tensors (NULL entries skipped), or NULL when
+ * the update must run op by op: not all contiguous, dtypes or sizes differ,
+ * or the device has no fused kernel for the dtype. */
+static const kiln_optim_kernels *fused_for(kiln_tensor *const *t, int n) {
+    if (fused_off) return NULL;
+    kiln_device dev = kiln_get_device(t[0]);
+    kiln_dtype dt = kiln_dtype_of(t[0]);
+    const kiln_optim_kernels *k = kiln_optim_kernels_for(dev.type);
+    if (!k || !(k->dtypes & (1u << dt))) return NULL;
+    int64_t numel = kiln_numel(t[0]);
+    for (int i = 0; i < n; i++) {
+        if (!t[i]) continue;
+        kiln_device d = kiln_get_device(t[i]);
+        if (d.type != dev.type || d.index != dev.index || kiln_dtype_of(t[i]) != dt || kiln_numel(t[i]) != numel ||
+            !kiln_is_contiguous(t[i]))
+            return NULL;
+    }
+    return k;
+}
+
+static void *data_of(kiln_tensor *t) { return t ? kiln_tensor_strided(t).data : NULL; }
+
 /* torch.optim.sgd._single_tensor_sgd for one parameter; g consumed. */
 static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g) {
     const kiln_sgd_opts *s = &o->sgd;
     kiln_tensor *p = o->params[i];
+    kiln_tensor **buf0 = &o->state[0][i];
+    bool first = s->momentum != 0 && !*buf0;
+    if (first && fused_for((kiln_tensor *[]){p, g}, 2) && !set_state(buf0, kiln_new_zeros(p, kiln_shape_of(p)))) {
+        kiln_tensor_drop(g);
+        return kiln_error_last()->status;
+    }
+    const kiln_optim_kernels *fk = fused_for((kiln_tensor *[]){p, g, s->momentum != 0 ? *buf0 : NULL}, 3);
+    if (fk && (s->momentum == 0 || *buf0)) {
+        kiln_sgd_step st = {.dtype = kiln_dtype_of(p), .n = kiln_numel(p), .p = data_of(p), .g = data_of(g),
+                            .buf = s->momentum != 0 ? data_of(*buf0) : NULL, .first = first,
+                            .nesterov = s->nesterov, .maximize = s->maximize, .lr = o->lr, .momentum = s->momentum,
+                            .dampening = s->dampening, .weight_decay = s->weight_decay};
+        void *stream = NULL;
+        kiln_status rc = kiln_tensor_kernel_stream(kiln_get_device(p), &stream);
+        if (!rc) rc = fk->sgd(&st, stream);
+        kiln_tensor_drop(g);
+        if (rc) return rc;
+        kiln_tensor_bump_version(p);
+        if (*buf0) kiln_tensor_bump_version(*buf0);
+        fused_updates++;
+        return KILN_OK;
+    }
     if (s->maximize) g = c_neg(g);
     if (s->weight_decay != 0) g = c_add(g, c_muls(ref(p), s->weight_decay));
     if (s->momentum != 0) {
@@ -229,6 +286,27 @@ static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g) {
     if (!*v && !set_state(v, kiln_new_zeros(p, kiln_shape_of(p)))) goto fail;
     if (a->amsgrad && !*vmax && !set_state(vmax, kiln_new_zeros(p, kiln_shape_of(p)))) goto fail;
     int64_t step = ++o->steps[i];
+    const kiln_optim_kernels *fk = fused_for((kiln_tensor *[]){p, g, *m, *v, a->amsgrad ? *vmax : NULL}, 5);
+    if (fk) {
+        double bc1 = 1.0 - pow(a->beta1, (double)step), bc2 = 1.0 - pow(a->beta2, (double)step);
+        kiln_adam_step st = {.dtype = kiln_dtype_of(p), .n = kiln_numel(p), .p = data_of(p), .g = data_of(g),
+                             .m = data_of(*m), .v = data_of(*v), .vmax = a->amsgrad ? data_of(*vmax) : NULL,
+                             .adamw = o->kind == KILN_OPTIM_ADAMW, .amsgrad = a->amsgrad,
+                             .maximize = false /* g was negated above */,
+                             .lr = o->lr, .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps,
+                             .weight_decay = a->weight_decay, .step_size = o->lr / bc1, .bc2_sqrt = sqrt(bc2)};
+        void *stream = NULL;
+        kiln_status rc = kiln_tensor_kernel_stream(kiln_get_device(p), &stream);
+        if (!rc) rc = fk->adam(&st, stream);
+        kiln_tensor_drop(g);
+        if (rc) return rc;
+        kiln_tensor_bump_version(p);
+        kiln_tensor_bump_version(*m);
+        kiln_tensor_bump_version(*v);
+        if (a->amsgrad) kiln_tensor_bump_version(*vmax);
+        fused_updates++;
+        return KILN_OK;
+    }
     if (a->weight_decay != 0) {
         if (o->kind == KILN_OPTIM_ADAMW) {
             kiln_status st = assign(p, c_muls(ref(p), 1.0 - o->lr * a->weight_decay));

@@ -1,0 +1,61 @@
+/* Fused optimizer updates: one pass over a parameter, its gradient and its
+ * state instead of a dozen elementwise ops, each with its own allocation
+ * and trip through memory. Kernels are arithmetic only (raw pointers, a
+ * count, a stream), like the tensor kernels of kernels.h; the optimizer
+ * (src/optim/optimizer.c) uses them when the tensors are contiguous and of
+ * one dtype the table covers, and the elementwise ops otherwise.
+ *
+ * Each update reproduces the unfused sequence of ops exactly: every
+ * intermediate is computed in double and rounded to the tensor dtype where
+ * the op-by-op path stores a tensor, so the fused and unfused steps give the
+ * same bits (tests/optim/test_fused_optim.c). */
+#ifndef KILN_SRC_KERNELS_OPTIM_KERNELS_H
+#define KILN_SRC_KERNELS_OPTIM_KERNELS_H
+
+#include "kiln/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One Adam/AdamW step over n elements of p (updated), g, m, v (updated)
+ * and vmax (updated; amsgrad only, else NULL). Scalars as the optimizer
+ * computes them for this step. */
+typedef struct kiln_adam_step {
+    kiln_dtype dtype;
+    int64_t n;
+    void *p, *m, *v, *vmax;
+    const void *g;
+    bool adamw, amsgrad, maximize;
+    double lr, beta1, beta2, eps, weight_decay;
+    double step_size; /* lr / (1 - beta1^t) */
+    double bc2_sqrt;  /* sqrt(1 - beta2^t) */
+} kiln_adam_step;
+
+/* One SGD step; buf is the momentum buffer (NULL without momentum);
+ * first: the buffer is initialised from the gradient this step. */
+typedef struct kiln_sgd_step {
+    kiln_dtype dtype;
+    int64_t n;
+    void *p, *buf;
+    const void *g;
+    bool first, nesterov, maximize;
+    double lr, momentum, dampening, weight_decay;
+} kiln_sgd_step;
+
+typedef struct kiln_optim_kernels {
+    uint32_t dtypes; /* 1u << dtype of the dtypes covered */
+    /* Enqueue on `stream`; do not block the host. */
+    kiln_status (*adam)(const kiln_adam_step *s, void *stream);
+    kiln_status (*sgd)(const kiln_sgd_step *s, void *stream);
+} kiln_optim_kernels;
+
+const kiln_optim_kernels *kiln_cpu_optim_kernels(void);
+/* The table for a device type; NULL where there is none (meta, or a CUDA
+ * build whose table is not registered). */
+const kiln_optim_kernels *kiln_optim_kernels_for(kiln_device_type type);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
