@@ -1,6 +1,7 @@
 /* Which kernel table serves a device type. A plain switch: the tables are
  * static data, so nothing needs registering at kiln_init. */
 #include "kernels/kernels.h"
+#include "kernels/optim_kernels.h"
 
 const kiln_tensor_kernels *kiln_tensor_kernels_for(kiln_device_type type) {
     switch (type) {
@@ -12,5 +13,18 @@ const kiln_tensor_kernels *kiln_tensor_kernels_for(kiln_device_type type) {
 #endif
     default:
         return NULL; /* meta has no data; CUDA is absent from this build */
+    }
+}
+
+const kiln_optim_kernels *kiln_optim_kernels_for(kiln_device_type type) {
+    switch (type) {
+    case KILN_DEVICE_CPU:
+        return kiln_cpu_optim_kernels();
+#ifdef KILN_WITH_CUDA
+    case KILN_DEVICE_CUDA:
+        return kiln_cuda_optim_kernels();
+#endif
+    default:
+        return NULL;
     }
 }

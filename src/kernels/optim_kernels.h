@@ -51,6 +51,9 @@ typedef struct kiln_optim_kernels {
 } kiln_optim_kernels;
 
 const kiln_optim_kernels *kiln_cpu_optim_kernels(void);
+#ifdef KILN_WITH_CUDA
+const kiln_optim_kernels *kiln_cuda_optim_kernels(void); /* cuda/optim_kernels.cu */
+#endif
 /* The table for a device type; NULL where there is none (meta, or a CUDA
  * build whose table is not registered). */
 const kiln_optim_kernels *kiln_optim_kernels_for(kiln_device_type type);

@@ -4,7 +4,9 @@
  * dampening, nesterov, weight decay, maximize; Adam with and without weight
  * decay, amsgrad, maximize; AdamW) must leave the same bits in the
  * parameters and every state tensor, in f32 and f64, for a small tensor and
- * one large enough for the parallel loop. */
+ * one large enough for the parallel loop. Where cuda:0 exists (a GPU, or
+ * the emulation build) the same runs there, and its results must also be
+ * the CPU's, bit for bit. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,22 +33,22 @@ static void fill(double *v, int64_t n, int salt) {
         v[i] = sin(0.37 * (double)(i + 1) * (salt + 1)) * pow(10.0, (double)((i * 7 + salt) % 5) - 3.0);
 }
 
-static kiln_tensor *tensor_of(const double *v, int64_t n, kiln_dtype dt) {
+static kiln_tensor *tensor_of(const double *v, int64_t n, kiln_dtype dt, kiln_device dev) {
     kiln_tensor *t64 = kiln_from_data(KILN_SHAPE(n), KILN_F64, KILN_CPU, v);
-    kiln_tensor *t = kiln_to(t64, KILN_CPU, dt, KILN_COPY);
+    kiln_tensor *t = kiln_to(t64, dev, dt, KILN_COPY);
     kiln_release(t64);
     return t;
 }
 
 /* Runs three steps; copies the parameter and states (as f64) into out
  * (4 arrays of n; absent states left zero). */
-static void run(const config *c, kiln_dtype dt, int64_t n, bool fused, double *out) {
+static void run(const config *c, kiln_dtype dt, int64_t n, bool fused, kiln_device dev, double *out) {
     kiln_optim_use_fused(fused);
     uint64_t fused_before = kiln_optim_fused_updates();
     kiln_scope_begin();
     double *v = malloc(sizeof(double) * (size_t)n);
     fill(v, n, 1);
-    kiln_tensor *p = tensor_of(v, n, dt);
+    kiln_tensor *p = tensor_of(v, n, dt, dev);
     CHECK_OK(kiln_set_requires_grad(p, true));
     kiln_optimizer *o = c->kind == OPT_SGD    ? kiln_sgd(&p, 1, &c->sgd)
                         : c->kind == OPT_ADAM ? kiln_adam(&p, 1, &c->adam)
@@ -54,7 +56,7 @@ static void run(const config *c, kiln_dtype dt, int64_t n, bool fused, double *o
     CHECK_MSG(o != NULL, "%s: %s", c->name, kiln_error_message());
     for (int step = 0; o && step < 3; step++) {
         fill(v, n, 10 + step);
-        kiln_tensor *g = tensor_of(v, n, dt);
+        kiln_tensor *g = tensor_of(v, n, dt, dev);
         CHECK_OK(kiln_set_grad(p, g));
         CHECK_OK(kiln_optimizer_step(o));
     }
@@ -77,16 +79,27 @@ static void run(const config *c, kiln_dtype dt, int64_t n, bool fused, double *o
     kiln_scope_end();
 }
 
-static void compare(const config *c, kiln_dtype dt, int64_t n) {
-    double *a = malloc(sizeof(double) * (size_t)(4 * n)), *b = malloc(sizeof(double) * (size_t)(4 * n));
-    run(c, dt, n, true, a);
-    run(c, dt, n, false, b);
+static void differ(const config *c, kiln_dtype dt, int64_t n, const char *what, const double *a, const double *b) {
     for (int64_t i = 0; i < 4 * n; i++)
         if (memcmp(&a[i], &b[i], sizeof(double))) {
-            CHECK_MSG(false, "%s %s n=%lld: %s[%lld] fused %.17g, op by op %.17g", c->name, kiln_dtype_name(dt),
-                      (long long)n, i < n ? "param" : "state", (long long)(i % n), a[i], b[i]);
-            break;
+            CHECK_MSG(false, "%s %s n=%lld: %s[%lld]: %s %.17g vs %.17g", c->name, kiln_dtype_name(dt), (long long)n,
+                      i < n ? "param" : "state", (long long)(i % n), what, a[i], b[i]);
+            return;
         }
+}
+
+static void compare(const config *c, kiln_dtype dt, int64_t n, bool cuda) {
+    size_t bytes = sizeof(double) * (size_t)(4 * n);
+    double *a = malloc(bytes), *b = malloc(bytes);
+    run(c, dt, n, true, KILN_CPU, a);
+    run(c, dt, n, false, KILN_CPU, b);
+    differ(c, dt, n, "cpu fused vs op by op", a, b);
+    if (cuda) {
+        run(c, dt, n, true, KILN_CUDA(0), b);
+        differ(c, dt, n, "cpu fused vs cuda:0 fused", a, b);
+        run(c, dt, n, false, KILN_CUDA(0), b);
+        differ(c, dt, n, "cpu fused vs cuda:0 op by op", a, b);
+    }
     free(a);
     free(b);
 }
@@ -107,11 +120,13 @@ int main(void) {
          .adam = {.lr = 1e-3, .beta1 = 0.3, .beta2 = 0.999, .eps = 1e-8, .maximize = true}},
         {.name = "adamw", .kind = OPT_ADAMW, .adam = adamw},
     };
+    bool cuda = kiln_device_is_available(KILN_CUDA(0));
+    printf("%s\n", cuda ? "cuda:0 present: comparing it too" : "no cuda:0: cpu only");
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++)
         for (int d = 0; d < 2; d++) {
             kiln_dtype dt = d ? KILN_F64 : KILN_F32;
-            compare(&configs[i], dt, 37);
-            compare(&configs[i], dt, 70001);
+            compare(&configs[i], dt, 37, cuda);
+            compare(&configs[i], dt, 70001, cuda);
         }
     kiln_optim_use_fused(true);
     kiln_shutdown();

@@ -102,7 +102,3 @@ static const kiln_optim_kernels cpu_table = {
 };
 
 const kiln_optim_kernels *kiln_cpu_optim_kernels(void) { return &cpu_table; }
-
-const kiln_optim_kernels *kiln_optim_kernels_for(kiln_device_type type) {
-    return type == KILN_DEVICE_CPU ? &cpu_table : NULL;
-}
