@@ -14,7 +14,7 @@ packages=(
   clang libclang-rt-14-dev
   libopenblas-dev libdnnl-dev
   libopenmpi-dev openmpi-bin
-  dataset-fashion-mnist
+  dataset-fashion-mnist chromium
 )
 
 missing=()

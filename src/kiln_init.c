@@ -57,6 +57,7 @@ kiln_status kiln_init(void) {
         kiln_autograd_init();
         kiln_profiler_init();
         kiln_anomaly_init();
+        kiln_memory_context_register();
         if (!st) st = kiln_runtime_init();
         initialised = st == KILN_OK;
     }

@@ -9,6 +9,7 @@
 #include "diag_commands.h"
 #include "kiln/kiln.h"
 #include "ops/op_registry.h"
+#include "report.h"
 #include "train.h"
 #ifdef KILN_WITH_CUDA
 #include "runtime/cuda_backend.h"
@@ -98,6 +99,7 @@ static void usage(FILE *f) {
             "  ops             the op list as a markdown table (docs/ops.md)\n"
             "  smi [--watch S] GPU utilisation, memory, power (host CPU/RSS of kiln without a GPU)\n"
             "  memory [DEVICE] allocator statistics of DEVICE (default cpu)\n"
+            "  report RUN_DIR  RUN_DIR/report.html: plots of a run's metrics and memory (kiln report --help)\n"
             "  version         print the version\n"
             "  help            this text\n");
 }
@@ -123,6 +125,7 @@ int main(int argc, char **argv) {
     else if (strcmp(cmd, "bench") == 0) rc = cmd_bench(argc - 2, argv + 2);
     else if (strcmp(cmd, "smi") == 0) rc = kiln_cmd_smi(argc - 2, argv + 2);
     else if (strcmp(cmd, "memory") == 0) rc = kiln_cmd_memory(argc - 2, argv + 2);
+    else if (strcmp(cmd, "report") == 0) rc = kiln_cmd_report(argc - 2, argv + 2);
     else if (strcmp(cmd, "ops") == 0) {
         char *md = kiln_ops_markdown();
         rc = md ? (fputs(md, stdout), 0) : fail("ops");

@@ -205,6 +205,42 @@ kiln_status kiln_memory_set_limit(kiln_device device, size_t bytes);
 /* A text table of the statistics, PyTorch's memory_summary layout. The
  * caller frees the returned string with free(). NULL on error. */
 char *kiln_memory_summary(kiln_device device, bool abbreviated);
+
+/* ---- Memory history and snapshots (docs/memory.md) ------------------------
+ * PyTorch's torch.cuda.memory._record_memory_history / _dump_snapshot. */
+
+/* Default ring-buffer size of kiln_memory_record_history (56 bytes each). */
+#define KILN_MEMORY_HISTORY_DEFAULT_ENTRIES ((size_t)1 << 18)
+
+/* enabled: start recording every event of `device`'s caching allocator
+ * (alloc, free_requested, free_completed with requested and rounded sizes;
+ * segment_alloc / segment_free, the raw device allocations; oom; the peak
+ * and accumulated resets) with a timestamp, the stream, the op the
+ * dispatcher is running and the user's file:line behind it, into a ring
+ * buffer of the last `max_entries` events (0: the default). Older events
+ * are folded into a baseline, so replaying the baseline and the trace
+ * gives the allocator's statistics exactly. Starting again clears the
+ * trace. !enabled: stop and discard the trace (write a snapshot first).
+ * Off by default; while off, the allocator pays one branch per call.
+ * Takes the allocator's lock; does not block on the device. */
+kiln_status kiln_memory_record_history(kiln_device device, bool enabled, size_t max_entries);
+/* True while `device`'s allocator records its history. */
+bool kiln_memory_history_enabled(kiln_device device);
+/* Write `device`'s memory snapshot to `path` as JSON: every segment with
+ * its blocks (address, offset, size, requested size, state, and for live
+ * blocks allocated while recording, the op and user's site that allocated
+ * them), the trace and its baseline, and the statistics. The layout
+ * follows PyTorch's _snapshot() (see docs/memory.md); `kiln report` draws
+ * it. Without history the trace is empty. The file is replaced; the
+ * caller keeps `path`. Blocks the host for the file write only (no
+ * device synchronisation). */
+kiln_status kiln_memory_snapshot(kiln_device device, const char *path);
+/* Apply allocator settings in KILN_ALLOC_CONF syntax, e.g.
+ * "limit_mb:512,max_split_size_mb:64" (see docs/memory.md). Settings that
+ * shape the cache (backend, max_split_size_mb, roundup_power2_divisions)
+ * apply to allocators created afterwards; limits apply at once. */
+kiln_status kiln_alloc_conf_set(const char *text);
+
 /* Apply allocator settings in KILN_ALLOC_CONF syntax, e.g.
  * "limit_mb:512,max_split_size_mb:64" (see docs/memory.md). Settings that
  * shape the cache (backend, max_split_size_mb, roundup_power2_divisions)

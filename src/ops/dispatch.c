@@ -20,6 +20,10 @@
 
 static kiln_dispatch_hook hooks[KILN_HOOK_KIND_COUNT];
 static kiln_op_observer observer;
+/* The innermost op this thread is dispatching (the memory history's op). */
+static _Thread_local const char *current_op;
+
+const char *kiln_dispatch_current_op(void) { return current_op; }
 
 void kiln_dispatch_set_observer(const kiln_op_observer *o) {
     if (o) observer = *o;
@@ -219,6 +223,8 @@ kiln_status kiln_dispatch(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_
     kiln_op_call c = {.op = op, .info = info, .n_in = n_in, .n_out = info->n_out, .attrs = attrs ? attrs : &zero_attrs};
     for (int i = 0; i < n_in; i++) c.in[i] = in[i];
     kiln_api_enter();
+    const char *outer_op = current_op;
+    current_op = info->name;
     kiln_status st = check_inputs(&c, device);
     int begun = 0;
     for (; !st && begun < KILN_HOOK_KIND_COUNT; begun++)
@@ -237,6 +243,7 @@ kiln_status kiln_dispatch(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_
     } else {
         for (int i = 0; i < c.n_out; i++) out[i] = c.out[i];
     }
+    current_op = outer_op;
     kiln_api_leave();
     return st;
 }

@@ -171,6 +171,12 @@ void kiln_dispatch_set_observer(const kiln_op_observer *observer);
 void kiln_dispatch_range_push(const char *name);
 void kiln_dispatch_range_pop(void);
 
+/* The name of the innermost op this thread is dispatching, or NULL. */
+const char *kiln_dispatch_current_op(void);
+/* Register the memory history's context provider (the op above and the
+ * user's call site); kiln_init calls it. memory_context.c. */
+void kiln_memory_context_register(void);
+
 /* Run op: n_in inputs (NULL allowed where the op says optional), attrs.
  * On success out[0..n_out) are new references (never scope-registered:
  * public wrappers do that through kiln_api_return). `device` is used only

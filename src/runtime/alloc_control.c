@@ -112,6 +112,7 @@ void kiln_caching_allocator_destroy(kiln_caching_allocator *a) {
         a->ops.free(a->ops.ctx, (void *)seg->base, seg->size);
         free(seg);
     }
+    kiln_alloc_history_free(a);
     for (size_t i = 0; i < a->n_slabs; i++) kiln_aligned_free(a->slabs[i]);
     free(a->slabs);
     free(a->segs);
@@ -191,6 +192,7 @@ void kiln_caching_allocator_reset_peak(kiln_caching_allocator *a) {
     size_t n;
     kiln_stat *s = stats_begin(&a->stats, &n);
     for (size_t i = 0; i < n; i++) s[i].peak = s[i].current;
+    if (a->history) kiln_alloc_history_event(a, KILN_ALLOC_ACT_RESET_PEAK, 0, 0, 0, 0, 0);
     alloc_unlock(a);
 }
 
@@ -205,6 +207,7 @@ void kiln_caching_allocator_reset_accumulated(kiln_caching_allocator *a) {
     for (int p = 0; p < 2; p++) a->active_freed_adjust[p] = a->active_bytes_freed_adjust[p] = 0;
     a->stats.num_alloc_retries = a->stats.num_ooms = a->stats.num_sync_all_streams = 0;
     a->stats.num_device_alloc = a->stats.num_device_free = 0;
+    if (a->history) kiln_alloc_history_event(a, KILN_ALLOC_ACT_RESET_ACCUMULATED, 0, 0, 0, 0, 0);
     alloc_unlock(a);
 }
 

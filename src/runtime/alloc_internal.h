@@ -63,6 +63,7 @@ typedef struct alloc_segment {
     size_t size;
     struct alloc_block *head; /* the block at `base` */
     alloc_stream_pools *sp;   /* NULL without caching: its blocks never go to a pool */
+    uint64_t stream_id;       /* ops.stream_id of its stream (memory history, snapshots) */
     uint8_t pool;
 } alloc_segment;
 
@@ -86,6 +87,7 @@ typedef struct alloc_block {
     kiln_alloc_stream *uses;         /* record_stream streams (rare: heap) */
     uint32_t n_uses, cap_uses;
     int event_count;
+    uint32_t ctx; /* while allocated and the history is on: its allocation's context (memory_history.c) */
 } __attribute__((aligned(64))) alloc_block;
 
 typedef struct pending_event {
@@ -116,6 +118,7 @@ struct kiln_caching_allocator {
     void **slabs;
     size_t n_slabs, cap_slabs;
     uint64_t fraction_limit; /* cfg.fraction * total, 0 when unset */
+    struct kiln_alloc_history *history; /* NULL unless recording (memory_history.c) */
     kiln_memory_stats stats;
     /* Per pool (POOL_LARGE, POOL_SMALL): blocks awaiting stream events and
      * their bytes, and what active.freed / active_bytes.freed add to
@@ -264,6 +267,32 @@ uint64_t kiln_alloc_effective_limit(const kiln_caching_allocator *a);
  * allocated/freed of every per-pool stat, and all of active and
  * active_bytes (see the statistics comment above). */
 void kiln_alloc_stats_fill_all(kiln_caching_allocator *a);
+/* ---- Memory history (memory_history.c) ------------------------------------------
+ * Called with the lock held, only when a->history is set: the hot paths pay
+ * one branch on it. Each records one trace entry (PyTorch's actions). */
+typedef enum kiln_alloc_action {
+    KILN_ALLOC_ACT_ALLOC = 0,
+    KILN_ALLOC_ACT_FREE_REQUESTED,  /* the user freed it: allocated drops */
+    KILN_ALLOC_ACT_FREE_COMPLETED,  /* back in the cache: requested and active drop */
+    KILN_ALLOC_ACT_SEGMENT_ALLOC,   /* raw device allocation */
+    KILN_ALLOC_ACT_SEGMENT_FREE,
+    KILN_ALLOC_ACT_OOM,
+    KILN_ALLOC_ACT_RESET_PEAK,
+    KILN_ALLOC_ACT_RESET_ACCUMULATED,
+    KILN_ALLOC_ACT_COUNT
+} kiln_alloc_action;
+/* Block events: `b` as it is at the moment (address, rounded size,
+ * requested size, pool, segment's stream); ALLOC also stores the context
+ * in b->ctx. */
+void kiln_alloc_history_block(kiln_caching_allocator *a, kiln_alloc_action action, const alloc_block *b);
+void kiln_alloc_history_alloc(kiln_caching_allocator *a, alloc_block *b);
+/* Segment events, OOM (size: the rounded request, requested: as asked)
+ * and the two resets. */
+void kiln_alloc_history_event(kiln_caching_allocator *a, kiln_alloc_action action, uintptr_t addr, size_t size,
+                              size_t requested, int pool, uint64_t stream_id);
+/* Free the history (destroy). */
+void kiln_alloc_history_free(kiln_caching_allocator *a);
+
 /* The out-of-memory message for a failed segment of `seg_size` bytes. */
 void kiln_alloc_format_oom(kiln_caching_allocator *a, size_t seg_size, size_t rounded, char *msg, size_t n);
 

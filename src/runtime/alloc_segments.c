@@ -115,7 +115,9 @@ static kiln_status segment_alloc(kiln_caching_allocator *a, size_t size, int poo
         return st;
     }
     if (sp) sp->n_segs++;
-    *seg = (alloc_segment){.base = (uintptr_t)p, .size = size, .head = b, .sp = sp, .pool = (uint8_t)pool};
+    uint64_t stream_id = a->ops.stream_id ? a->ops.stream_id(a->ops.ctx, stream) : (uint64_t)stream;
+    *seg = (alloc_segment){
+        .base = (uintptr_t)p, .size = size, .head = b, .sp = sp, .stream_id = stream_id, .pool = (uint8_t)pool};
     b->ptr = (uintptr_t)p;
     b->size = size;
     b->stream = stream;
@@ -130,6 +132,7 @@ static kiln_status segment_alloc(kiln_caching_allocator *a, size_t size, int poo
     stat_inc(a->stats.reserved_bytes, pool, (int64_t)size);
     if (is_oversize(a, size)) stat_update(&a->stats.oversize_segments, 1);
     a->stats.num_device_alloc++;
+    if (a->history) kiln_alloc_history_event(a, KILN_ALLOC_ACT_SEGMENT_ALLOC, seg->base, size, 0, pool, stream_id);
     kiln_alloc_poison(a, b->ptr, size);
     *out = b;
     return KILN_OK;
@@ -142,6 +145,8 @@ void kiln_alloc_segment_release(kiln_caching_allocator *a, alloc_block *b) {
     KILN_ASSERT(a->segs[at] == seg);
     memmove(&a->segs[at], &a->segs[at + 1], (a->n_segs - at - 1) * sizeof *a->segs);
     a->n_segs--;
+    if (a->history)
+        kiln_alloc_history_event(a, KILN_ALLOC_ACT_SEGMENT_FREE, seg->base, seg->size, 0, seg->pool, seg->stream_id);
     kiln_alloc_unpoison(a, seg->base, seg->size);
     a->ops.free(a->ops.ctx, (void *)seg->base, seg->size);
     stat_dec(a->stats.segment, seg->pool, 1);

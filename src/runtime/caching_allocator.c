@@ -455,6 +455,7 @@ static inline __attribute__((always_inline)) void block_free(kiln_caching_alloca
 /* A block whose stream events have all completed: no longer active. */
 static void block_free_pending(kiln_caching_allocator *a, alloc_block *b) {
     int pool = b->pool;
+    if (a->history) kiln_alloc_history_block(a, KILN_ALLOC_ACT_FREE_COMPLETED, b);
     a->pending_blocks[pool]--;
     a->pending_bytes[pool] -= (int64_t)b->size;
     a->active_freed_adjust[pool]++;
@@ -498,7 +499,11 @@ static __attribute__((noinline)) kiln_status malloc_slow(kiln_caching_allocator 
     kiln_status st = kiln_alloc_block_obtain(a, pool, stream, rounded, &b, msg, sizeof msg);
     if (st == KILN_OK) {
         block_take(a, b, rounded, size);
+        if (a->history) kiln_alloc_history_alloc(a, b);
         *ptr = (void *)b->ptr;
+    } else if (st == KILN_ERR_OUT_OF_MEMORY && a->history) {
+        kiln_alloc_history_event(a, KILN_ALLOC_ACT_OOM, 0, rounded, size, pool,
+                                 a->ops.stream_id ? a->ops.stream_id(a->ops.ctx, stream) : (uint64_t)stream);
     }
     alloc_unlock(a);
     if (st == KILN_ERR_OUT_OF_MEMORY && msg[0]) return KILN_RAISE(st, OOM_HINT, "%s", msg);
@@ -534,6 +539,7 @@ kiln_status kiln_caching_allocator_malloc(kiln_caching_allocator *a, size_t size
     alloc_block *b = a->cfg.caching ? pool_find(a, pool, stream, rounded) : NULL;
     if (__builtin_expect(!b, 0)) return malloc_slow(a, pool, stream, rounded, size, ptr);
     block_take(a, b, rounded, size);
+    if (__builtin_expect(a->history != NULL, 0)) kiln_alloc_history_alloc(a, b);
     *ptr = (void *)b->ptr;
     alloc_unlock(a);
     return KILN_OK;
@@ -578,7 +584,9 @@ static __attribute__((noinline)) kiln_status free_with_uses(kiln_caching_allocat
     if (is_oversize(a, b->size)) stat_update(&a->stats.oversize_allocations, -1);
     kiln_alloc_poison(a, b->ptr, b->size);
     b->n_uses = 0; /* the uses now live on as events */
+    if (a->history) kiln_alloc_history_block(a, KILN_ALLOC_ACT_FREE_REQUESTED, b);
     if (!b->event_count) {
+        if (a->history) kiln_alloc_history_block(a, KILN_ALLOC_ACT_FREE_COMPLETED, b);
         block_free(a, b);
         return KILN_OK;
     }
@@ -609,6 +617,10 @@ kiln_status kiln_caching_allocator_free(kiln_caching_allocator *a, void *ptr) {
         st = free_with_uses(a, b);
     } else {
         int pool = b->pool;
+        if (__builtin_expect(a->history != NULL, 0)) {
+            kiln_alloc_history_block(a, KILN_ALLOC_ACT_FREE_REQUESTED, b);
+            kiln_alloc_history_block(a, KILN_ALLOC_ACT_FREE_COMPLETED, b);
+        }
         stat_dec(a->stats.allocation, pool, 1);
         stat_dec(a->stats.allocated_bytes, pool, (int64_t)b->size);
         if (is_oversize(a, b->size)) stat_update(&a->stats.oversize_allocations, -1);

@@ -43,6 +43,9 @@ typedef struct kiln_raw_ops {
     bool (*event_query)(void *ctx, void *event);
     void (*event_synchronize)(void *ctx, void *event);
     void (*event_destroy)(void *ctx, void *event);
+    /* Optional: a stable id for `stream` (kiln_stream_id), read when a
+     * segment is made, for the memory history and snapshots. */
+    uint64_t (*stream_id)(void *ctx, kiln_alloc_stream stream);
 } kiln_raw_ops;
 
 typedef struct kiln_caching_allocator kiln_caching_allocator;
@@ -79,6 +82,27 @@ kiln_status kiln_caching_allocator_set_fraction(kiln_caching_allocator *a, doubl
  * "Kiln memory summary, device cpu". */
 char *kiln_caching_allocator_summary(kiln_caching_allocator *a, const char *title,
                                      bool abbreviated);
+
+/* Memory history (docs/memory.md, "Memory history and snapshots"). Start
+ * (enabled; a restart clears the trace) or stop and discard recording of
+ * every alloc, free, segment and OOM event into a ring buffer of
+ * `max_entries` (0: KILN_MEMORY_HISTORY_DEFAULT_ENTRIES). */
+kiln_status kiln_caching_allocator_record_history(kiln_caching_allocator *a, bool enabled, size_t max_entries);
+bool kiln_caching_allocator_history_enabled(kiln_caching_allocator *a);
+/* The snapshot JSON (segments, blocks, trace) as a malloc'd string the
+ * caller frees; NULL with an error when host memory is short. */
+char *kiln_caching_allocator_snapshot_json(kiln_caching_allocator *a, const char *device_name);
+
+/* What the memory history records as the context of an allocation: the op
+ * the dispatcher is running and the user's file:line (NULL / 0 when
+ * unknown). The ops layer provides it (kiln_init registers the provider);
+ * without one, the context is empty. The strings must be static. */
+typedef struct kiln_alloc_context {
+    const char *op;
+    const char *file;
+    int line;
+} kiln_alloc_context;
+void kiln_alloc_set_context_provider(void (*provider)(kiln_alloc_context *out));
 
 /* Raw ops that touch no memory: addresses come from a private address
  * range of `capacity` bytes (first fit), events complete at once. The meta

@@ -66,6 +66,11 @@ static void raw_event_destroy(void *ctx, void *event) {
     free(e);
 }
 
+static uint64_t raw_stream_id(void *ctx, kiln_alloc_stream stream) {
+    (void)ctx;
+    return kiln_stream_id((const kiln_stream *)stream);
+}
+
 /* Device ctx: (type << 16) | index, so no allocation is needed for it. */
 static uintptr_t pack(kiln_device d) { return ((uintptr_t)d.type << 16) | (uintptr_t)d.index; }
 static kiln_device unpack(void *ctx) {
@@ -139,6 +144,7 @@ static kiln_caching_allocator *create_for(kiln_device d, const kiln_backend *be)
         };
     }
     ops.event_record = raw_event_record;
+    ops.stream_id = raw_stream_id;
     ops.event_query = raw_event_query;
     ops.event_synchronize = raw_event_synchronize;
     ops.event_destroy = raw_event_destroy;
@@ -173,6 +179,7 @@ kiln_caching_allocator *kiln_pinned_allocator(void) {
             .event_query = raw_event_query,
             .event_synchronize = raw_event_synchronize,
             .event_destroy = raw_event_destroy,
+            .stream_id = raw_stream_id,
         };
         kiln_alloc_config cfg = global_config;
         cfg.limit_bytes = 0; /* device limits do not apply to host memory */
