@@ -8,6 +8,14 @@
 # not built (CMake says so) and the nvcc CI tier is skipped with a message.
 set -euo pipefail
 
+# The reference safetensors reader (PyPI), for tests/io/test_safetensors_python
+# (skipped when it cannot be imported). No network when already installed.
+if command -v python3 > /dev/null && ! python3 -c 'import safetensors' 2> /dev/null; then
+  python3 -m pip install --user --quiet safetensors 2> /dev/null ||
+    python3 -m pip install --user --quiet --break-system-packages safetensors ||
+    echo "setup: could not install the Python package safetensors; its test will be skipped" >&2
+fi
+
 packages=(
   build-essential cmake ccache pkg-config git
   zlib1g-dev libcjson-dev

@@ -1,4 +1,5 @@
-/* The kiln command. Subcommands: info, bench, version, help. Errors from
+/* The kiln command. Subcommands: info, train, eval, export, bench, ops,
+ * smi, memory, version, help. Errors from
  * the library become a message on stderr and exit code 1; usage errors
  * exit 2. */
 #include <stdio.h>
@@ -95,6 +96,8 @@ static void usage(FILE *f) {
             "commands:\n"
             "  info            version, build options, devices with memory\n"
             "  train [opts]    train a model spec on Fashion-MNIST (kiln train --help)\n"
+            "  eval --checkpoint FILE   test accuracy and loss of a checkpoint (kiln eval --help)\n"
+            "  export --checkpoint FILE --out DIR   weights + model spec for inference\n"
             "  bench NAME      run a benchmark (kiln bench --list)\n"
             "  ops             the op list as a markdown table (docs/ops.md)\n"
             "  smi [--watch S] GPU utilisation, memory, power (host CPU/RSS of kiln without a GPU)\n"
@@ -122,6 +125,8 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(cmd, "info") == 0) rc = cmd_info();
     else if (strcmp(cmd, "train") == 0) rc = kiln_cmd_train(argc - 2, argv + 2);
+    else if (strcmp(cmd, "eval") == 0) rc = kiln_cmd_eval(argc - 2, argv + 2);
+    else if (strcmp(cmd, "export") == 0) rc = kiln_cmd_export(argc - 2, argv + 2);
     else if (strcmp(cmd, "bench") == 0) rc = cmd_bench(argc - 2, argv + 2);
     else if (strcmp(cmd, "smi") == 0) rc = kiln_cmd_smi(argc - 2, argv + 2);
     else if (strcmp(cmd, "memory") == 0) rc = kiln_cmd_memory(argc - 2, argv + 2);

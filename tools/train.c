@@ -1,13 +1,21 @@
 /* kiln train: train a model spec on Fashion-MNIST with Adam, evaluate on
- * the test set after each epoch, log metrics as JSON lines, save the
- * weights as safetensors and print a summary.
+ * the test set after each epoch, log metrics as JSON lines, write
+ * checkpoints and print a summary (docs/training.md).
  *
  * With no arguments it trains the tutorial CNN (models/
  * tutorial_cnn_28x28x1.txt) for one epoch, Adam lr 1e-3, batch 128: the
  * recipe of the tutorial. Output goes to runs/<timestamp>/ (metrics.jsonl,
- * model.safetensors). */
+ * checkpoint.safetensors after every epoch, model.safetensors at the end,
+ * trace.json with --profile).
+ *
+ * Losses and correct counts accumulate on the device; the host reads them
+ * (one kiln_item each) once per --log-every window. Ctrl-C finishes the
+ * step, writes a checkpoint and exits 130; --resume continues from one. */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,32 +23,57 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "kiln/kiln.h"
+#include "ops/cpu_tables.h"
 #include "train.h"
 
 #define DEFAULT_MODEL "tutorial_cnn_28x28x1.txt"
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
 typedef struct train_args {
-    int epochs, accum, log_every, workers;
-    int64_t batch, limit;
+    int epochs, accum, log_every, workers, profile_steps;
+    int64_t batch, limit, max_steps;
     double lr;
     uint64_t seed;
-    const char *model, *data, *out;
+    bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly;
+    const char *model, *data, *out, *resume;
 } train_args;
 
 typedef struct train_run {
     train_args a;
     char out_dir[PATH_MAX];
+    char ckpt_path[PATH_MAX + 32];
     FILE *metrics;
+    pthread_mutex_t metrics_lock;
     kiln_device dev;
     kiln_module *model;
+    char *spec_text;
+    kiln_sample_info info;
     kiln_optimizer *opt;
     kiln_dataset *train_ds, *test_ds;
     kiln_loader *train_ld, *test_ld;
-    bool tty;
+    bool tty, monitoring, profiling, trace_ready;
     int64_t step;
+    int start_epoch;
+    int64_t skip_batches;     /* resume: batches of start_epoch already trained */
+    double resume_loss_sum;   /* resume: the epoch's loss sum before the stop */
+    int64_t resume_images;
     double t0;
 } train_run;
+
+static volatile sig_atomic_t interrupted;
+
+/* The first Ctrl-C asks for a checkpoint after the current step; a second
+ * one kills the process the default way. */
+static void on_sigint(int sig) {
+    if (interrupted) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    interrupted = 1;
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -48,26 +81,39 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int fail(const char *what) {
+int train_fail(const char *cmd, const char *what) {
     const kiln_error *e = kiln_error_last();
-    fprintf(stderr, "kiln train: %s: %s\n", what, e->message);
+    fprintf(stderr, "kiln %s: %s: %s\n", cmd, what, e->message);
     if (e->hint[0]) fprintf(stderr, "  hint: %s\n", e->hint);
     return 1;
 }
 
+static int fail(const char *what) { return train_fail("train", what); }
+
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln train [options]\n"
-               "  --model FILE   model spec (default: models/" DEFAULT_MODEL ")\n"
-               "  --data DIR     Fashion-MNIST directory (default: the Debian package dataset-fashion-mnist)\n"
-               "  --epochs N     epochs (default 1)\n"
-               "  --batch B      batch size (default 128)\n"
-               "  --accum N      split each batch into N micro-batches, one optimizer step (default 1)\n"
-               "  --lr LR        Adam learning rate (default 1e-3)\n"
-               "  --limit N      use only the first N training and test samples (quick runs)\n"
-               "  --seed S       seed for initialisation, shuffling and dropout (default 0)\n"
-               "  --workers N    loader threads (default -1: auto)\n"
-               "  --log-every N  steps per metrics record and progress line (default 50)\n"
-               "  --out DIR      output directory (default runs/<timestamp>)\n");
+               "  --model FILE       model spec (default: models/" DEFAULT_MODEL "; with --resume: the spec\n"
+               "                     stored in the checkpoint)\n"
+               "  --data DIR         Fashion-MNIST directory (default: " FMNIST_DIR ",\n"
+               "                     the Debian package dataset-fashion-mnist)\n"
+               "  --epochs N         epochs in total (default 1)\n"
+               "  --batch B          batch size (default 128)\n"
+               "  --accum N          split each batch into N micro-batches, one optimizer step (default 1)\n"
+               "  --lr LR            Adam learning rate (default 1e-3)\n"
+               "  --limit N          use only the first N training and test samples (quick runs)\n"
+               "  --seed S           seed for initialisation, shuffling and dropout (default 0)\n"
+               "  --workers N        loader threads (default -1: auto)\n"
+               "  --log-every N      steps per metrics record and progress line (default 50)\n"
+               "  --out DIR          output directory (default runs/<timestamp>)\n"
+               "  --resume PATH      continue from a checkpoint (a file, or a run directory holding\n"
+               "                     checkpoint.safetensors)\n"
+               "  --deterministic    kiln_set_deterministic(true): resumed runs repeat losses bit for bit\n"
+               "  --max-steps N      stop after optimizer step N with a checkpoint (exit 0)\n"
+               "  --profile N        profile N steps (after one warm-up step): table, counters, trace.json\n"
+               "  --monitor          sample GPU (or host CPU/memory) use each second into metrics.jsonl\n"
+               "  --detect-leaks     check for autograd graphs kept across steps at each step boundary\n"
+               "  --detect-anomaly   check every op's outputs for NaN/inf (slow: a debugging switch)\n"
+               "Ctrl-C finishes the step, writes a checkpoint and exits 130.\n");
 }
 
 static bool parse_i64(const char *s, int64_t min, int64_t *out) {
@@ -79,7 +125,7 @@ static bool parse_i64(const char *s, int64_t min, int64_t *out) {
     return true;
 }
 
-/* 0 ok, 2 usage error (printed). */
+/* 0 ok, 2 usage error (printed), -1 help printed. */
 static int parse_args(int argc, char **argv, train_args *a) {
     *a = (train_args){.epochs = 1, .accum = 1, .log_every = 50, .workers = -1, .batch = 128, .lr = 1e-3};
     for (int i = 0; i < argc; i++) {
@@ -88,34 +134,48 @@ static int parse_args(int argc, char **argv, train_args *a) {
             usage(stdout);
             return -1;
         }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "kiln train: %s needs a value (kiln train --help)\n", o);
+        if (!strcmp(o, "--deterministic")) a->deterministic = true;
+        else if (!strcmp(o, "--monitor")) a->monitor = true;
+        else if (!strcmp(o, "--detect-leaks")) a->detect_leaks = true;
+        else if (!strcmp(o, "--detect-anomaly")) a->detect_anomaly = true;
+        else if (strncmp(o, "--", 2) != 0) {
+            fprintf(stderr, "kiln train: unexpected argument '%s' (kiln train --help)\n", o);
             return 2;
-        }
-        const char *v = argv[++i];
-        int64_t n = 0;
-        bool ok = true;
-        if (strcmp(o, "--model") == 0) a->model = v;
-        else if (strcmp(o, "--data") == 0) a->data = v;
-        else if (strcmp(o, "--out") == 0) a->out = v;
-        else if (strcmp(o, "--epochs") == 0) ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->epochs = (int)n);
-        else if (strcmp(o, "--accum") == 0) ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->accum = (int)n);
-        else if (strcmp(o, "--log-every") == 0) ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->log_every = (int)n);
-        else if (strcmp(o, "--workers") == 0) ok = parse_i64(v, -1, &n) && n < 256 && ((a->workers = (int)n), 1);
-        else if (strcmp(o, "--batch") == 0) ok = parse_i64(v, 1, &a->batch);
-        else if (strcmp(o, "--limit") == 0) ok = parse_i64(v, 1, &a->limit);
-        else if (strcmp(o, "--seed") == 0) ok = parse_i64(v, 0, &n) && ((a->seed = (uint64_t)n), 1);
-        else if (strcmp(o, "--lr") == 0) {
-            char *end;
-            a->lr = strtod(v, &end);
-            ok = *v && !*end && a->lr > 0;
         } else {
-            fprintf(stderr, "kiln train: unknown option '%s' (kiln train --help)\n", o);
-            return 2;
-        }
-        if (!ok) {
-            fprintf(stderr, "kiln train: bad value '%s' for %s (kiln train --help)\n", v, o);
-            return 2;
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kiln train: %s needs a value (kiln train --help)\n", o);
+                return 2;
+            }
+            const char *v = argv[++i];
+            int64_t n = 0;
+            bool ok = true;
+            if (strcmp(o, "--model") == 0) a->model = v;
+            else if (strcmp(o, "--data") == 0) a->data = v;
+            else if (strcmp(o, "--out") == 0) a->out = v;
+            else if (strcmp(o, "--resume") == 0) a->resume = v;
+            else if (strcmp(o, "--epochs") == 0) ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->epochs = (int)n);
+            else if (strcmp(o, "--accum") == 0) ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->accum = (int)n);
+            else if (strcmp(o, "--log-every") == 0)
+                ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->log_every = (int)n);
+            else if (strcmp(o, "--profile") == 0)
+                ok = parse_i64(v, 1, &n) && n < 100000 && (a->profile_steps = (int)n);
+            else if (strcmp(o, "--workers") == 0) ok = parse_i64(v, -1, &n) && n < 256 && ((a->workers = (int)n), 1);
+            else if (strcmp(o, "--batch") == 0) ok = parse_i64(v, 1, &a->batch);
+            else if (strcmp(o, "--limit") == 0) ok = parse_i64(v, 1, &a->limit);
+            else if (strcmp(o, "--max-steps") == 0) ok = parse_i64(v, 1, &a->max_steps);
+            else if (strcmp(o, "--seed") == 0) ok = parse_i64(v, 0, &n) && ((a->seed = (uint64_t)n), a->seed_given = 1);
+            else if (strcmp(o, "--lr") == 0) {
+                char *end;
+                a->lr = strtod(v, &end);
+                ok = *v && !*end && a->lr > 0;
+            } else {
+                fprintf(stderr, "kiln train: unknown option '%s' (kiln train --help)\n", o);
+                return 2;
+            }
+            if (!ok) {
+                fprintf(stderr, "kiln train: bad value '%s' for %s (kiln train --help)\n", v, o);
+                return 2;
+            }
         }
     }
     if (a->accum > a->batch) {
@@ -127,7 +187,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
 
 /* The default model: next to an installed binary (PREFIX/share/kiln/models),
  * else in the source tree this binary was built from. */
-static const char *find_default_model(char *buf, size_t size) {
+const char *train_default_model(char *buf, size_t size) {
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -144,7 +204,37 @@ static const char *find_default_model(char *buf, size_t size) {
     return NULL;
 }
 
-/* ---- A dataset limited to its first n samples ---------------------------------------- */
+char *train_read_text(const char *cmd, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kiln %s: cannot read model spec %s: %s\n", cmd, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, len = 0;
+    char *text = malloc(cap);
+    while (text) {
+        if (len + 1 >= cap) {
+            char *t = cap < (2u << 20) ? realloc(text, cap *= 2) : NULL;
+            if (!t) {
+                fprintf(stderr, "kiln %s: model spec %s is larger than 1 MiB\n", cmd, path);
+                free(text);
+                text = NULL;
+                break;
+            }
+            text = t;
+        }
+        size_t got = fread(text + len, 1, cap - len - 1, f);
+        len += got;
+        if (got == 0) {
+            text[len] = '\0';
+            break;
+        }
+    }
+    fclose(f);
+    return text;
+}
+
+/* ---- Data ---------------------------------------------------------------------------- */
 
 typedef struct limited_ds {
     kiln_dataset *base;
@@ -160,38 +250,96 @@ static void limited_free(void *ctx) {
     free(ctx);
 }
 
-/* Open one split; with limit > 0 keep only its first `limit` samples. */
-static kiln_status open_split(const train_args *a, const char *split, kiln_dataset **out) {
+kiln_status train_open_split(const char *data, int64_t limit, const char *split, kiln_dataset **out) {
     kiln_dataset *ds = NULL;
-    kiln_status st = kiln_dataset_open_fashion_mnist(a->data, split, &ds);
-    if (st != KILN_OK || a->limit <= 0 || a->limit >= kiln_dataset_length(ds)) {
-        *out = ds;
+    kiln_status st = kiln_dataset_open_fashion_mnist(data, split, &ds);
+    if (st != KILN_OK) {
+        char msg[sizeof kiln_error_last()->message];
+        snprintf(msg, sizeof msg, "%s", kiln_error_last()->message);
+        if (st == KILN_ERR_IO)
+            return KILN_RAISE(st,
+                              "install the Debian package dataset-fashion-mnist (scripts/setup.sh does), "
+                              "or pass --data DIR holding the four *-ubyte(.gz) files",
+                              "%s", msg);
         return st;
+    }
+    if (limit <= 0 || limit >= kiln_dataset_length(ds)) {
+        *out = ds;
+        return KILN_OK;
     }
     limited_ds *ctx = malloc(sizeof *ctx);
     if (!ctx) {
         kiln_dataset_free(ds);
         return KILN_ERR_OUT_OF_MEMORY;
     }
-    *ctx = (limited_ds){ds, a->limit};
+    *ctx = (limited_ds){ds, limit};
     static const kiln_dataset_ops ops = {limited_length, limited_get, limited_free};
     st = kiln_dataset_create(&ops, ctx, kiln_dataset_info(ds), out);
     if (st != KILN_OK) limited_free(ctx);
     return st;
 }
 
-static kiln_status make_loader(train_run *r, kiln_dataset *ds, bool shuffle, kiln_loader **out) {
+kiln_status train_make_loader(kiln_dataset *ds, kiln_device dev, int64_t batch, bool shuffle, uint64_t seed,
+                              int workers, kiln_loader **out) {
     kiln_loader_opts o = kiln_loader_opts_default();
-    o.batch_size = r->a.batch;
+    o.batch_size = batch;
     o.shuffle = shuffle;
-    o.seed = r->a.seed;
-    o.num_workers = r->a.workers;
+    o.seed = seed;
+    o.num_workers = workers;
     o.pin_memory = true;
-    o.device = r->dev;
+    o.device = dev;
     o.transforms.normalize = true;
     o.transforms.mean[0] = 0.2860f; /* Fashion-MNIST's training-set statistics */
     o.transforms.std[0] = 0.3530f;
     return kiln_loader_create(ds, &o, out);
+}
+
+kiln_status train_evaluate(kiln_module *model, kiln_loader *ld, int64_t epoch, double *loss, double *acc,
+                           int64_t *images) {
+    kiln_module_train(model, false);
+    kiln_no_grad_begin();
+    kiln_status st = kiln_loader_epoch_begin(ld, epoch);
+    /* Sums stay on the device; one read at the end. */
+    kiln_tensor *loss_sum = NULL, *hits = NULL;
+    int64_t seen = 0;
+    while (st == KILN_OK) {
+        kiln_scope_begin();
+        kiln_tensor *x = NULL, *y = NULL;
+        st = kiln_loader_next(ld, &x, &y);
+        if (st != KILN_OK || !x) {
+            kiln_scope_end();
+            break;
+        }
+        int64_t b = kiln_size(x, 0);
+        kiln_tensor *logits = kiln_module_forward(model, x);
+        kiln_tensor *l = logits ? kiln_cross_entropy(logits, y, NULL) : NULL;
+        kiln_tensor *lb = l ? kiln_mul_scalar(l, (double)b) : NULL;
+        kiln_tensor *am = lb ? kiln_argmax(logits, 1, false) : NULL;
+        kiln_tensor *eq = am ? kiln_eq(am, y) : NULL;
+        kiln_tensor *n = eq ? kiln_sum(eq, 0, NULL, false) : NULL;
+        /* Each running sum is a scoped result moved out of the scope. */
+        kiln_tensor *ns = !n ? NULL : loss_sum ? kiln_add(loss_sum, lb) : lb;
+        kiln_tensor *nh = !ns ? NULL : hits ? kiln_add(hits, n) : n;
+        if (!nh) st = kiln_error_last()->status;
+        if (ns) kiln_keep(ns);
+        if (nh) kiln_keep(nh);
+        kiln_release(loss_sum);
+        kiln_release(hits);
+        loss_sum = ns, hits = nh;
+        seen += b;
+        kiln_scope_end();
+    }
+    double ls = 0, h = 0;
+    if (st == KILN_OK && loss_sum) st = kiln_item(loss_sum, &ls);
+    if (st == KILN_OK && hits) st = kiln_item(hits, &h);
+    kiln_release(loss_sum);
+    kiln_release(hits);
+    kiln_grad_mode_end();
+    kiln_module_train(model, true);
+    *loss = seen ? ls / (double)seen : 0;
+    *acc = seen ? h / (double)seen : 0;
+    if (images) *images = seen;
+    return st;
 }
 
 /* ---- Output -------------------------------------------------------------------------------- */
@@ -209,7 +357,7 @@ static int make_dirs(const char *path) {
 }
 
 /* Create the output directory and open metrics.jsonl before any training,
- * so an unwritable place is reported at once. */
+ * so an unwritable place is reported at once. A resumed run appends. */
 static int open_output(train_run *r) {
     if (r->a.out) {
         snprintf(r->out_dir, sizeof r->out_dir, "%s", r->a.out);
@@ -221,12 +369,24 @@ static int open_output(train_run *r) {
     }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->out_dir);
-    if (make_dirs(r->out_dir) != 0 || !(r->metrics = fopen(path, "w"))) {
+    if (make_dirs(r->out_dir) != 0 || !(r->metrics = fopen(path, r->a.resume ? "a" : "w"))) {
         fprintf(stderr, "kiln train: cannot write to output directory %s: %s (choose another with --out DIR)\n",
                 r->out_dir, strerror(errno));
         return 1;
     }
+    snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s/checkpoint.safetensors", r->out_dir);
     return 0;
+}
+
+/* One JSON line into metrics.jsonl (the monitor thread writes too). */
+static void metric(train_run *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pthread_mutex_lock(&r->metrics_lock);
+    vfprintf(r->metrics, fmt, ap);
+    fflush(r->metrics);
+    pthread_mutex_unlock(&r->metrics_lock);
+    va_end(ap);
 }
 
 static void fmt_duration(double s, char *buf, size_t size) {
@@ -236,163 +396,404 @@ static void fmt_duration(double s, char *buf, size_t size) {
 }
 
 static void progress(train_run *r, int epoch, int64_t i, int64_t nb, double loss, double img_s, double ep_t0,
-                     bool final) {
+                     double wait_pct, bool final) {
     char eta[32];
     double elapsed = now_s() - ep_t0;
     fmt_duration(i ? elapsed / (double)i * (double)(nb - i) : 0, eta, sizeof eta);
+    double mib = (double)kiln_memory_allocated(r->dev) / (1 << 20);
     if (r->tty) {
         int width = 24, fill = nb ? (int)(width * i / nb) : width;
         char bar[32];
         for (int k = 0; k < width; k++) bar[k] = k < fill ? '#' : '.';
         bar[width] = '\0';
-        fprintf(stderr, "\repoch %d/%d [%s] %lld/%lld loss %.4f %.0f img/s ETA %s  %s", epoch + 1, r->a.epochs,
-                bar, (long long)i, (long long)nb, loss, img_s, eta, final ? "\n" : "");
+        fprintf(stderr, "\repoch %d/%d [%s] %lld/%lld loss %.4f %.0f img/s ETA %s mem %.0f MiB wait %.0f%%  %s",
+                epoch + 1, r->a.epochs, bar, (long long)i, (long long)nb, loss, img_s, eta, mib, wait_pct,
+                final ? "\n" : "");
     } else {
-        fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f img/s ETA %s\n", epoch + 1, r->a.epochs,
-                (long long)i, (long long)nb, loss, img_s, eta);
+        fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f img/s ETA %s mem %.0f MiB wait %.0f%%\n",
+                epoch + 1, r->a.epochs, (long long)i, (long long)nb, loss, img_s, eta, mib, wait_pct);
     }
     fflush(stderr);
 }
 
-/* ---- Training and evaluation ------------------------------------------------------------ */
+/* ---- Checkpoints ----------------------------------------------------------------------- */
 
-/* One optimizer step over batch (x, y), split into up to `accum`
- * micro-batches. Each micro-batch's mean loss is weighted by its share of
- * the batch's samples, so the accumulated gradient is the full batch's
- * mean-loss gradient however the batch divides. *loss gets the batch's
- * mean loss. */
-static kiln_status train_step(train_run *r, kiln_tensor *x, kiln_tensor *y, double *loss) {
-    int64_t b = kiln_size(x, 0);
-    int parts = (int64_t)r->a.accum < b ? r->a.accum : (int)b;
-    kiln_status st = KILN_OK;
-    *loss = 0;
-    for (int k = 0; k < parts && st == KILN_OK; k++) {
-        int64_t lo = b * k / parts, hi = b * (k + 1) / parts;
-        double share = (double)(hi - lo) / (double)b, v = 0;
-        kiln_scope_begin();
-        kiln_tensor *xs = parts > 1 ? kiln_narrow(x, 0, lo, hi - lo) : x;
-        kiln_tensor *ys = parts > 1 ? kiln_narrow(y, 0, lo, hi - lo) : y;
-        kiln_tensor *logits = xs && ys ? kiln_module_forward(r->model, xs) : NULL;
-        kiln_tensor *l = logits ? kiln_cross_entropy(logits, ys, NULL) : NULL;
-        kiln_tensor *scaled = l && parts > 1 ? kiln_mul_scalar(l, share) : l;
-        st = scaled ? kiln_backward(scaled, NULL, false) : kiln_error_last()->status;
-        if (st == KILN_OK) st = kiln_item(l, &v);
-        *loss += v * share;
-        kiln_scope_end();
-    }
-    if (st == KILN_OK) st = kiln_optimizer_step(r->opt);
-    if (st == KILN_OK) st = kiln_optimizer_zero_grad(r->opt, true);
-    return st;
-}
-
-/* Test-set loss and accuracy in eval mode without autograd. */
-static kiln_status evaluate(train_run *r, int epoch, double *loss, double *acc) {
-    kiln_module_train(r->model, false);
-    kiln_no_grad_begin();
-    kiln_status st = kiln_loader_epoch_begin(r->test_ld, epoch);
-    double loss_sum = 0;
-    int64_t correct = 0, seen = 0;
-    int64_t *pred = NULL, *lab = NULL;
-    while (st == KILN_OK) {
-        kiln_scope_begin();
-        kiln_tensor *x = NULL, *y = NULL;
-        st = kiln_loader_next(r->test_ld, &x, &y);
-        if (st != KILN_OK || !x) {
-            kiln_scope_end();
-            break;
-        }
-        int64_t b = kiln_size(x, 0);
-        kiln_tensor *logits = kiln_module_forward(r->model, x);
-        kiln_tensor *l = logits ? kiln_cross_entropy(logits, y, NULL) : NULL;
-        kiln_tensor *am = l ? kiln_argmax(logits, 1, false) : NULL;
-        double v = 0;
-        int64_t *np = realloc(pred, (size_t)b * sizeof *pred), *nl = np ? realloc(lab, (size_t)b * sizeof *lab) : NULL;
-        if (np) pred = np;
-        if (nl) lab = nl;
-        st = !am ? kiln_error_last()->status : !nl ? KILN_ERR_OUT_OF_MEMORY : kiln_item(l, &v);
-        if (st == KILN_OK) st = kiln_to_host(am, pred, (size_t)b * sizeof *pred);
-        if (st == KILN_OK) st = kiln_to_host(y, lab, (size_t)b * sizeof *lab);
-        for (int64_t i = 0; st == KILN_OK && i < b; i++) correct += pred[i] == lab[i];
-        loss_sum += v * (double)b;
-        seen += b;
-        kiln_scope_end();
-    }
-    free(pred);
-    free(lab);
-    kiln_grad_mode_end();
-    kiln_module_train(r->model, true);
-    *loss = seen ? loss_sum / (double)seen : 0;
-    *acc = seen ? (double)correct / (double)seen : 0;
-    return st;
-}
-
-/* One epoch: steps with progress and per-window metrics records, then the
- * test-set evaluation and the epoch record. */
-static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t *images) {
-    kiln_status st = kiln_loader_epoch_begin(r->train_ld, epoch);
+static kiln_status save_checkpoint(train_run *r, int epoch, int64_t batch_in_epoch, int epochs_done,
+                                   double epoch_loss_sum, int64_t epoch_images) {
+    kiln_train_state s = {.epoch = epoch,
+                          .step = r->step,
+                          .batch_in_epoch = batch_in_epoch,
+                          .epochs_done = epochs_done,
+                          .data_seed = r->a.seed,
+                          .input_c = r->info.channels,
+                          .input_h = r->info.height,
+                          .input_w = r->info.width,
+                          .model_spec = r->spec_text};
+    kiln_status st = kiln_checkpoint_save(r->ckpt_path, r->model, r->opt, &s);
     if (st != KILN_OK) return st;
-    int64_t nb = kiln_loader_num_batches(r->train_ld), i = 0, win_img = 0, ep_img = 0;
-    double ep_t0 = now_s(), win_t0 = ep_t0, win_loss = 0, ep_loss = 0, last_draw = 0;
-    int win_n = 0;
-    while (st == KILN_OK) {
-        kiln_scope_begin();
-        kiln_tensor *x = NULL, *y = NULL;
-        double loss = 0;
-        st = kiln_loader_next(r->train_ld, &x, &y);
-        bool done = st != KILN_OK || !x;
-        int64_t b = done ? 0 : kiln_size(x, 0);
-        if (!done) st = train_step(r, x, y, &loss);
-        kiln_scope_end();
-        if (done || st != KILN_OK) break;
-        i++, r->step++, win_n++, win_img += b, ep_img += b;
-        win_loss += loss, ep_loss += loss;
-        double t = now_s();
-        if (r->tty && (t - last_draw > 0.2 || i == nb)) {
-            progress(r, epoch, i, nb, ep_loss / (double)i, (double)ep_img / (t - ep_t0), ep_t0, false);
-            last_draw = t;
-        }
-        if (win_n == r->a.log_every || i == nb) {
-            double img_s = (double)win_img / (t - win_t0);
-            fprintf(r->metrics,
-                    "{\"event\":\"step\",\"step\":%lld,\"epoch\":%d,\"loss\":%.6f,\"lr\":%g,\"img_s\":%.1f}\n",
-                    (long long)r->step, epoch + 1, win_loss / win_n, kiln_optimizer_get_lr(r->opt), img_s);
-            fflush(r->metrics);
-            if (!r->tty) progress(r, epoch, i, nb, ep_loss / (double)i, (double)ep_img / (t - ep_t0), ep_t0, false);
-            win_n = 0, win_img = 0, win_loss = 0, win_t0 = t;
-        }
-    }
-    if (st != KILN_OK) return st;
-    if (r->tty && i) progress(r, epoch, i, nb, ep_loss / (double)i, (double)ep_img / (now_s() - ep_t0), ep_t0, true);
-    double train_time = now_s() - ep_t0, test_loss = 0;
-    st = evaluate(r, epoch, &test_loss, test_acc);
-    if (st != KILN_OK) return st;
-    double epoch_time = now_s() - ep_t0;
-    fprintf(r->metrics,
-            "{\"event\":\"epoch\",\"epoch\":%d,\"train_loss\":%.6f,\"test_loss\":%.6f,\"test_acc\":%.6f,"
-            "\"train_s\":%.3f,\"epoch_s\":%.3f}\n",
-            epoch + 1, i ? ep_loss / (double)i : 0, test_loss, *test_acc, train_time, epoch_time);
-    fflush(r->metrics);
-    fprintf(stderr, "epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.2f%% (%.1f s)\n", epoch + 1,
-            r->a.epochs, i ? ep_loss / (double)i : 0, test_loss, 100 * *test_acc, epoch_time);
-    *images += ep_img;
+    /* The epoch's partial loss sum, for an exact epoch record after resume. */
+    metric(r,
+           "{\"event\":\"checkpoint\",\"path\":\"checkpoint.safetensors\",\"epoch\":%d,\"step\":%lld,"
+           "\"batch_in_epoch\":%lld,\"epoch_loss_sum\":%.17g,\"epoch_images\":%lld}\n",
+           epoch + 1, (long long)r->step, (long long)batch_in_epoch, epoch_loss_sum, (long long)epoch_images);
     return KILN_OK;
 }
 
-/* Everything before the first step; a non-zero return is the exit code. */
-static int setup(train_run *r) {
+/* The last checkpoint record of a resumed run's metrics.jsonl: the partial
+ * epoch's loss sum and image count. */
+static void read_resume_sums(train_run *r, int64_t step) {
+    char path[PATH_MAX + 32], line[1024];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", r->out_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    while (fgets(line, sizeof line, f)) {
+        long long s = -1, imgs = 0;
+        double sum = 0;
+        const char *p = strstr(line, "\"event\":\"checkpoint\"");
+        const char *ps = p ? strstr(line, "\"step\":") : NULL;
+        const char *pl = p ? strstr(line, "\"epoch_loss_sum\":") : NULL;
+        const char *pi = p ? strstr(line, "\"epoch_images\":") : NULL;
+        if (!ps || !pl || !pi || sscanf(ps, "\"step\":%lld", &s) != 1 || s != step) continue;
+        if (sscanf(pl, "\"epoch_loss_sum\":%lf", &sum) == 1 && sscanf(pi, "\"epoch_images\":%lld", &imgs) == 1) {
+            r->resume_loss_sum = sum;
+            r->resume_images = imgs;
+        }
+    }
+    fclose(f);
+}
+
+/* ---- Diagnostics switches -------------------------------------------------------------- */
+
+static void on_trace_ready(void *user) { ((train_run *)user)->trace_ready = true; }
+
+static void monitor_sample(const kiln_gpu_stats *gpus, int count, kiln_status status, void *user) {
+    train_run *r = user;
+    double t = now_s() - r->t0;
+    (void)status;
+    for (int i = 0; i < count; i++)
+        metric(r,
+               "{\"event\":\"monitor\",\"t\":%.3f,\"gpu\":%d,\"util_gpu\":%u,\"util_memory\":%u,"
+               "\"memory_used\":%llu,\"memory_total\":%llu,\"power_w\":%.1f,\"temperature_c\":%u}\n",
+               t, gpus[i].index, gpus[i].util_gpu, gpus[i].util_memory, (unsigned long long)gpus[i].memory_used,
+               (unsigned long long)gpus[i].memory_total, gpus[i].power_watts, gpus[i].temperature_c);
+    if (count > 0) return;
+    /* No GPU: this process's CPU use (over 200 ms) and resident memory. */
+    kiln_host_process p[1];
+    int n = 0;
+    if (kiln_host_processes_sample(p, 1, 200, &n) == KILN_OK && n > 0)
+        metric(r, "{\"event\":\"monitor\",\"t\":%.3f,\"gpu\":null,\"cpu_percent\":%.1f,\"rss_bytes\":%llu}\n", t,
+               p[0].cpu_percent, (unsigned long long)p[0].rss_bytes);
+}
+
+static kiln_status diag_begin(train_run *r) {
+    if (r->a.detect_anomaly) {
+        kiln_set_detect_anomaly(true);
+        fprintf(stderr, "kiln train: anomaly detection on (every op's outputs checked for NaN/inf)\n");
+    }
+    if (r->a.detect_leaks) {
+        KILN_TRY(kiln_leak_check_begin(0));
+        fprintf(stderr, "kiln train: leak detection on (live autograd graph counted at each step boundary)\n");
+    }
+    if (r->a.monitor) {
+        KILN_TRY(kiln_gpu_monitor_start(1000, monitor_sample, r));
+        r->monitoring = true;
+    }
+    if (r->a.profile_steps > 0) {
+        kiln_profiler_opts po = {.schedule = {.wait = 1, .warmup = 0, .active = r->a.profile_steps, .repeat = 1},
+                                 .on_trace_ready = on_trace_ready,
+                                 .user = r};
+        KILN_TRY(kiln_profiler_start(&po));
+        r->profiling = true;
+    }
+    return KILN_OK;
+}
+
+/* After each optimizer step (its scope closed). */
+static kiln_status diag_step(train_run *r, bool *leak_reported) {
+    if (r->profiling) KILN_TRY(kiln_profiler_step());
+    if (r->a.detect_leaks) {
+        kiln_leak_report rep;
+        KILN_TRY(kiln_leak_check_step(&rep));
+        if (rep.leaking && !*leak_reported) {
+            char *text = kiln_leak_report_format(&rep);
+            if (text) fprintf(stderr, "\n%s\n", text);
+            free(text);
+            *leak_reported = true;
+        }
+    }
+    return KILN_OK;
+}
+
+static void profile_report(train_run *r) {
+    if (!r->profiling) return;
+    kiln_profiler_stop();
+    r->profiling = false;
+    char *table = kiln_profiler_table(KILN_SORT_CPU_TOTAL, 25);
+    if (table) fprintf(stderr, "kiln train: profile of %d step%s:\n%s", r->a.profile_steps,
+                       r->a.profile_steps == 1 ? "" : "s", table);
+    free(table);
+    kiln_counters c;
+    kiln_profiler_step_counters(&c);
+    fprintf(stderr,
+            "kiln train: last profiled step: %llu kernel launches, %llu host syncs, %llu raw allocations, "
+            "%llu pageable copies, %llu bytes to device, %llu bytes to host\n",
+            (unsigned long long)c.kernel_launches, (unsigned long long)c.host_syncs,
+            (unsigned long long)c.raw_allocs, (unsigned long long)c.pageable_copies,
+            (unsigned long long)c.bytes_h2d, (unsigned long long)c.bytes_d2h);
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/trace.json", r->out_dir);
+    if (kiln_profiler_export_chrome_trace(path) == KILN_OK)
+        fprintf(stderr, "kiln train: Chrome trace %s (open in Perfetto)%s\n", path,
+                r->trace_ready ? "" : " (fewer steps than --profile ran)");
+    else fail("profile trace");
+}
+
+static void diag_end(train_run *r, bool leak_reported) {
+    if (r->monitoring) kiln_gpu_monitor_stop();
+    r->monitoring = false;
+    profile_report(r);
+    if (r->a.detect_leaks) {
+        kiln_leak_report rep;
+        if (!leak_reported && kiln_leak_check_step(&rep) == KILN_OK)
+            fprintf(stderr, "kiln train: leak check: no autograd graph kept across steps (%lld live nodes)\n",
+                    (long long)rep.live_nodes);
+        kiln_leak_check_end();
+    }
+    if (r->a.detect_anomaly) {
+        kiln_anomaly_report rep;
+        kiln_anomaly_last(&rep);
+        if (!rep.found) fprintf(stderr, "kiln train: anomaly check: no NaN or infinity in any op's output\n");
+        kiln_set_detect_anomaly(false);
+    }
+}
+
+/* ---- Training ------------------------------------------------------------------------------ */
+
+/* Add `v` (a scoped device scalar) into *acc, kept past the scope. */
+static kiln_status accumulate(kiln_tensor **acc, kiln_tensor *v) {
+    kiln_tensor *sum = *acc ? kiln_add(*acc, v) : kiln_retain(v);
+    if (!sum) return kiln_error_last()->status;
+    if (*acc) kiln_keep(sum);
+    kiln_release(*acc);
+    *acc = sum;
+    return KILN_OK;
+}
+
+static kiln_status read_and_clear(kiln_tensor **acc, double *out) {
+    *out = 0;
+    kiln_status st = *acc ? kiln_item(*acc, out) : KILN_OK;
+    kiln_release(*acc);
+    *acc = NULL;
+    return st;
+}
+
+typedef enum { EPOCH_DONE, EPOCH_STOPPED } epoch_end;
+
+/* One epoch: steps with progress and per-window metrics records, then the
+ * test-set evaluation, the epoch record and a checkpoint. *how says
+ * whether it was cut short (Ctrl-C or --max-steps: checkpoint written). */
+static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t *images, epoch_end *how,
+                             bool *leak_reported) {
+    *how = EPOCH_DONE;
+    kiln_status st = kiln_loader_epoch_begin(r->train_ld, epoch);
+    if (st != KILN_OK) return st;
+    int64_t nb = kiln_loader_num_batches(r->train_ld), i = 0, win_img = 0, ep_img = 0;
+    double ep_loss = 0;
+    /* Resume mid-epoch: the loader's order is a function of (seed, epoch);
+     * the batches already trained are drawn and dropped. */
+    if (epoch == r->start_epoch && r->skip_batches > 0) {
+        for (; i < r->skip_batches && st == KILN_OK; i++) {
+            kiln_scope_begin();
+            kiln_tensor *x = NULL, *y = NULL;
+            st = kiln_loader_next(r->train_ld, &x, &y);
+            bool end = st == KILN_OK && !x;
+            kiln_scope_end();
+            if (end)
+                return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                                  "resume with the --limit and --batch of the interrupted run",
+                                  "the checkpoint stopped %lld batches into epoch %d, but this run's epoch has %lld",
+                                  (long long)r->skip_batches, epoch + 1, (long long)nb);
+        }
+        ep_loss = r->resume_loss_sum, ep_img = r->resume_images;
+        if (st != KILN_OK) return st;
+    }
+    int64_t i0 = i;
+    double ep_t0 = now_s(), win_t0 = ep_t0, last_draw = 0, shown_loss = 0;
+    kiln_loader_stats ls0;
+    kiln_loader_stats_get(r->train_ld, &ls0);
+    double win_wait0 = ls0.wait_s;
+    int win_n = 0;
+    kiln_tensor *win_loss = NULL, *win_hits = NULL;
+    int64_t img_base = ep_img; /* images of a resumed epoch trained before the stop */
+    double ep_correct = 0;
+    int64_t hits_img = 0;
+    while (st == KILN_OK) {
+        kiln_scope_begin();
+        kiln_tensor *x = NULL, *y = NULL, *loss = NULL, *hits = NULL;
+        st = kiln_loader_next(r->train_ld, &x, &y);
+        bool done = st != KILN_OK || !x;
+        int64_t b = done ? 0 : kiln_size(x, 0);
+        if (!done) {
+            kiln_range_push("step");
+            st = kiln_optimizer_zero_grad(r->opt, true);
+            if (st == KILN_OK) st = kiln_accumulate_backward(r->model, x, y, r->a.accum, NULL, &loss, &hits);
+            if (st == KILN_OK) st = kiln_optimizer_step(r->opt);
+            if (st == KILN_OK) st = accumulate(&win_loss, loss);
+            if (st == KILN_OK) st = accumulate(&win_hits, hits);
+            kiln_range_pop();
+        }
+        kiln_scope_end();
+        if (done || st != KILN_OK) break;
+        i++, r->step++, win_n++, win_img += b, ep_img += b, hits_img += b;
+        if ((st = diag_step(r, leak_reported)) != KILN_OK) break;
+        bool stop = interrupted || (r->a.max_steps && r->step >= r->a.max_steps);
+        double t = now_s();
+        if (win_n == r->a.log_every || i == nb || stop) {
+            double wl = 0, wh = 0;
+            if ((st = read_and_clear(&win_loss, &wl)) != KILN_OK) break;
+            if ((st = read_and_clear(&win_hits, &wh)) != KILN_OK) break;
+            ep_loss += wl, ep_correct += wh;
+            kiln_loader_stats ls;
+            kiln_loader_stats_get(r->train_ld, &ls);
+            kiln_memory_stats ms;
+            memset(&ms, 0, sizeof ms);
+            kiln_memory_stats_get(r->dev, &ms);
+            double img_s = (double)win_img / (t - win_t0);
+            shown_loss = wl / win_n;
+            metric(r,
+                   "{\"event\":\"step\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"train_acc\":%.6f,\"lr\":%g,"
+                   "\"img_s\":%.1f,\"data_wait_s\":%.4f,\"window_s\":%.4f,\"mem_allocated\":%lld,"
+                   "\"mem_reserved\":%lld,\"mem_peak\":%lld}\n",
+                   (long long)r->step, epoch + 1, shown_loss, wh / (double)win_img, kiln_optimizer_get_lr(r->opt),
+                   img_s, ls.wait_s - win_wait0, t - win_t0, (long long)ms.allocated_bytes[KILN_POOL_ALL].current,
+                   (long long)ms.reserved_bytes[KILN_POOL_ALL].current,
+                   (long long)ms.allocated_bytes[KILN_POOL_ALL].peak);
+            double wait_pct = ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0;
+            if (!r->tty) progress(r, epoch, i, nb, shown_loss, (double)(ep_img) / (t - ep_t0), ep_t0, wait_pct, false);
+            win_n = 0, win_img = 0, win_t0 = t, win_wait0 = ls.wait_s;
+        }
+        if (r->tty && (t - last_draw > 0.2 || i == nb)) {
+            kiln_loader_stats ls;
+            kiln_loader_stats_get(r->train_ld, &ls);
+            progress(r, epoch, i, nb, shown_loss, (double)(i - i0) * (double)r->a.batch / (t - ep_t0), ep_t0,
+                     ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0, false);
+            last_draw = t;
+        }
+        if (stop) {
+            if (r->tty) fprintf(stderr, "\n");
+            *how = EPOCH_STOPPED;
+            st = save_checkpoint(r, epoch, i, epoch, ep_loss, ep_img);
+            *images += ep_img - img_base;
+            break;
+        }
+    }
+    kiln_release(win_loss);
+    kiln_release(win_hits);
+    if (st != KILN_OK || *how == EPOCH_STOPPED) return st;
+    if (r->tty && i) fprintf(stderr, "\n");
+    double train_time = now_s() - ep_t0, test_loss = 0;
+    st = train_evaluate(r->model, r->test_ld, epoch, &test_loss, test_acc, NULL);
+    if (st != KILN_OK) return st;
+    double epoch_time = now_s() - ep_t0;
+    double train_loss = i ? ep_loss / (double)i : 0;
+    metric(r,
+           "{\"event\":\"epoch\",\"epoch\":%d,\"train_loss\":%.9g,\"train_acc\":%.6f,\"test_loss\":%.9g,"
+           "\"test_acc\":%.6f,\"train_s\":%.3f,\"epoch_s\":%.3f}\n",
+           epoch + 1, train_loss, hits_img ? ep_correct / (double)hits_img : 0, test_loss, *test_acc, train_time,
+           epoch_time);
+    fprintf(stderr, "epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.2f%% (%.1f s)\n", epoch + 1,
+            r->a.epochs, train_loss, test_loss, 100 * *test_acc, epoch_time);
+    *images += ep_img - img_base;
+    return save_checkpoint(r, epoch + 1, 0, epoch + 1, 0, 0);
+}
+
+/* The model: --model, else the spec stored in the resumed checkpoint,
+ * else the default. */
+static int load_model(train_run *r) {
     char model_buf[PATH_MAX];
-    const char *model = r->a.model ? r->a.model : find_default_model(model_buf, sizeof model_buf);
+    const char *model = r->a.model;
+    if (!model && r->a.resume) {
+        char *spec = NULL;
+        if (kiln_checkpoint_read_meta(r->ckpt_path, "kiln.model_spec", &spec) != KILN_OK) return fail("resume");
+        if (spec) {
+            r->spec_text = spec;
+            model = "checkpoint";
+        }
+    }
+    if (!model) model = train_default_model(model_buf, sizeof model_buf);
     if (!model) {
         fprintf(stderr, "kiln train: cannot find models/" DEFAULT_MODEL
                         " (looked in PREFIX/share/kiln/models and the source tree); pass --model FILE\n");
         return 1;
     }
-    if (open_split(&r->a, "train", &r->train_ds) != KILN_OK) return fail("training set");
-    if (open_split(&r->a, "test", &r->test_ds) != KILN_OK) return fail("test set");
-    kiln_sample_info info = kiln_dataset_info(r->train_ds);
-    kiln_manual_seed(r->a.seed);
-    if (kiln_model_spec_load(model, info.channels, info.height, info.width, &r->model) != KILN_OK)
+    if (!r->spec_text && !(r->spec_text = train_read_text("train", model))) return 1;
+    if (kiln_model_spec_parse(r->spec_text, model, r->info.channels, r->info.height, r->info.width, &r->model) !=
+        KILN_OK)
         return fail("model");
+    return 0;
+}
+
+/* The checkpoint to resume from: a file, or DIR/checkpoint.safetensors. */
+static int resume_path(train_run *r) {
+    struct stat sb;
+    if (stat(r->a.resume, &sb) != 0) {
+        fprintf(stderr, "kiln train: cannot resume from %s: %s\n", r->a.resume, strerror(errno));
+        return 1;
+    }
+    if (S_ISDIR(sb.st_mode)) snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s/checkpoint.safetensors", r->a.resume);
+    else snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s", r->a.resume);
+    if (access(r->ckpt_path, R_OK) != 0) {
+        fprintf(stderr, "kiln train: cannot resume: %s: %s\n", r->ckpt_path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+static int resume(train_run *r, char *resume_from) {
+    kiln_train_state s;
+    if (kiln_checkpoint_load(resume_from, r->model, r->opt, &s) != KILN_OK) return fail("resume");
+    free(s.model_spec);
+    /* The CPU kernel table in force, as kiln_init chose it. */
+    const char *env = getenv("KILN_CPU_KERNELS");
+    const char *now = (env && !strcmp(env, "reference")) || !kiln_cpu_fast_op_kernels() ? "reference" : "fast";
+    if (s.cpu_kernels[0] && strcmp(s.cpu_kernels, now)) {
+        if (r->a.deterministic) {
+            fprintf(stderr,
+                    "kiln train: --deterministic: %s was written with the %s CPU kernels, this run has the %s "
+                    "ones; set KILN_CPU_KERNELS=%s to repeat its losses bit for bit\n",
+                    resume_from, s.cpu_kernels, now, s.cpu_kernels);
+            return 1;
+        }
+        fprintf(stderr, "kiln train: note: %s was written with the %s CPU kernels, this run uses the %s ones\n",
+                resume_from, s.cpu_kernels, now);
+    }
+    if (r->a.seed_given && r->a.seed != s.data_seed)
+        fprintf(stderr, "kiln train: --seed %llu ignored: the checkpoint's data seed %llu continues\n",
+                (unsigned long long)r->a.seed, (unsigned long long)s.data_seed);
+    r->a.seed = s.data_seed;
+    r->step = s.step;
+    r->start_epoch = (int)s.epoch;
+    r->skip_batches = s.batch_in_epoch;
+    if (r->skip_batches) read_resume_sums(r, s.step);
+    fprintf(stderr, "kiln train: resuming from %s: epoch %lld, step %lld, %lld batches into the epoch\n",
+            resume_from, (long long)s.epoch + 1, (long long)s.step, (long long)s.batch_in_epoch);
+    return 0;
+}
+
+/* Everything before the first step; a non-zero return is the exit code. */
+static int setup(train_run *r) {
+    char resume_from[PATH_MAX + 32] = "";
+    if (r->a.resume) {
+        if (resume_path(r)) return 1;
+        snprintf(resume_from, sizeof resume_from, "%s", r->ckpt_path);
+    }
+    if (train_open_split(r->a.data, r->a.limit, "train", &r->train_ds) != KILN_OK) return fail("training set");
+    if (train_open_split(r->a.data, r->a.limit, "test", &r->test_ds) != KILN_OK) return fail("test set");
+    r->info = kiln_dataset_info(r->train_ds);
+    kiln_manual_seed(r->a.seed);
+    int rc = load_model(r);
+    snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s/checkpoint.safetensors", r->out_dir);
+    if (rc) return rc;
     if (kiln_module_to(r->model, r->dev) != KILN_OK) return fail("model");
     kiln_tensor **params = NULL;
     int np = 0;
@@ -402,59 +803,97 @@ static int setup(train_run *r) {
     r->opt = kiln_adam(params, np, &ao);
     free(params);
     if (!r->opt) return fail("optimizer");
-    if (make_loader(r, r->train_ds, true, &r->train_ld) != KILN_OK) return fail("loader");
-    if (make_loader(r, r->test_ds, false, &r->test_ld) != KILN_OK) return fail("loader");
+    if (r->a.resume && (rc = resume(r, resume_from))) return rc;
+    if (train_make_loader(r->train_ds, r->dev, r->a.batch, true, r->a.seed, r->a.workers, &r->train_ld) != KILN_OK)
+        return fail("loader");
+    if (train_make_loader(r->test_ds, r->dev, r->a.batch, false, r->a.seed, r->a.workers, &r->test_ld) != KILN_OK)
+        return fail("loader");
     char dev[32];
     fprintf(stderr, "kiln train: %s (%lld parameters) on %s, %lld training and %lld test images, %d epoch%s, "
-                    "batch %lld, Adam lr %g; output in %s\n",
-            model, (long long)kiln_module_num_parameters(r->model), kiln_device_str(r->dev, dev, sizeof dev),
-            (long long)kiln_dataset_length(r->train_ds), (long long)kiln_dataset_length(r->test_ds), r->a.epochs,
-            r->a.epochs == 1 ? "" : "s", (long long)r->a.batch, r->a.lr, r->out_dir);
+                    "batch %lld, Adam lr %g%s; output in %s\n",
+            r->a.model ? r->a.model : "model", (long long)kiln_module_num_parameters(r->model),
+            kiln_device_str(r->dev, dev, sizeof dev), (long long)kiln_dataset_length(r->train_ds),
+            (long long)kiln_dataset_length(r->test_ds), r->a.epochs, r->a.epochs == 1 ? "" : "s",
+            (long long)r->a.batch, kiln_optimizer_get_lr(r->opt), r->a.deterministic ? ", deterministic" : "",
+            r->out_dir);
     return 0;
 }
 
 static void teardown(train_run *r) {
+    if (r->monitoring) kiln_gpu_monitor_stop();
+    if (r->profiling) kiln_profiler_stop();
     kiln_loader_free(r->train_ld);
     kiln_loader_free(r->test_ld);
     kiln_optimizer_free(r->opt);
     kiln_module_free(r->model);
     kiln_dataset_free(r->train_ds);
     kiln_dataset_free(r->test_ds);
+    free(r->spec_text);
     if (r->metrics) fclose(r->metrics);
 }
 
 static int train_and_report(train_run *r) {
     double acc = 0;
     int64_t images = 0;
+    bool leak_reported = false;
+    if (diag_begin(r) != KILN_OK) return fail("diagnostics");
     double t_train = now_s();
-    for (int e = 0; e < r->a.epochs; e++)
-        if (run_epoch(r, e, &acc, &images) != KILN_OK) return fail("training");
+    epoch_end how = EPOCH_DONE;
+    int e = r->start_epoch;
+    for (; e < r->a.epochs && how == EPOCH_DONE; e++)
+        if (run_epoch(r, e, &acc, &images, &how, &leak_reported) != KILN_OK) {
+            diag_end(r, true);
+            return fail("training");
+        }
     double train_s = now_s() - t_train;
+    diag_end(r, leak_reported);
+    if (how == EPOCH_STOPPED) {
+        fprintf(stderr, "kiln train: %s at step %lld; checkpoint %s (continue with --resume %s)\n",
+                interrupted ? "interrupted" : "stopped (--max-steps)", (long long)r->step, r->ckpt_path, r->out_dir);
+        return interrupted ? 130 : 0;
+    }
+    if (r->start_epoch >= r->a.epochs) {
+        /* Nothing left to train: report the checkpoint's test accuracy. */
+        double loss = 0;
+        if (train_evaluate(r->model, r->test_ld, e, &loss, &acc, NULL) != KILN_OK) return fail("evaluation");
+    }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/model.safetensors", r->out_dir);
-    if (kiln_safetensors_save(path, r->model) != KILN_OK) return fail("checkpoint");
+    if (kiln_safetensors_save(path, r->model) != KILN_OK) return fail("weights");
     kiln_memory_stats ms;
     int64_t peak = kiln_memory_stats_get(r->dev, &ms) == KILN_OK ? ms.allocated_bytes[KILN_POOL_ALL].peak : 0;
     double wall = now_s() - r->t0;
-    fprintf(r->metrics,
-            "{\"event\":\"summary\",\"test_acc\":%.6f,\"wall_s\":%.3f,\"train_img_s\":%.1f,\"peak_bytes\":%lld,"
-            "\"steps\":%lld}\n",
-            acc, wall, (double)images / train_s, (long long)peak, (long long)r->step);
-    fflush(r->metrics);
+    double img_s = train_s > 0 ? (double)images / train_s : 0;
     printf("kiln train: test accuracy %.2f%%, %.1f s, %.0f train img/s, peak memory %.1f MiB, checkpoint %s\n",
-           100 * acc, wall, (double)images / train_s, (double)peak / (1 << 20), path);
+           100 * acc, wall, img_s, (double)peak / (1 << 20), r->ckpt_path);
+    char summary[512];
+    snprintf(summary, sizeof summary,
+             "{\"event\":\"summary\",\"test_acc\":%.6f,\"wall_s\":%.3f,\"train_img_s\":%.1f,\"peak_bytes\":%lld,"
+             "\"steps\":%lld,\"epochs\":%d}",
+             acc, wall, img_s, (long long)peak, (long long)r->step, r->a.epochs);
+    metric(r, "%s\n", summary);
+    printf("%s\n", summary); /* the last stdout line */
     return 0;
 }
 
 int kiln_cmd_train(int argc, char **argv) {
     train_run r = {.t0 = now_s()};
+    pthread_mutex_init(&r.metrics_lock, NULL);
     int rc = parse_args(argc, argv, &r.a);
     if (rc) return rc < 0 ? 0 : rc;
+    if (r.a.deterministic) kiln_set_deterministic(true);
     r.dev = kiln_default_device();
     r.tty = isatty(2);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old);
     rc = open_output(&r);
     if (!rc) rc = setup(&r);
     if (!rc) rc = train_and_report(&r);
     teardown(&r);
+    sigaction(SIGINT, &old, NULL);
+    pthread_mutex_destroy(&r.metrics_lock);
     return rc;
 }

@@ -1,9 +1,35 @@
-/* kiln train: the main job (see tools/train.c). */
+/* kiln train, eval and export: the main job (see tools/train.c,
+ * tools/train_eval.c and docs/training.md). */
 #ifndef KILN_TOOLS_TRAIN_H
 #define KILN_TOOLS_TRAIN_H
 
-/* argv holds the options after "train". Returns the process exit code:
- * 0 done, 1 a library error (printed), 2 a usage error. */
+#include "kiln/kiln.h"
+
+/* argv holds the options after the command's name. Each returns the
+ * process exit code: 0 done, 1 a library error (printed), 2 a usage
+ * error, 130 interrupted (train: a checkpoint was written). */
 int kiln_cmd_train(int argc, char **argv);
+int kiln_cmd_eval(int argc, char **argv);
+int kiln_cmd_export(int argc, char **argv);
+
+/* ---- Shared by train and eval/export (tools/train.c) ------------------------ */
+
+/* Print the library's last error as "kiln CMD: WHAT: message" + hint; 1. */
+int train_fail(const char *cmd, const char *what);
+/* Open a Fashion-MNIST split from `data` (NULL: the Debian package's
+ * directory), keeping its first `limit` samples when limit > 0. A missing
+ * dataset gets a hint naming the package and --data. */
+kiln_status train_open_split(const char *data, int64_t limit, const char *split, kiln_dataset **out);
+/* A loader with kiln train's normalisation. */
+kiln_status train_make_loader(kiln_dataset *ds, kiln_device dev, int64_t batch, bool shuffle, uint64_t seed,
+                              int workers, kiln_loader **out);
+/* Test-set loss and accuracy in eval mode without autograd. */
+kiln_status train_evaluate(kiln_module *model, kiln_loader *ld, int64_t epoch, double *loss, double *acc,
+                           int64_t *images);
+/* The spec text of `path`, malloc'd (NULL with a message printed). */
+char *train_read_text(const char *cmd, const char *path);
+/* The default model spec's path (models/ next to the install or the
+ * source tree) into buf, or NULL. */
+const char *train_default_model(char *buf, size_t size);
 
 #endif

@@ -11,6 +11,7 @@
 #define KILN_IO_H
 
 #include "kiln/nn.h"
+#include "kiln/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,6 +32,66 @@ kiln_status kiln_safetensors_save(const char *path, kiln_module *m);
  * another model lists the missing and unexpected names. On error the
  * module may be partly loaded only when the copy itself fails. Blocks. */
 kiln_status kiln_safetensors_load(const char *path, kiln_module *m);
+
+/* ---- Training checkpoints ------------------------------------------------------------
+ * A checkpoint is a safetensors file that any safetensors reader opens:
+ *   - the module's state dict under its names ("0.weight", ...);
+ *   - the optimizer's state as "optimizer.<param>.<slot>" (slot exp_avg,
+ *     exp_avg_sq, max_exp_avg_sq for Adam/AdamW, momentum_buffer for SGD;
+ *     <param> the parameter's state-dict name) and "optimizer.steps" (i64,
+ *     the update count of each parameter, in optimizer order);
+ *   - in the header's __metadata__ string map (keys "kiln.*"): the format
+ *     version, epoch, step, batch position in the epoch, data seed, the
+ *     device generator (seed, subsequence, offset), the deterministic flag,
+ *     the CPU kernel table in force (fast or reference), the convolution
+ *     autotuner switches (conv_autotune, cudnn_benchmark), the optimizer's
+ *     kind, lr and step count, and the model spec text and input shape when
+ *     given (kiln eval / kiln export rebuild the model from them).
+ * See docs/training.md, "Checkpoint format". */
+
+/* What a training loop needs, besides weights and optimizer, to continue
+ * exactly where it stopped. Saved from and loaded into this struct;
+ * `rng_*`, `deterministic` and `cpu_kernels` are filled by
+ * kiln_checkpoint_save itself (the values in force) and by load. */
+typedef struct kiln_train_state {
+    int64_t epoch;          /* the epoch in progress (0-based) */
+    int64_t step;           /* optimizer steps taken in total */
+    int64_t batch_in_epoch; /* batches of `epoch` already trained: the data order position */
+    int64_t epochs_done;    /* epochs fully trained and evaluated */
+    uint64_t data_seed;     /* the loader's shuffle/transform seed */
+    uint64_t rng_seed, rng_subsequence, rng_offset; /* the device generator at save time */
+    bool deterministic;     /* kiln_deterministic() at save time */
+    char cpu_kernels[16];   /* "fast" or "reference": the CPU kernel table at save time */
+    int64_t input_c, input_h, input_w; /* the model's input shape (0: not recorded) */
+    /* Save: the model spec text to embed (may be NULL), borrowed. Load: a
+     * malloc'd copy the caller frees (NULL when the file has none). */
+    char *model_spec;
+} kiln_train_state;
+
+/* Write a checkpoint of m, opt (NULL: weights only) and *state (NULL:
+ * none) to `path`, atomically like kiln_safetensors_save (temporary file in
+ * the same directory, fsync, rename, fsync of the directory). The device
+ * generator recorded is that of m's first parameter's device. Copies every
+ * tensor to the host: blocks. Borrows everything. Errors: KILN_ERR_IO
+ * naming the path and the reason; nothing is left behind on error. */
+kiln_status kiln_checkpoint_save(const char *path, kiln_module *m, kiln_optimizer *opt,
+                                 const kiln_train_state *state);
+/* Load a checkpoint into m, opt (NULL: optimizer state ignored) and
+ * *state (NULL: ignored; else filled, its model_spec malloc'd). The header
+ * is validated first (lengths, JSON, dtypes, shapes, data offsets); the
+ * module's names must match exactly (the error lists the missing and
+ * unexpected names: a checkpoint of another model), every shape and dtype
+ * is checked before anything is copied. With opt, the optimizer must be
+ * of the saved kind over the same parameters; its state, lr and step
+ * counts are replaced. With state, the device generator is restored
+ * (kiln_manual_seed + advance), so dropout draws continue where they
+ * stopped; the deterministic flag is NOT changed (compare
+ * state->deterministic). Blocks. */
+kiln_status kiln_checkpoint_load(const char *path, kiln_module *m, kiln_optimizer *opt, kiln_train_state *state);
+/* The __metadata__ value of `key` in the safetensors file `path`: *value
+ * gets a malloc'd copy (free()), or NULL when the key is absent (still
+ * KILN_OK). Validates the header; blocks (reads the file). */
+kiln_status kiln_checkpoint_read_meta(const char *path, const char *key, char **value);
 
 #ifdef __cplusplus
 }

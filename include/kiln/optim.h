@@ -68,6 +68,31 @@ int64_t kiln_optimizer_step_count(const kiln_optimizer *opt);
  * set when there is none yet. */
 kiln_tensor *kiln_optimizer_state(kiln_optimizer *opt, int i, const char *name);
 
+/* ---- Gradient accumulation -----------------------------------------------------------------
+ * The forward and backward half of a training step over batch (x, y),
+ * split along dim 0 into `micro_batches` contiguous micro-batches (sizes
+ * floor(B*(k+1)/M) - floor(B*k/M), so an uneven split differs by at most
+ * one sample). Each micro-batch's mean cross-entropy (opts: NULL =
+ * kiln_loss_defaults, reduction must be mean) is multiplied by its share
+ * of the batch's samples, n_k / B, before its backward, so the gradients
+ * accumulated into the parameters' .grad are the full batch's mean-loss
+ * gradient however the batch divides (exactly, up to rounding, for models
+ * without batch statistics; BatchNorm normalises each micro-batch with its
+ * own statistics, as in PyTorch, so its gradient differs: see
+ * docs/training.md). With ignore_index or class weights the share is by
+ * samples, exact only when every micro-batch has the same fraction of
+ * ignored targets. Call zero_grad before and kiln_optimizer_step after.
+ * micro_batches is clamped to [1, B]. *loss (may be NULL) gets a new
+ * reference to the batch's mean loss: a detached scalar on x's device,
+ * registered with the caller's scope; reading it (kiln_item) is the only
+ * host synchronisation. *correct (may be NULL) likewise gets an i64
+ * scalar on x's device: the samples whose largest logit is their target
+ * (training accuracy without a host synchronisation per step). Queues
+ * work; does not block. */
+typedef struct kiln_module kiln_module;
+kiln_status kiln_accumulate_backward(kiln_module *m, kiln_tensor *x, kiln_tensor *y, int micro_batches,
+                                     const kiln_loss_opts *opts, kiln_tensor **loss, kiln_tensor **correct);
+
 /* torch.nn.utils.clip_grad_norm_: the norm (norm_type = 2, any p >= 1, or
  * INFINITY) of all the gradients together; when it exceeds max_norm each
  * gradient is multiplied in place by max_norm / (total + 1e-6). Tensors

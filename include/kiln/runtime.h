@@ -241,11 +241,44 @@ kiln_status kiln_memory_snapshot(kiln_device device, const char *path);
  * apply to allocators created afterwards; limits apply at once. */
 kiln_status kiln_alloc_conf_set(const char *text);
 
-/* Apply allocator settings in KILN_ALLOC_CONF syntax, e.g.
- * "limit_mb:512,max_split_size_mb:64" (see docs/memory.md). Settings that
- * shape the cache (backend, max_split_size_mb, roundup_power2_divisions)
- * apply to allocators created afterwards; limits apply at once. */
-kiln_status kiln_alloc_conf_set(const char *text);
+/* ---- Determinism ------------------------------------------------------------
+ * A process-wide flag (torch.use_deterministic_algorithms; initially from
+ * the environment variable KILN_DETERMINISTIC=1): when on, code that has a
+ * faster non-deterministic path takes a run-to-run deterministic one (the
+ * convolution autotuner keeps to deterministic candidates and does no
+ * timing). The loader is deterministic by construction (order and
+ * transforms keyed by seed, epoch and index). Checkpoints record the flag;
+ * `kiln train --deterministic --resume` refuses a checkpoint written under
+ * another CPU kernel table. Thread-safe. */
+void kiln_set_deterministic(bool enabled);
+bool kiln_deterministic(void);
+
+/* ---- Convolution autotuning (docs/performance.md, "Autotuning") ------------
+ * enabled: the first time a convolution configuration (pass, dtypes, every
+ * shape including batch, stride/padding/dilation/groups, layout, math mode)
+ * runs, each candidate algorithm is timed on the real buffers (one warm-up
+ * and five timed runs, the fastest counts; candidates that fail to build
+ * or need more workspace than the caching allocator can give are skipped)
+ * and the fastest is kept for the process and written to the cache file,
+ * keyed by device model and library versions, so later runs do not time
+ * again. The cache file is KILN_AUTOTUNE_CACHE ("off": none), else
+ * $XDG_CACHE_HOME/kiln/autotune.txt, else ~/.cache/kiln/autotune.txt; a
+ * corrupt one is ignored with one warning line and rewritten. That first
+ * call blocks the host while it times. !enabled: each provider's default
+ * algorithm, no timing (on the CPU oneDNN's direct convolution on plain
+ * NCHW, the configuration the parity tests use).
+ * kiln_set_conv_autotune steers the CPU (oneDNN: direct, direct on blocked
+ * layouts, Winograd), kiln_set_cudnn_benchmark CUDA (cuDNN's algorithms,
+ * as torch.backends.cudnn.benchmark). Both are off by default, or on when
+ * the environment variable KILN_CONV_AUTOTUNE / KILN_CUDNN_BENCHMARK is 1
+ * at first use. kiln_set_deterministic(true) overrides both: deterministic
+ * candidates only, the provider's first that builds and fits, no timing.
+ * Process-wide, thread-safe; a change applies to configurations not yet
+ * chosen in the new mode. */
+void kiln_set_conv_autotune(bool enabled);
+bool kiln_is_conv_autotune(void);
+void kiln_set_cudnn_benchmark(bool enabled);
+bool kiln_is_cudnn_benchmark(void);
 
 #ifdef __cplusplus
 }

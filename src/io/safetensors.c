@@ -13,6 +13,7 @@
 #include "diag/strbuf.h"
 #include "io/safetensors_internal.h"
 #include "kiln/io.h"
+#include "tensor/tensor_internal.h"
 
 static size_t tensor_bytes(const kiln_tensor *t) {
     return (size_t)kiln_numel(t) * kiln_dtype_size(kiln_dtype_of(t));
@@ -32,9 +33,17 @@ static void json_string(kiln_strbuf *b, const char *s) {
 
 /* The header JSON, padded with spaces to a multiple of 8 bytes (the
  * reference writer's alignment, so the data starts aligned). */
-static kiln_status build_header(const char *path, const kiln_named_tensor *items, int n, kiln_strbuf *b) {
+static kiln_status build_header(const char *path, const kiln_named_tensor *items, int n, const char *const *meta,
+                                int n_meta, kiln_strbuf *b) {
     uint64_t off = 0;
-    kiln_strbuf_printf(b, "{\"__metadata__\":{\"format\":\"pt\"}");
+    kiln_strbuf_printf(b, "{\"__metadata__\":{\"format\":\"pt\"");
+    for (int i = 0; i < n_meta; i++) {
+        kiln_strbuf_printf(b, ",");
+        json_string(b, meta[2 * i]);
+        kiln_strbuf_printf(b, ":");
+        json_string(b, meta[2 * i + 1]);
+    }
+    kiln_strbuf_printf(b, "}");
     for (int i = 0; i < n; i++) {
         const char *dt = kiln_st_dtype_name(kiln_dtype_of(items[i].tensor));
         if (!dt)
@@ -93,13 +102,26 @@ static kiln_status write_file(int fd, const char *tmp, const kiln_strbuf *hdr, c
     return st;
 }
 
-kiln_status kiln_safetensors_save(const char *path, kiln_module *m) {
-    if (!path || !m) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_safetensors_save: NULL path or module");
-    kiln_named_tensor *items = NULL;
-    int n = 0;
-    KILN_TRY(kiln_module_state_dict(m, &items, &n));
+/* fsync the directory holding `path`, so the rename itself is durable. */
+static kiln_status sync_dir(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return KILN_RAISE(KILN_ERR_IO, NULL, "cannot open directory %s: %s", dir, strerror(errno));
+    kiln_status st = KILN_OK;
+    if (fsync(fd) != 0 && errno != EINVAL)
+        st = KILN_RAISE(KILN_ERR_IO, NULL, "cannot fsync directory %s: %s", dir, strerror(errno));
+    close(fd);
+    return st;
+}
+
+kiln_status kiln_st_write(const char *path, const kiln_named_tensor *items, int n, const char *const *meta,
+                          int n_meta) {
     kiln_strbuf hdr = {0};
-    kiln_status st = build_header(path, items, n, &hdr);
+    kiln_status st = build_header(path, items, n, meta, n_meta, &hdr);
     char *tmp = NULL;
     if (st == KILN_OK) {
         size_t len = strlen(path) + 32;
@@ -120,8 +142,18 @@ kiln_status kiln_safetensors_save(const char *path, kiln_module *m) {
     if (st == KILN_OK && rename(tmp, path) != 0)
         st = KILN_RAISE(KILN_ERR_IO, NULL, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (st != KILN_OK && fd >= 0) unlink(tmp);
+    if (st == KILN_OK) st = sync_dir(path);
     free(tmp);
     free(hdr.data);
+    return st;
+}
+
+kiln_status kiln_safetensors_save(const char *path, kiln_module *m) {
+    if (!path || !m) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_safetensors_save: NULL path or module");
+    kiln_named_tensor *items = NULL;
+    int n = 0;
+    KILN_TRY(kiln_module_state_dict(m, &items, &n));
+    kiln_status st = kiln_st_write(path, items, n, NULL, 0);
     free(items);
     return st;
 }
@@ -155,13 +187,16 @@ static const kiln_st_entry *find_entry(const kiln_st_index *idx, const char *nam
 }
 
 /* Missing and unexpected names, listed (the first few of each). */
-static kiln_status check_names(const char *path, const kiln_st_index *idx, const kiln_named_tensor *items, int n) {
+static kiln_status check_names(const char *path, const kiln_st_index *idx, const kiln_named_tensor *items, int n,
+                               const char *ignore_prefix) {
     kiln_strbuf missing = {0}, extra = {0};
     int n_missing = 0, n_extra = 0;
     for (int i = 0; i < n; i++)
         if (!find_entry(idx, items[i].name) && n_missing++ < 8)
             kiln_strbuf_printf(&missing, "%s'%s'", n_missing > 1 ? ", " : "", items[i].name);
+    size_t ignore_len = ignore_prefix ? strlen(ignore_prefix) : 0;
     for (int i = 0; i < idx->n; i++) {
+        if (ignore_len && strncmp(idx->items[i].name, ignore_prefix, ignore_len) == 0) continue;
         bool known = false;
         for (int j = 0; j < n && !known; j++) known = strcmp(items[j].name, idx->items[i].name) == 0;
         if (!known && n_extra++ < 8)
@@ -179,6 +214,20 @@ static kiln_status check_names(const char *path, const kiln_st_index *idx, const
 
 static kiln_status load_tensors(const char *path, const kiln_st_index *idx, const uint8_t *data, kiln_module *m,
                                 const kiln_named_tensor *items, int n) {
+    /* Every dtype and shape is checked before anything is copied. */
+    for (int i = 0; i < n; i++) {
+        const kiln_st_entry *e = find_entry(idx, items[i].name);
+        kiln_shape ms = kiln_shape_of(items[i].tensor);
+        bool same = ms.ndim == e->shape.ndim;
+        for (int d = 0; same && d < ms.ndim; d++) same = ms.d[d] == e->shape.d[d];
+        if (!same) {
+            char a[96], b[96];
+            return KILN_RAISE(KILN_ERR_IO, "the checkpoint was saved from a different model spec",
+                              "%s: tensor '%s' has shape %s in the file but %s in the model", path, e->name,
+                              kiln_shape_format(e->shape.ndim, e->shape.d, a, sizeof a),
+                              kiln_shape_format(ms.ndim, ms.d, b, sizeof b));
+        }
+    }
     for (int i = 0; i < n; i++) {
         const kiln_st_entry *e = find_entry(idx, items[i].name);
         if (e->dtype != kiln_dtype_of(items[i].tensor))
@@ -194,25 +243,39 @@ static kiln_status load_tensors(const char *path, const kiln_st_index *idx, cons
     return KILN_OK;
 }
 
+kiln_status kiln_st_read(const char *path, uint8_t **bytes, const uint8_t **data, kiln_st_index *idx) {
+    size_t size = 0;
+    KILN_TRY(read_file(path, bytes, &size));
+    kiln_status st = kiln_st_index_parse(path, *bytes, size, idx);
+    if (st != KILN_OK) {
+        free(*bytes);
+        *bytes = NULL;
+        return st;
+    }
+    uint64_t hdr = 0;
+    for (int i = 7; i >= 0; i--) hdr = hdr << 8 | (*bytes)[i];
+    *data = *bytes + 8 + hdr;
+    return KILN_OK;
+}
+
+kiln_status kiln_st_load_module(const char *path, const kiln_st_index *idx, const uint8_t *data, kiln_module *m,
+                                const char *ignore_prefix) {
+    kiln_named_tensor *items = NULL;
+    int n = 0;
+    kiln_status st = kiln_module_state_dict(m, &items, &n);
+    if (st == KILN_OK) st = check_names(path, idx, items, n, ignore_prefix);
+    if (st == KILN_OK) st = load_tensors(path, idx, data, m, items, n);
+    free(items);
+    return st;
+}
+
 kiln_status kiln_safetensors_load(const char *path, kiln_module *m) {
     if (!path || !m) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_safetensors_load: NULL path or module");
     uint8_t *bytes;
-    size_t size = 0;
-    KILN_TRY(read_file(path, &bytes, &size));
+    const uint8_t *data;
     kiln_st_index idx;
-    kiln_status st = kiln_st_index_parse(path, bytes, size, &idx);
-    if (st != KILN_OK) {
-        free(bytes);
-        return st;
-    }
-    kiln_named_tensor *items = NULL;
-    int n = 0;
-    st = kiln_module_state_dict(m, &items, &n);
-    if (st == KILN_OK) st = check_names(path, &idx, items, n);
-    uint64_t hdr = 0;
-    for (int i = 7; i >= 0; i--) hdr = hdr << 8 | bytes[i];
-    if (st == KILN_OK) st = load_tensors(path, &idx, bytes + 8 + hdr, m, items, n);
-    free(items);
+    KILN_TRY(kiln_st_read(path, &bytes, &data, &idx));
+    kiln_status st = kiln_st_load_module(path, &idx, data, m, NULL);
     kiln_st_index_free(&idx);
     free(bytes);
     return st;

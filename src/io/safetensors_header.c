@@ -150,12 +150,34 @@ static kiln_status parse_object(json_cursor *c, member_fn f, void *ctx) {
     }
 }
 
+/* __metadata__ is a map of strings to strings; kept in idx->meta. */
 static kiln_status metadata_member(json_cursor *c, const char *key, void *ctx) {
-    (void)key, (void)ctx;
+    kiln_st_index *idx = ctx;
     char *value;
     KILN_TRY(parse_string(c, &value));
-    free(value);
+    if (idx->n_meta == idx->cap_meta) {
+        int cap = idx->cap_meta ? idx->cap_meta * 2 : 16;
+        kiln_st_meta *m = KILN_REALLOC(idx->meta, (size_t)cap * sizeof *m);
+        if (!m) {
+            free(value);
+            return KILN_ERR_OUT_OF_MEMORY;
+        }
+        idx->meta = m;
+        idx->cap_meta = cap;
+    }
+    char *k = strdup(key);
+    if (!k) {
+        free(value);
+        return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "out of memory copying a metadata key");
+    }
+    idx->meta[idx->n_meta++] = (kiln_st_meta){k, value};
     return KILN_OK;
+}
+
+const char *kiln_st_meta_get(const kiln_st_index *idx, const char *key) {
+    for (int i = idx->n_meta - 1; i >= 0; i--)
+        if (strcmp(idx->meta[i].key, key) == 0) return idx->meta[i].value;
+    return NULL;
 }
 
 /* Fields seen so far in one tensor entry. */
@@ -220,7 +242,7 @@ static kiln_status check_entry(json_cursor *c, const kiln_st_entry *e, uint64_t 
 
 static kiln_status top_member(json_cursor *c, const char *key, void *ctx) {
     kiln_st_index *idx = ctx;
-    if (strcmp(key, "__metadata__") == 0) return parse_object(c, metadata_member, NULL);
+    if (strcmp(key, "__metadata__") == 0) return parse_object(c, metadata_member, idx);
     if (idx->n == idx->cap) {
         int cap = idx->cap ? idx->cap * 2 : 16;
         kiln_st_entry *items = KILN_REALLOC(idx->items, (size_t)cap * sizeof *items);
@@ -291,5 +313,10 @@ kiln_status kiln_st_index_parse(const char *file, const uint8_t *bytes, size_t s
 void kiln_st_index_free(kiln_st_index *idx) {
     for (int i = 0; i < idx->n; i++) free(idx->items[i].name);
     free(idx->items);
+    for (int i = 0; i < idx->n_meta; i++) {
+        free(idx->meta[i].key);
+        free(idx->meta[i].value);
+    }
+    free(idx->meta);
     memset(idx, 0, sizeof *idx);
 }

@@ -3,7 +3,7 @@
 #ifndef KILN_SRC_IO_SAFETENSORS_INTERNAL_H
 #define KILN_SRC_IO_SAFETENSORS_INTERNAL_H
 
-#include "kiln/tensor.h"
+#include "kiln/nn.h"
 
 /* One tensor of the header. */
 typedef struct kiln_st_entry {
@@ -13,10 +13,17 @@ typedef struct kiln_st_entry {
     uint64_t begin, end; /* byte range in the data section */
 } kiln_st_entry;
 
+/* One __metadata__ entry (both strings owned by the index). */
+typedef struct kiln_st_meta {
+    char *key, *value;
+} kiln_st_meta;
+
 typedef struct kiln_st_index {
     int n, cap;
     kiln_st_entry *items;
     uint64_t data_size; /* bytes after the header */
+    int n_meta, cap_meta;
+    kiln_st_meta *meta; /* the __metadata__ string map, in file order */
 } kiln_st_index;
 
 /* Parse and validate the file's bytes (`file` names it in errors): the
@@ -26,6 +33,26 @@ typedef struct kiln_st_index {
  * bad file. */
 kiln_status kiln_st_index_parse(const char *file, const uint8_t *bytes, size_t size, kiln_st_index *idx);
 void kiln_st_index_free(kiln_st_index *idx);
+/* The __metadata__ value of `key`, borrowed from idx; NULL when absent. */
+const char *kiln_st_meta_get(const kiln_st_index *idx, const char *key);
+/* Read the whole file and parse its header (kiln_st_index_parse). On
+ * success *bytes (free()) holds the file and *data points at its data
+ * section. */
+kiln_status kiln_st_read(const char *path, uint8_t **bytes, const uint8_t **data, kiln_st_index *idx);
+/* Write `n` named tensors (copied to the host, in order) and `n_meta`
+ * metadata pairs (meta[2k] key, meta[2k+1] value) to `path` atomically:
+ * a temporary file in the same directory, fsync'd, renamed over path,
+ * then the directory fsync'd. Blocks. */
+kiln_status kiln_st_write(const char *path, const kiln_named_tensor *items, int n, const char *const *meta,
+                          int n_meta);
+
+/* Load the file's tensors named like m's state dict into m (strict: the
+ * error lists missing and unexpected names, names starting with
+ * ignore_prefix excepted; every shape and dtype is checked before any
+ * copy). Blocks. */
+kiln_status kiln_st_load_module(const char *path, const kiln_st_index *idx, const uint8_t *data, kiln_module *m,
+                                const char *ignore_prefix);
+
 /* "F32", "I64", ... (safetensors' names); NULL for a dtype it lacks. */
 const char *kiln_st_dtype_name(kiln_dtype dtype);
 

@@ -19,6 +19,12 @@ grep -q '"event":"step"' "$out/run/metrics.jsonl"
 grep -q '"event":"epoch".*"test_acc"' "$out/run/metrics.jsonl"
 grep -q '"event":"summary"' "$out/run/metrics.jsonl"
 grep -q '^kiln train: test accuracy' "$out/stdout"
+# The summary record is the last stdout line; step records carry the
+# window's data-wait time and memory; a full checkpoint is left too.
+tail -n 1 "$out/stdout" | grep -q '^{"event":"summary","test_acc":[0-9.]*,"wall_s":[0-9.]*,"train_img_s":[0-9.]*,"peak_bytes":[0-9]*'
+grep '"event":"step"' "$out/run/metrics.jsonl" | head -n 1 | grep -q '"data_wait_s":.*"mem_allocated":.*"mem_reserved":.*"mem_peak":'
+grep -q '"event":"epoch".*"train_acc".*"test_loss"' "$out/run/metrics.jsonl"
+test -s "$out/run/checkpoint.safetensors"
 test -s "$out/run/model.safetensors"
 ls "$out/run" | grep -q tmp && { echo "a temporary checkpoint was left behind"; exit 1; }
 # An unwritable output directory is reported before training starts.

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/autotune.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
 
 #define CACHE_BUCKETS 128
@@ -189,6 +190,9 @@ void kiln_onednn_shutdown(void) {
     stream = NULL;
     engine = NULL;
     pthread_mutex_unlock(&cache_mutex);
+    /* The autotuner's picks name these primitives' algorithms; its file
+     * keeps the timed ones for the next kiln_init. */
+    kiln_autotune_global_free();
 }
 
 #else

@@ -1,12 +1,37 @@
 /* oneDNN convolution: forward (with bias), input gradient and weight
  * gradient, f32, plain NCHW activations and OIHW weights (goihw when
- * grouped), direct algorithm. The bias gradient stays with the portable
- * path (backward_conv2d sums grad_out; CONV2D_GRAD_WEIGHT has one output). */
+ * grouped). The bias gradient stays with the portable path
+ * (backward_conv2d sums grad_out; CONV2D_GRAD_WEIGHT has one output).
+ *
+ * Three algorithms, chosen per configuration by the autotuner
+ * (kernels/autotune.h) through the provider at the end of this file:
+ *   - "direct": oneDNN's direct convolution on the plain tensors (on this
+ *     oneDNN that is its im2col + GEMM implementation). The default, and
+ *     the only one used with autotuning off or in deterministic mode: the
+ *     configuration the parity tests use.
+ *   - "direct_blocked": direct convolution in the layouts oneDNN prefers
+ *     (nChw16c activations, blocked weights), with reorders from and to
+ *     the plain tensors through the workspace.
+ *   - "winograd": Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3), blocked
+ *     layouts as above. oneDNN implements it for 3x3 stride-1 kernels only
+ *     (on CPUs with AVX-512); elsewhere building it fails and the tuner
+ *     skips it. Its numerics differ from the direct algorithm beyond f32
+ *     rounding (tests/kernels/test_onednn_winograd.c holds it to its own
+ *     tolerance). */
 #ifdef KILN_WITH_ONEDNN
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
+#include "kernels/autotune.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
 #include "kernels/nn_geometry.h"
+#include "kiln/runtime.h"
 
 /* Key layout: the problem in forward terms, whichever pass it is. */
 enum {
@@ -27,8 +52,15 @@ enum {
     K_DW,
     K_G,
     K_BIAS,
+    K_ALG,         /* conv_alg */
+    K_CONV_KIND,   /* reorder keys: the convolution's kind */
+    K_REORDER_POS, /* reorder keys: the argument position (0, 1: inputs, 2: output) */
     K_COUNT
 };
+
+typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_BLOCKED, ALG_WINOGRAD, ALG_COUNT } conv_alg;
+
+static const char *const alg_names[ALG_COUNT] = {"direct", "direct_blocked", "winograd"};
 
 /* x (N, C, H, W), w (O, C/G, kH, kW), y (N, O, OH, OW): the forward names
  * of the three tensors, whichever pass's inputs and outputs they are. */
@@ -65,17 +97,21 @@ typedef struct conv_mds {
     dnnl_dims_t strides, dilates, pad_l, pad_r;
 } conv_mds;
 
-static kiln_status conv_mds_of(const int64_t *v, conv_mds *m) {
+/* The plain descriptors (any_layout: src, weights and dst left to oneDNN). */
+static kiln_status conv_mds_of(const int64_t *v, bool any_layout, conv_mds *m) {
     dnnl_dims_t src = {v[K_N], v[K_C], v[K_H], v[K_W]}, dst = {v[K_N], v[K_O], v[K_OH], v[K_OW]};
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->src, 4, src, dnnl_f32, dnnl_nchw));
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->dst, 4, dst, dnnl_f32, dnnl_nchw));
+    dnnl_format_tag_t act = any_layout ? dnnl_format_tag_any : dnnl_nchw;
+    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->src, 4, src, dnnl_f32, act));
+    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->dst, 4, dst, dnnl_f32, act));
     int64_t G = v[K_G];
     if (G > 1) {
         dnnl_dims_t wei = {G, v[K_O] / G, v[K_C] / G, v[K_KH], v[K_KW]};
-        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 5, wei, dnnl_f32, dnnl_goihw));
+        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 5, wei, dnnl_f32,
+                                                     any_layout ? dnnl_format_tag_any : dnnl_goihw));
     } else {
         dnnl_dims_t wei = {v[K_O], v[K_C], v[K_KH], v[K_KW]};
-        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 4, wei, dnnl_f32, dnnl_oihw));
+        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 4, wei, dnnl_f32,
+                                                     any_layout ? dnnl_format_tag_any : dnnl_oihw));
     }
     dnnl_dims_t bias = {v[K_O]};
     KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->bias, 1, bias, dnnl_f32, dnnl_a));
@@ -89,89 +125,422 @@ static kiln_status conv_mds_of(const int64_t *v, conv_mds *m) {
     return KILN_OK;
 }
 
+static dnnl_alg_kind_t dnnl_alg_of(int64_t alg) {
+    return alg == ALG_WINOGRAD ? dnnl_convolution_winograd : dnnl_convolution_direct;
+}
+
 static kiln_status conv_forward_pd(const int64_t *v, const_dnnl_primitive_attr_t attr, dnnl_engine_t engine,
                                    dnnl_primitive_desc_t *pd) {
     conv_mds m;
-    KILN_TRY(conv_mds_of(v, &m));
+    KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT, &m));
     dnnl_convolution_desc_t d;
     KILN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(
-        &d, dnnl_forward_training, dnnl_convolution_direct, &m.src, &m.wei, v[K_BIAS] ? &m.bias : NULL,
-        &m.dst, m.strides, m.dilates, m.pad_l, m.pad_r));
+        &d, dnnl_forward_training, dnnl_alg_of(v[K_ALG]), &m.src, &m.wei, v[K_BIAS] ? &m.bias : NULL, &m.dst,
+        m.strides, m.dilates, m.pad_l, m.pad_r));
     KILN_DNNL_CHECK(dnnl_primitive_desc_create(pd, &d, attr, engine, NULL));
     return KILN_OK;
 }
 
-static kiln_status build_forward(const kiln_onednn_key *key, const_dnnl_primitive_attr_t attr,
-                                 dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
-    return conv_forward_pd(key->v, attr, engine, pd);
-}
-
 /* The backward passes: a forward primitive descriptor is oneDNN's hint. */
-static kiln_status build_backward(const kiln_onednn_key *key, const_dnnl_primitive_attr_t attr,
-                                  dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
-    const int64_t *v = key->v;
+static kiln_status conv_backward_pd(kiln_onednn_kind kind, const int64_t *v, const_dnnl_primitive_attr_t attr,
+                                    dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
     conv_mds m;
-    KILN_TRY(conv_mds_of(v, &m));
+    KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT, &m));
     dnnl_primitive_desc_t hint = NULL;
     KILN_TRY(conv_forward_pd(v, NULL, engine, &hint));
     dnnl_convolution_desc_t d;
     dnnl_status_t st;
-    if (key->kind == KILN_ONEDNN_CONV_BWD_DATA)
-        st = dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &m.src, &m.wei,
+    if (kind == KILN_ONEDNN_CONV_BWD_DATA)
+        st = dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_alg_of(v[K_ALG]), &m.src, &m.wei,
                                                               &m.dst, m.strides, m.dilates, m.pad_l, m.pad_r);
     else
-        st = dnnl_dilated_convolution_backward_weights_desc_init(&d, dnnl_convolution_direct, &m.src, &m.wei,
-                                                                 NULL, &m.dst, m.strides, m.dilates, m.pad_l,
-                                                                 m.pad_r);
+        st = dnnl_dilated_convolution_backward_weights_desc_init(
+            &d, dnnl_alg_of(v[K_ALG]), &m.src, &m.wei, NULL, &m.dst, m.strides, m.dilates, m.pad_l, m.pad_r);
     if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &d, attr, engine, hint);
     dnnl_primitive_desc_destroy(hint);
     KILN_DNNL_CHECK(st);
     return KILN_OK;
 }
 
+static kiln_status conv_pd(kiln_onednn_kind kind, const int64_t *v, const_dnnl_primitive_attr_t attr,
+                           dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
+    return kind == KILN_ONEDNN_CONV_FWD ? conv_forward_pd(v, attr, engine, pd)
+                                        : conv_backward_pd(kind, v, attr, engine, pd);
+}
+
+static kiln_status build_conv(const kiln_onednn_key *key, const_dnnl_primitive_attr_t attr,
+                              dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
+    return conv_pd((kiln_onednn_kind)key->kind, key->v, attr, engine, pd);
+}
+
+/* Execution arguments, in the order of the op's buffers: position 0 and 1
+ * are the op's inputs, 2 its output, 3 the forward bias. */
 static const int fwd_args[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
 static const int bwd_data_args[] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
 static const int bwd_weights_args[] = {DNNL_ARG_DIFF_DST, DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS};
 
-/* The pass's cached primitive in *p; *p stays NULL when the args are
- * outside what these kernels cover (not an error). */
-static kiln_status conv_prepare(kiln_onednn_kind kind, const kiln_op_args *a, kiln_onednn_prim **p) {
-    *p = NULL;
-    kiln_onednn_key key;
+static const int *args_of(kiln_onednn_kind kind) {
+    return kind == KILN_ONEDNN_CONV_FWD        ? fwd_args
+           : kind == KILN_ONEDNN_CONV_BWD_DATA ? bwd_data_args
+                                               : bwd_weights_args;
+}
+
+/* The plain descriptor of argument position `pos` of a pass. */
+static kiln_status plain_md(kiln_onednn_kind kind, const int64_t *v, int pos, dnnl_memory_desc_t *md) {
+    conv_mds m;
+    KILN_TRY(conv_mds_of(v, false, &m));
+    static const char which[3][3] = {
+        {'s', 'w', 'd'}, /* forward: src, weights -> dst */
+        {'d', 'w', 's'}, /* backward data: diff_dst, weights -> diff_src */
+        {'d', 's', 'w'}, /* backward weights: diff_dst, src -> diff_weights */
+    };
+    char c = which[kind - KILN_ONEDNN_CONV_FWD][pos];
+    *md = c == 's' ? m.src : c == 'w' ? m.wei : m.dst;
+    return KILN_OK;
+}
+
+/* A reorder between the plain tensor at position v[K_REORDER_POS] and the
+ * layout the blocked convolution chose for it: plain -> blocked for the
+ * inputs, blocked -> plain for the output. */
+static kiln_status build_reorder(const kiln_onednn_key *key, const_dnnl_primitive_attr_t attr,
+                                 dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
+    kiln_onednn_kind kind = (kiln_onednn_kind)key->v[K_CONV_KIND];
+    int pos = (int)key->v[K_REORDER_POS];
+    dnnl_primitive_desc_t cpd = NULL;
+    KILN_TRY(conv_pd(kind, key->v, NULL, engine, &cpd));
+    const dnnl_memory_desc_t *blocked =
+        dnnl_primitive_desc_query_md(cpd, dnnl_query_exec_arg_md, args_of(kind)[pos]);
+    dnnl_memory_desc_t plain, chosen;
+    kiln_status st = plain_md(kind, key->v, pos, &plain);
+    if (!st && !blocked)
+        st = KILN_RAISE(KILN_ERR_INTERNAL, NULL, "oneDNN: the convolution has no argument %d", pos);
+    if (!st) chosen = *blocked;
+    dnnl_status_t ds = dnnl_success;
+    if (!st)
+        ds = pos < 2 ? dnnl_reorder_primitive_desc_create(pd, &plain, engine, &chosen, engine, attr)
+                     : dnnl_reorder_primitive_desc_create(pd, &chosen, engine, &plain, engine, attr);
+    dnnl_primitive_desc_destroy(cpd);
+    KILN_TRY(st);
+    KILN_DNNL_CHECK(ds);
+    return KILN_OK;
+}
+
+static const int reorder_args[] = {DNNL_ARG_FROM, DNNL_ARG_TO};
+
+#define ALIGN 64
+static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* One pass with one algorithm: the convolution and, for the blocked
+ * algorithms, the reorders of the arguments whose layout differs from the
+ * plain tensors. Workspace: the convolution's scratchpad at 0, each
+ * blocked buffer at offset[pos], the reorders' scratchpad at
+ * reorder_scratch_at. */
+typedef struct conv_plan {
+    kiln_onednn_prim *conv;
+    kiln_onednn_prim *reorder[3];
+    size_t offset[3];
+    size_t reorder_scratch_at;
+    size_t workspace;
+} conv_plan;
+
+static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, int n_args,
+                              conv_plan *plan) {
+    memset(plan, 0, sizeof *plan);
+    KILN_TRY(kiln_onednn_get(key, build_conv, n_args, args_of(kind), &plan->conv));
+    size_t at = align_up(plan->conv->scratch_bytes), reorder_scratch = 0;
+    if (key->v[K_ALG] == ALG_DIRECT) {
+        plan->workspace = plan->conv->scratch_bytes;
+        return KILN_OK;
+    }
+    for (int pos = 0; pos < 3; pos++) {
+        dnnl_memory_desc_t plain;
+        const dnnl_memory_desc_t *chosen = NULL;
+        KILN_TRY(plain_md(kind, key->v, pos, &plain));
+        KILN_DNNL_CHECK(dnnl_memory_get_memory_desc(plan->conv->mem[pos], &chosen));
+        if (dnnl_memory_desc_equal(&plain, chosen)) continue; /* oneDNN reads the plain tensor itself */
+        kiln_onednn_key rk = *key;
+        rk.kind = KILN_ONEDNN_CONV_REORDER;
+        rk.v[K_CONV_KIND] = kind;
+        rk.v[K_REORDER_POS] = pos;
+        KILN_TRY(kiln_onednn_get(&rk, build_reorder, 2, reorder_args, &plan->reorder[pos]));
+        plan->offset[pos] = at;
+        at += align_up(dnnl_memory_desc_get_size(chosen));
+        if (plan->reorder[pos]->scratch_bytes > reorder_scratch)
+            reorder_scratch = plan->reorder[pos]->scratch_bytes;
+    }
+    plan->reorder_scratch_at = at;
+    plan->workspace = at + reorder_scratch;
+    return KILN_OK;
+}
+
+/* data[pos]: the op's buffers (position 3: the forward bias, or NULL). */
+static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *workspace,
+                                size_t workspace_bytes) {
+    if (workspace_bytes < plan->workspace || (plan->workspace && !workspace))
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
+                          "oneDNN convolution: workspace of %zu bytes, the plan needs %zu", workspace_bytes,
+                          plan->workspace);
+    char *ws = workspace;
+    void *conv_data[4] = {data[0], data[1], data[2], data[3]};
+    for (int pos = 0; pos < 3; pos++)
+        if (plan->reorder[pos]) conv_data[pos] = ws + plan->offset[pos];
+    for (int pos = 0; pos < 2; pos++) {
+        if (!plan->reorder[pos]) continue;
+        void *io[2] = {data[pos], conv_data[pos]};
+        KILN_TRY(kiln_onednn_execute(plan->reorder[pos], io, ws ? ws + plan->reorder_scratch_at : NULL,
+                                     workspace_bytes - plan->reorder_scratch_at));
+    }
+    KILN_TRY(kiln_onednn_execute(plan->conv, conv_data, workspace, workspace_bytes));
+    if (plan->reorder[2]) {
+        void *io[2] = {conv_data[2], data[2]};
+        KILN_TRY(kiln_onednn_execute(plan->reorder[2], io, ws + plan->reorder_scratch_at,
+                                     workspace_bytes - plan->reorder_scratch_at));
+    }
+    return KILN_OK;
+}
+
+/* ---- The autotuner's provider ------------------------------------------------------ */
+
+/* One op call as the provider sees it. */
+typedef struct conv_call {
+    kiln_onednn_kind kind;
+    kiln_onednn_key key; /* K_ALG unset */
+    int n_args;
+    const kiln_op_args *a;
+    struct timespec t0;
+} conv_call;
+
+static void buffers_of(const conv_call *c, void *data[4]) {
+    const kiln_op_args *a = c->a;
+    data[0] = a->in[0].data, data[1] = a->in[1].data, data[2] = a->out[0].data;
+    data[3] = c->kind == KILN_ONEDNN_CONV_FWD && a->n_in > 2 && a->in[2].ndim >= 0 ? a->in[2].data : NULL;
+}
+
+static char identity_device[200], identity_versions[80];
+
+static void identity_init(void) {
+    char name[160] = "cpu";
+    if (kiln_device_name(KILN_CPU, name, sizeof name) != KILN_OK) kiln_error_clear();
+    /* oneDNN runs on OpenMP's threads: their count changes which
+     * algorithm wins, so it is part of the device. */
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    snprintf(identity_device, sizeof identity_device, "%s, %d threads", name, threads);
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(identity_versions, sizeof identity_versions, "onednn %d.%d.%d %s", v->major, v->minor, v->patch,
+             v->hash ? v->hash : "");
+}
+
+static void onednn_identity(void *self, void *ctx, char *device, size_t device_size, char *versions,
+                            size_t versions_size) {
+    (void)self, (void)ctx;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, identity_init);
+    snprintf(device, device_size, "%s", identity_device);
+    snprintf(versions, versions_size, "%s", identity_versions);
+}
+
+static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, void *ctx,
+                                     kiln_autotune_candidate *out, int max, int *n) {
+    (void)self, (void)cfg, (void)ctx;
+    *n = 0;
+    /* oneDNN's CPU convolutions give the same bits run to run for a fixed
+     * thread count, so all three are deterministic; deterministic mode
+     * still picks "direct", the provider's first. */
+    for (int i = 0; i < ALG_COUNT && i < max; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        snprintf(out[i].name, sizeof out[i].name, "%s", alg_names[i]);
+        out[i].deterministic = true;
+        out[i].is_default = i == ALG_DIRECT;
+        *n = i + 1;
+    }
+    return KILN_OK;
+}
+
+static kiln_status plan_of(const conv_call *c, int alg, conv_plan *plan) {
+    kiln_onednn_key key = c->key;
+    key.v[K_ALG] = alg;
+    return plan_build(c->kind, &key, c->n_args, plan);
+}
+
+static kiln_status onednn_build(void *self, const kiln_autotune_conv *cfg, void *ctx, int index,
+                                size_t *workspace_bytes) {
+    (void)self, (void)cfg;
+    conv_plan plan;
+    KILN_TRY(plan_of(ctx, index, &plan));
+    *workspace_bytes = plan.workspace;
+    return KILN_OK;
+}
+
+static kiln_status onednn_run(void *self, const kiln_autotune_conv *cfg, void *ctx, int index,
+                              void *workspace, size_t workspace_bytes) {
+    (void)self, (void)cfg;
+    conv_call *c = ctx;
+    conv_plan plan;
+    KILN_TRY(plan_of(c, index, &plan));
+    void *data[4];
+    buffers_of(c, data);
+    return plan_execute(&plan, data, workspace, workspace_bytes);
+}
+
+static kiln_status onednn_timer_start(void *self, void *ctx) {
+    (void)self;
+    clock_gettime(CLOCK_MONOTONIC, &((conv_call *)ctx)->t0);
+    return KILN_OK;
+}
+
+static kiln_status onednn_timer_stop(void *self, void *ctx, double *ms) {
+    (void)self;
+    const conv_call *c = ctx;
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1); /* the runs are synchronous */
+    *ms = (double)(t1.tv_sec - c->t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - c->t0.tv_nsec) * 1e-6;
+    return KILN_OK;
+}
+
+static size_t onednn_workspace_limit(void *self, void *ctx) {
+    (void)self, (void)ctx;
+    return kiln_autotune_allocator_headroom(KILN_CPU);
+}
+
+static kiln_status onednn_workspace_alloc(void *self, void *ctx, size_t bytes, void **ptr) {
+    (void)self, (void)ctx;
+    return kiln_memory_alloc(KILN_CPU, bytes, NULL, ptr);
+}
+
+static void onednn_workspace_free(void *self, void *ctx, void *ptr) {
+    (void)self, (void)ctx;
+    if (kiln_memory_free(KILN_CPU, ptr) != KILN_OK) kiln_error_clear();
+}
+
+static const kiln_autotune_provider onednn_provider = {
+    .name = "onednn",
+    .identity = onednn_identity,
+    .candidates = onednn_candidates,
+    .build = onednn_build,
+    .run = onednn_run,
+    .timer_start = onednn_timer_start,
+    .timer_stop = onednn_timer_stop,
+    .workspace_limit = onednn_workspace_limit,
+    .workspace_alloc = onednn_workspace_alloc,
+    .workspace_free = onednn_workspace_free,
+};
+
+static kiln_autotune_conv tune_config(const conv_call *c) {
+    const int64_t *v = c->key.v;
+    kiln_autotune_conv cfg = {
+        .pass = c->kind == KILN_ONEDNN_CONV_FWD        ? KILN_AUTOTUNE_CONV_FWD
+                : c->kind == KILN_ONEDNN_CONV_BWD_DATA ? KILN_AUTOTUNE_CONV_BWD_DATA
+                                                       : KILN_AUTOTUNE_CONV_BWD_WEIGHT,
+        .x_dtype = KILN_F32,
+        .w_dtype = KILN_F32,
+        .y_dtype = KILN_F32,
+        .x = {v[K_N], v[K_C], v[K_H], v[K_W]},
+        .w = {v[K_O], v[K_C] / v[K_G], v[K_KH], v[K_KW]},
+        .y = {v[K_N], v[K_O], v[K_OH], v[K_OW]},
+        .stride = {v[K_SH], v[K_SW]},
+        .padding = {v[K_PH], v[K_PW]},
+        .dilation = {v[K_DH], v[K_DW]},
+        .groups = v[K_G],
+        .bias = v[K_BIAS] != 0,
+        .layout = "nchw",
+        .math = "f32",
+    };
+    return cfg;
+}
+
+const kiln_autotune_provider *kiln_onednn_conv_provider(void) { return &onednn_provider; }
+
+/* ---- The kernels ------------------------------------------------------------------ */
+
+/* -1: the autotuner chooses; else the algorithm every convolution uses. */
+static atomic_int forced_alg = -1;
+
+kiln_status kiln_onednn_conv_force_algorithm(const char *name) {
+    if (!name) {
+        atomic_store(&forced_alg, -1);
+        return KILN_OK;
+    }
+    for (int i = 0; i < ALG_COUNT; i++)
+        if (!strcmp(name, alg_names[i])) {
+            atomic_store(&forced_alg, i);
+            return KILN_OK;
+        }
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use direct, direct_blocked or winograd",
+                      "oneDNN convolution: no algorithm '%s'", name);
+}
+
+/* The call's key; false when the args are outside what these kernels cover. */
+static bool call_of(kiln_onednn_kind kind, const kiln_op_args *a, conv_call *c) {
+    memset(c, 0, sizeof *c);
+    c->kind = kind;
+    c->a = a;
     if (kind == KILN_ONEDNN_CONV_FWD) {
-        const kiln_strided *bias = a->in[2].ndim >= 0 ? &a->in[2] : NULL;
-        if (!conv_key(kind, &a->in[0], &a->in[1], &a->out[0], bias, a->attrs, &key)) return KILN_OK;
-        return kiln_onednn_get(&key, build_forward, bias ? 4 : 3, fwd_args, p);
+        const kiln_strided *bias = a->n_in > 2 && a->in[2].ndim >= 0 ? &a->in[2] : NULL;
+        c->n_args = bias ? 4 : 3;
+        return conv_key(kind, &a->in[0], &a->in[1], &a->out[0], bias, a->attrs, &c->key);
     }
-    if (kind == KILN_ONEDNN_CONV_BWD_DATA) { /* (grad_out, weight) -> grad_input */
-        if (!conv_key(kind, &a->out[0], &a->in[1], &a->in[0], NULL, a->attrs, &key)) return KILN_OK;
-        return kiln_onednn_get(&key, build_backward, 3, bwd_data_args, p);
-    }
+    c->n_args = 3;
+    if (kind == KILN_ONEDNN_CONV_BWD_DATA) /* (grad_out, weight) -> grad_input */
+        return conv_key(kind, &a->out[0], &a->in[1], &a->in[0], NULL, a->attrs, &c->key);
     /* (grad_out, input) -> grad_weight */
-    if (!conv_key(kind, &a->in[1], &a->out[0], &a->in[0], NULL, a->attrs, &key)) return KILN_OK;
-    return kiln_onednn_get(&key, build_backward, 3, bwd_weights_args, p);
+    return conv_key(kind, &a->in[1], &a->out[0], &a->in[0], NULL, a->attrs, &c->key);
+}
+
+/* The pass's plan with the algorithm the autotuner picks (autotune.h:
+ * the settings' mode; timing only when the args carry buffers). *ok stays
+ * false when the args are outside what these kernels cover (not an error). */
+static kiln_status conv_prepare(kiln_onednn_kind kind, const kiln_op_args *a, conv_plan *plan, bool *ok) {
+    *ok = false;
+    conv_call c;
+    if (!call_of(kind, a, &c)) return KILN_OK;
+    int forced = atomic_load(&forced_alg);
+    if (forced >= 0) {
+        /* A forced algorithm that does not build declines (the reference runs). */
+        if (plan_of(&c, forced, plan) != KILN_OK) return KILN_OK;
+        *ok = true;
+        return KILN_OK;
+    }
+    kiln_autotuner *tuner = kiln_autotune_global();
+    if (!tuner) return kiln_error_last()->status;
+    kiln_autotune_conv cfg = tune_config(&c);
+    bool can_time = a->in[0].data && a->in[1].data && a->out[0].data;
+    kiln_autotune_choice choice;
+    KILN_TRY(kiln_autotune_choose(tuner, &onednn_provider, &cfg, &c,
+                                  kiln_autotune_mode_current(KILN_DEVICE_CPU), can_time, &choice));
+    KILN_TRY(plan_of(&c, choice.index, plan));
+    *ok = true;
+    return KILN_OK;
 }
 
 static kiln_status conv_run(kiln_onednn_kind kind, const kiln_op_args *a, const char *op) {
-    kiln_onednn_prim *p;
-    KILN_TRY(conv_prepare(kind, a, &p));
-    if (!p)
+    conv_plan plan;
+    bool ok;
+    KILN_TRY(conv_prepare(kind, a, &plan, &ok));
+    if (!ok)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "%s: the oneDNN kernel was given arguments it declines",
                           op);
-    void *data[4] = {a->in[0].data, a->in[1].data, a->out[0].data, a->n_in > 2 ? a->in[2].data : NULL};
-    return kiln_onednn_execute(p, data, a->workspace, a->workspace_bytes);
+    conv_call c;
+    call_of(kind, a, &c);
+    void *data[4];
+    buffers_of(&c, data);
+    return plan_execute(&plan, data, a->workspace, a->workspace_bytes);
 }
 
 /* A build failure makes supports false (the reference kernel runs) and
  * the workspace 0; it is cached, so it costs one attempt per shape. */
 static size_t conv_workspace(kiln_onednn_kind kind, const kiln_op_args *a) {
-    kiln_onednn_prim *p;
-    return conv_prepare(kind, a, &p) == KILN_OK && p ? p->scratch_bytes : 0;
+    conv_plan plan;
+    bool ok;
+    return conv_prepare(kind, a, &plan, &ok) == KILN_OK && ok ? plan.workspace : 0;
 }
 
 static bool conv_supports(kiln_onednn_kind kind, const kiln_op_args *a) {
-    kiln_onednn_prim *p;
-    return conv_prepare(kind, a, &p) == KILN_OK && p;
+    conv_plan plan;
+    bool ok;
+    return conv_prepare(kind, a, &plan, &ok) == KILN_OK && ok;
 }
 
 kiln_status kiln_onednn_conv2d(const kiln_op_args *a) {

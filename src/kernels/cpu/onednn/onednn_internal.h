@@ -37,6 +37,7 @@ typedef enum kiln_onednn_kind {
     KILN_ONEDNN_CONV_BWD_DATA,
     KILN_ONEDNN_CONV_BWD_WEIGHTS,
     KILN_ONEDNN_MATMUL,
+    KILN_ONEDNN_CONV_REORDER, /* a layout reorder around a blocked convolution */
 } kiln_onednn_kind;
 
 /* A primitive's identity. Builders memset it to zero before filling it, so

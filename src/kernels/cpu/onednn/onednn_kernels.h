@@ -31,6 +31,18 @@ bool kiln_onednn_mm_supports(const kiln_op_args *a);
 bool kiln_onednn_bmm_supports(const kiln_op_args *a);
 bool kiln_onednn_linear_supports(const kiln_op_args *a);
 
+/* The convolution's autotuner provider (kernels/autotune.h): candidates
+ * "direct" (the default), "direct_blocked" and "winograd"
+ * (onednn_conv.c). Its ctx is internal to onednn_conv.c: only the conv
+ * kernels above call the tuner with it. */
+struct kiln_autotune_provider;
+const struct kiln_autotune_provider *kiln_onednn_conv_provider(void);
+/* Tests and measurements: make every oneDNN convolution use algorithm
+ * `name` ("direct", "direct_blocked", "winograd"), bypassing the
+ * autotuner; where it does not build, the kernels decline and the
+ * reference kernels run. NULL: back to the autotuner. Process-wide. */
+kiln_status kiln_onednn_conv_force_algorithm(const char *name);
+
 /* Destroys every cached primitive, the stream and the engine (called by
  * kiln_shutdown; the next call creates them again). */
 void kiln_onednn_shutdown(void);

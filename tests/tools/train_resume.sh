@@ -1,0 +1,89 @@
+#!/bin/sh
+# kiln train's checkpoints end to end on a slice of Fashion-MNIST:
+#  1. resume: N steps uninterrupted vs k steps, stop (--max-steps), resume,
+#     N-k steps: every step's loss and the test accuracy bit-identical
+#     (--deterministic, same device);
+#  2. Ctrl-C: SIGINT finishes the step, writes a checkpoint, exits 130, and
+#     the run resumes from it to the end;
+#  3. kiln eval / kiln export on the checkpoint;
+#  4. a missing dataset names the Debian package and the path.
+# usage: train_resume.sh KILN_BINARY LIMIT. Exit 77 (skipped) without the dataset.
+set -eu
+kiln=$1
+limit=$2
+data=/usr/share/datasets/fashion-mnist
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
+  echo "SKIPPED: Fashion-MNIST not installed (Debian package dataset-fashion-mnist)"
+  exit 77
+fi
+out=$(mktemp -d "${TMPDIR:-/tmp}/kiln_train_resume.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+steps() { grep '"event":"step"' "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\),"epoch":[0-9]*,"loss":\([^,]*\),.*/\1 \2/'; }
+accs() { grep '"event":"epoch"' "$1/metrics.jsonl" | sed 's/.*"test_acc":\([^,]*\),.*/\1/'; }
+
+# 1. Two epochs of limit/64 steps each; stop mid-epoch 1 at step 3.
+args="--limit $limit --batch 64 --log-every 1 --epochs 2 --deterministic --workers 1"
+"$kiln" train $args --out "$out/full" > "$out/full.out" 2> "$out/full.err"
+"$kiln" train $args --out "$out/part" --max-steps 3 > /dev/null 2> "$out/part.err"
+grep -q "stopped (--max-steps) at step 3" "$out/part.err"
+test -s "$out/part/checkpoint.safetensors"
+"$kiln" train $args --resume "$out/part" --out "$out/part" > "$out/resumed.out" 2> "$out/resumed.err"
+grep -q "resuming from .*step 3, 3 batches into the epoch" "$out/resumed.err"
+steps "$out/full" > "$out/a"
+steps "$out/part" > "$out/b"
+test "$(wc -l < "$out/a")" -ge 6
+if ! cmp -s "$out/a" "$out/b"; then
+  echo "resumed losses differ from the uninterrupted run:"; diff "$out/a" "$out/b"; exit 1
+fi
+test "$(accs "$out/full")" = "$(accs "$out/part")"
+tail -n 1 "$out/resumed.out" | grep -q '^{"event":"summary","test_acc":'
+echo "resume: $(wc -l < "$out/a") step losses and the test accuracy bit-identical"
+
+# 2. Ctrl-C: wait for the first step record, interrupt, expect 130 and a checkpoint.
+"$kiln" train --limit 2048 --batch 32 --log-every 1 --workers 1 --out "$out/int" > /dev/null 2> "$out/int.err" &
+pid=$!
+i=0
+until grep -q '"event":"step"' "$out/int/metrics.jsonl" 2> /dev/null; do
+  i=$((i + 1)); [ $i -lt 600 ] || { echo "no step record after 60 s"; kill "$pid"; exit 1; }
+  sleep 0.1
+done
+kill -INT "$pid"
+set +e
+wait "$pid"
+rc=$?
+set -e
+if [ "$rc" -ne 130 ]; then echo "SIGINT: exit code $rc, expected 130"; cat "$out/int.err"; exit 1; fi
+grep -q "interrupted at step" "$out/int.err"
+grep -q '"event":"checkpoint"' "$out/int/metrics.jsonl"
+test -s "$out/int/checkpoint.safetensors"
+ls "$out/int" | grep -q tmp && { echo "a temporary checkpoint was left behind"; exit 1; }
+echo "Ctrl-C: exit 130 with a checkpoint"
+
+# 3. eval and export on the finished run's checkpoint.
+"$kiln" eval --checkpoint "$out/full/checkpoint.safetensors" --limit "$limit" --batch 64 > "$out/eval.out"
+cat "$out/eval.out"
+acc=$(sed -n 's/.*"test_acc":\([^,]*\),.*/\1/p' "$out/eval.out")
+test "$acc" = "$(accs "$out/full" | tail -n 1)"
+"$kiln" export --checkpoint "$out/full/checkpoint.safetensors" --out "$out/exp" > /dev/null
+test -s "$out/exp/model.safetensors"
+test -s "$out/exp/model.txt"
+# The export is weights only: smaller than the checkpoint, and it evaluates the same.
+test "$(wc -c < "$out/exp/model.safetensors")" -lt "$(wc -c < "$out/full/checkpoint.safetensors")"
+"$kiln" eval --checkpoint "$out/exp/model.safetensors" --model "$out/exp/model.txt" --limit "$limit" --batch 64 > "$out/eval2.out"
+test "$(sed -n 's/.*"test_acc":\([^,]*\),.*/\1/p' "$out/eval2.out")" = "$acc"
+# A checkpoint of another model lists the mismatched names.
+printf 'conv 8 k3 p1\nrelu\nflatten\nlinear 10\n' > "$out/other.txt"
+if "$kiln" eval --checkpoint "$out/full/checkpoint.safetensors" --model "$out/other.txt" --limit 64 2> "$out/mis.err"; then
+  echo "another model's checkpoint was accepted"; exit 1
+fi
+grep -q "missing" "$out/mis.err"
+grep -q "unexpected" "$out/mis.err"
+echo "eval/export: ok"
+
+# 4. A missing dataset names the package and the path.
+if "$kiln" train --data "$out/no_such_dir" --out "$out/nodata" 2> "$out/nodata.err"; then
+  echo "a missing dataset was accepted"; exit 1
+fi
+grep -q "dataset-fashion-mnist" "$out/nodata.err"
+grep -q "$out/no_such_dir" "$out/nodata.err"
+echo "train resume: ok"

@@ -1,0 +1,172 @@
+/* kiln eval (test accuracy and loss of a checkpoint) and kiln export
+ * (weights-only safetensors + the model spec, for inference). Both
+ * rebuild the model from --model SPEC or from the spec the checkpoint
+ * stores (kiln train embeds it). */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kiln/kiln.h"
+#include "train.h"
+
+typedef struct tool_args {
+    const char *checkpoint, *model, *data, *out;
+    int64_t batch, limit;
+} tool_args;
+
+static int parse(const char *cmd, int argc, char **argv, tool_args *a, bool want_out) {
+    *a = (tool_args){.batch = 256};
+    for (int i = 0; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) return -1;
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kiln %s: %s needs a value (kiln %s --help)\n", cmd, o, cmd);
+            return 2;
+        }
+        const char *v = argv[++i];
+        char *end = NULL;
+        if (!strcmp(o, "--checkpoint")) a->checkpoint = v;
+        else if (!strcmp(o, "--model")) a->model = v;
+        else if (!want_out && !strcmp(o, "--data")) a->data = v;
+        else if (!want_out && (!strcmp(o, "--batch") || !strcmp(o, "--limit"))) {
+            long long n = strtoll(v, &end, 10);
+            if (!*v || *end || n < 1) {
+                fprintf(stderr, "kiln %s: bad value '%s' for %s\n", cmd, v, o);
+                return 2;
+            }
+            if (!strcmp(o, "--batch")) a->batch = n;
+            else a->limit = n;
+        } else if (want_out && !strcmp(o, "--out")) a->out = v;
+        else {
+            fprintf(stderr, "kiln %s: unknown option '%s' (kiln %s --help)\n", cmd, o, cmd);
+            return 2;
+        }
+    }
+    if (!a->checkpoint || (want_out && !a->out)) {
+        fprintf(stderr, "kiln %s: --checkpoint FILE%s is required (kiln %s --help)\n", cmd,
+                want_out ? " and --out DIR are" : "", cmd);
+        return 2;
+    }
+    return 0;
+}
+
+/* The spec text: --model's file, else the checkpoint's; *c,*h,*w from the
+ * checkpoint's kiln.input when the caller has no dataset to ask. */
+static char *model_spec(const char *cmd, const tool_args *a) {
+    if (a->model) return train_read_text(cmd, a->model);
+    char *spec = NULL;
+    if (kiln_checkpoint_read_meta(a->checkpoint, "kiln.model_spec", &spec) != KILN_OK) {
+        train_fail(cmd, "checkpoint");
+        return NULL;
+    }
+    if (!spec)
+        fprintf(stderr, "kiln %s: %s stores no model spec (a weights-only file): pass --model FILE\n", cmd,
+                a->checkpoint);
+    return spec;
+}
+
+static int input_shape(const char *cmd, const char *ckpt, int64_t *c, int64_t *h, int64_t *w) {
+    char *in = NULL;
+    if (kiln_checkpoint_read_meta(ckpt, "kiln.input", &in) != KILN_OK) return train_fail(cmd, "checkpoint");
+    long long cc = 0, hh = 0, ww = 0;
+    bool ok = in && sscanf(in, "%lldx%lldx%lld", &cc, &hh, &ww) == 3 && cc > 0 && hh > 0 && ww > 0;
+    free(in);
+    if (!ok) {
+        /* A weights-only file: Kiln's models are for Fashion-MNIST. */
+        cc = 1, hh = 28, ww = 28;
+    }
+    *c = cc, *h = hh, *w = ww;
+    return 0;
+}
+
+static int build(const char *cmd, const tool_args *a, int64_t c, int64_t h, int64_t w, kiln_module **m,
+                 char **spec) {
+    *spec = model_spec(cmd, a);
+    if (!*spec) return 1;
+    if (kiln_model_spec_parse(*spec, a->model ? a->model : a->checkpoint, c, h, w, m) != KILN_OK)
+        return train_fail(cmd, "model");
+    if (kiln_checkpoint_load(a->checkpoint, *m, NULL, NULL) != KILN_OK) return train_fail(cmd, "checkpoint");
+    return 0;
+}
+
+int kiln_cmd_eval(int argc, char **argv) {
+    tool_args a;
+    int rc = parse("eval", argc, argv, &a, false);
+    if (rc < 0) {
+        printf("usage: kiln eval --checkpoint FILE [--model SPEC] [--data DIR] [--batch B] [--limit N]\n"
+               "  test-set loss and accuracy of a checkpoint on Fashion-MNIST; the model spec comes from\n"
+               "  the checkpoint unless --model is given\n");
+        return 0;
+    }
+    if (rc) return rc;
+    kiln_dataset *ds = NULL;
+    if (train_open_split(a.data, a.limit, "test", &ds) != KILN_OK) return train_fail("eval", "test set");
+    kiln_sample_info info = kiln_dataset_info(ds);
+    kiln_module *m = NULL;
+    kiln_loader *ld = NULL;
+    char *spec = NULL;
+    kiln_device dev = kiln_default_device();
+    rc = build("eval", &a, info.channels, info.height, info.width, &m, &spec);
+    if (!rc && kiln_module_to(m, dev) != KILN_OK) rc = train_fail("eval", "model");
+    if (!rc && train_make_loader(ds, dev, a.batch, false, 0, -1, &ld) != KILN_OK) rc = train_fail("eval", "loader");
+    double loss = 0, acc = 0;
+    int64_t n = 0;
+    if (!rc && train_evaluate(m, ld, 0, &loss, &acc, &n) != KILN_OK) rc = train_fail("eval", "evaluation");
+    if (!rc) {
+        printf("kiln eval: %s: test accuracy %.2f%%, test loss %.4f on %lld images\n", a.checkpoint, 100 * acc, loss,
+               (long long)n);
+        printf("{\"event\":\"eval\",\"test_acc\":%.6f,\"test_loss\":%.9g,\"images\":%lld}\n", acc, loss,
+               (long long)n);
+    }
+    kiln_loader_free(ld);
+    kiln_module_free(m);
+    kiln_dataset_free(ds);
+    free(spec);
+    return rc;
+}
+
+int kiln_cmd_export(int argc, char **argv) {
+    tool_args a;
+    int rc = parse("export", argc, argv, &a, true);
+    if (rc < 0) {
+        printf("usage: kiln export --checkpoint FILE --out DIR [--model SPEC]\n"
+               "  writes DIR/model.safetensors (weights only: the state dict, no optimizer state) and\n"
+               "  DIR/model.txt (the model spec) for inference\n");
+        return 0;
+    }
+    if (rc) return rc;
+    int64_t c = 0, h = 0, w = 0;
+    if ((rc = input_shape("export", a.checkpoint, &c, &h, &w))) return rc;
+    if (mkdir(a.out, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kiln export: cannot create %s: %s\n", a.out, strerror(errno));
+        return 1;
+    }
+    kiln_module *m = NULL;
+    char *spec = NULL;
+    rc = build("export", &a, c, h, w, &m, &spec);
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/model.safetensors", a.out);
+    if (!rc && kiln_safetensors_save(path, m) != KILN_OK) rc = train_fail("export", "weights");
+    if (!rc) {
+        char spec_path[PATH_MAX + 32], tmp[PATH_MAX + 48];
+        snprintf(spec_path, sizeof spec_path, "%s/model.txt", a.out);
+        snprintf(tmp, sizeof tmp, "%s.tmp", spec_path);
+        FILE *f = fopen(tmp, "w");
+        bool ok = f && fputs(spec, f) >= 0;
+        if (f && fclose(f) != 0) ok = false;
+        if (!ok || rename(tmp, spec_path) != 0) {
+            fprintf(stderr, "kiln export: cannot write %s: %s\n", spec_path, strerror(errno));
+            remove(tmp);
+            rc = 1;
+        } else {
+            printf("kiln export: %s (%lld parameters) and %s (input %lldx%lldx%lld)\n", path,
+                   (long long)kiln_module_num_parameters(m), spec_path, (long long)c, (long long)h, (long long)w);
+        }
+    }
+    kiln_module_free(m);
+    free(spec);
+    return rc;
+}
