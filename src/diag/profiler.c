@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/nvtx.h"
 #include "diag/profiler_internal.h"
 #include "ops/op_registry.h"
 #include "runtime/counters.h"
@@ -256,6 +257,7 @@ static _Thread_local uint64_t range_tokens[PROF_MAX_DEPTH];
 static _Thread_local int range_depth;
 
 void kiln_range_push(const char *name) {
+    KILN_NVTX_PUSH(name);
     if (!atomic_load_explicit(&recording, memory_order_relaxed)) {
         if (range_depth < PROF_MAX_DEPTH) range_tokens[range_depth] = 0;
         range_depth++;
@@ -268,6 +270,7 @@ void kiln_range_push(const char *name) {
 
 void kiln_range_pop(void) {
     if (range_depth <= 0) return;
+    KILN_NVTX_POP();
     range_depth--;
     if (range_depth < PROF_MAX_DEPTH && range_tokens[range_depth]) close_record(range_tokens[range_depth], 0);
 }

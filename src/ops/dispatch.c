@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/nvtx.h"
 #include "ops/op_registry.h"
 #include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
@@ -225,6 +226,7 @@ kiln_status kiln_dispatch(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_
     kiln_api_enter();
     const char *outer_op = current_op;
     current_op = info->name;
+    KILN_NVTX_PUSH(info->name);
     kiln_status st = check_inputs(&c, device);
     int begun = 0;
     for (; !st && begun < KILN_HOOK_KIND_COUNT; begun++)
@@ -243,6 +245,7 @@ kiln_status kiln_dispatch(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_
     } else {
         for (int i = 0; i < c.n_out; i++) out[i] = c.out[i];
     }
+    KILN_NVTX_POP();
     current_op = outer_op;
     kiln_api_leave();
     return st;
