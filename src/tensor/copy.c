@@ -243,6 +243,25 @@ static kiln_status to_host_impl(const kiln_tensor *t, void *dst, size_t size) {
     return st;
 }
 
+/* The one element of t into dst (size bytes). From a device with streams
+ * the value travels through a small pinned block from the pinned caching
+ * allocator: a non-blocking copy on the current stream, then one stream
+ * synchronisation — the step's one host sync, and no pageable copy (the
+ * efficiency counters' steady state). */
+static kiln_status item_bytes(const kiln_tensor *t, void *dst, size_t size) {
+    kiln_device dev = kiln_get_device(t);
+    if (dev.type == KILN_DEVICE_CPU || dev.type == KILN_DEVICE_META) return to_host_impl(t, dst, size);
+    kiln_stream *stream = kiln_current_stream(dev);
+    if (!stream) return kiln_error_last()->status;
+    void *pin = NULL;
+    KILN_TRY(kiln_pinned_alloc(16, &pin));
+    kiln_status st = kiln_runtime_copy(KILN_CPU, pin, dev, kiln_data_ptr(t), size, stream, true);
+    if (!st) st = kiln_stream_synchronize(stream);
+    if (!st) memcpy(dst, pin, size);
+    kiln_status fst = kiln_pinned_free(pin);
+    return st ? st : fst;
+}
+
 kiln_status kiln_to_host(const kiln_tensor *t, void *dst, size_t size) {
     kiln_api_enter();
     kiln_status st = to_host_impl(t, dst, size);
@@ -267,7 +286,7 @@ static kiln_status item_impl(const kiln_tensor *t, double *out) {
         int64_t i64;
         uint8_t u8;
     } v;
-    KILN_TRY(to_host_impl(t, &v, kiln_dtype_size(t->dtype)));
+    KILN_TRY(item_bytes(t, &v, kiln_dtype_size(t->dtype)));
     switch (t->dtype) {
     case KILN_F32:
         *out = v.f32;
