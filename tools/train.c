@@ -36,7 +36,7 @@ typedef struct train_args {
     int64_t batch, limit, max_steps;
     double lr;
     uint64_t seed;
-    bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly;
+    bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly, memory_history;
     const char *model, *data, *out, *resume;
 } train_args;
 
@@ -113,6 +113,8 @@ static void usage(FILE *f) {
                "  --monitor          sample GPU (or host CPU/memory) use each second into metrics.jsonl\n"
                "  --detect-leaks     check for autograd graphs kept across steps at each step boundary\n"
                "  --detect-anomaly   check every op's outputs for NaN/inf (slow: a debugging switch)\n"
+               "  --memory-history   record every allocator event; memory_snapshot.json at the end\n"
+               "                     (kiln report draws the memory timeline from it)\n"
                "Ctrl-C finishes the step, writes a checkpoint and exits 130.\n");
 }
 
@@ -138,6 +140,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
         else if (!strcmp(o, "--monitor")) a->monitor = true;
         else if (!strcmp(o, "--detect-leaks")) a->detect_leaks = true;
         else if (!strcmp(o, "--detect-anomaly")) a->detect_anomaly = true;
+        else if (!strcmp(o, "--memory-history")) a->memory_history = true;
         else if (strncmp(o, "--", 2) != 0) {
             fprintf(stderr, "kiln train: unexpected argument '%s' (kiln train --help)\n", o);
             return 2;
@@ -486,6 +489,10 @@ static void monitor_sample(const kiln_gpu_stats *gpus, int count, kiln_status st
 }
 
 static kiln_status diag_begin(train_run *r) {
+    if (r->a.memory_history) {
+        KILN_TRY(kiln_memory_record_history(r->dev, true, 0));
+        fprintf(stderr, "kiln train: memory history on (every allocator event, with its op and line)\n");
+    }
     if (r->a.detect_anomaly) {
         kiln_set_detect_anomaly(true);
         fprintf(stderr, "kiln train: anomaly detection on (every op's outputs checked for NaN/inf)\n");
@@ -549,6 +556,14 @@ static void profile_report(train_run *r) {
 }
 
 static void diag_end(train_run *r, bool leak_reported) {
+    if (r->a.memory_history && kiln_memory_history_enabled(r->dev)) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/memory_snapshot.json", r->out_dir);
+        if (kiln_memory_snapshot(r->dev, path) == KILN_OK)
+            fprintf(stderr, "kiln train: memory snapshot %s (kiln report %s draws it)\n", path, r->out_dir);
+        else fail("memory snapshot");
+        kiln_memory_record_history(r->dev, false, 0);
+    }
     if (r->monitoring) kiln_gpu_monitor_stop();
     r->monitoring = false;
     profile_report(r);

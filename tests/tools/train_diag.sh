@@ -3,7 +3,9 @@
 # prints the op table and the efficiency counters and writes trace.json
 # next to metrics.jsonl; --monitor logs "event":"monitor" records;
 # --detect-leaks reports (here: no graph kept across steps);
-# --detect-anomaly checks every op and reports none.
+# --detect-anomaly checks every op and reports none; --memory-history
+# writes memory_snapshot.json, which kiln report draws as the memory
+# timeline.
 # usage: train_diag.sh KILN_BINARY. Exit 77 (skipped) without the dataset.
 set -eu
 kiln=$1
@@ -29,4 +31,11 @@ tail -n 1 "$out/stdout" | grep -q '^{"event":"summary"'
 "$kiln" train --limit 64 --batch 32 --detect-anomaly --out "$out/anomaly" > /dev/null 2> "$out/anomaly.err"
 grep -q "anomaly detection on" "$out/anomaly.err"
 grep -q "anomaly check: no NaN or infinity" "$out/anomaly.err"
+"$kiln" train --limit 64 --batch 32 --memory-history --out "$out/mem" > /dev/null 2> "$out/mem.err"
+grep -q "memory history on" "$out/mem.err"
+test -s "$out/mem/memory_snapshot.json"
+grep -q '"segments"' "$out/mem/memory_snapshot.json"
+grep -q '"conv2d"' "$out/mem/memory_snapshot.json"
+"$kiln" report "$out/mem" > /dev/null
+grep -q "memory timeline\|Memory timeline" "$out/mem/report.html"
 echo "train diag: ok"
