@@ -27,40 +27,11 @@
 #include "kiln/kiln.h"
 #include "ops/cpu_tables.h"
 #include "train.h"
+#include "train_run.h"
 
 #define DEFAULT_MODEL "tutorial_cnn_28x28x1.txt"
 #define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
-typedef struct train_args {
-    int epochs, accum, log_every, workers, profile_steps;
-    int64_t batch, limit, max_steps;
-    double lr;
-    uint64_t seed;
-    bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly, memory_history;
-    const char *model, *data, *out, *resume;
-} train_args;
-
-typedef struct train_run {
-    train_args a;
-    char out_dir[PATH_MAX];
-    char ckpt_path[PATH_MAX + 32];
-    FILE *metrics;
-    pthread_mutex_t metrics_lock;
-    kiln_device dev;
-    kiln_module *model;
-    char *spec_text;
-    kiln_sample_info info;
-    kiln_optimizer *opt;
-    kiln_dataset *train_ds, *test_ds;
-    kiln_loader *train_ld, *test_ld;
-    bool tty, monitoring, profiling, trace_ready;
-    int64_t step;
-    int start_epoch;
-    int64_t skip_batches;     /* resume: batches of start_epoch already trained */
-    double resume_loss_sum;   /* resume: the epoch's loss sum before the stop */
-    int64_t resume_images;
-    double t0;
-} train_run;
 
 static volatile sig_atomic_t interrupted;
 
@@ -75,7 +46,7 @@ static void on_sigint(int sig) {
     interrupted = 1;
 }
 
-static double now_s(void) {
+double train_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -382,7 +353,7 @@ static int open_output(train_run *r) {
 }
 
 /* One JSON line into metrics.jsonl (the monitor thread writes too). */
-static void metric(train_run *r, const char *fmt, ...) {
+void train_metric(train_run *r, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     pthread_mutex_lock(&r->metrics_lock);
@@ -401,7 +372,7 @@ static void fmt_duration(double s, char *buf, size_t size) {
 static void progress(train_run *r, int epoch, int64_t i, int64_t nb, double loss, double img_s, double ep_t0,
                      double wait_pct, bool final) {
     char eta[32];
-    double elapsed = now_s() - ep_t0;
+    double elapsed = train_now_s() - ep_t0;
     fmt_duration(i ? elapsed / (double)i * (double)(nb - i) : 0, eta, sizeof eta);
     double mib = (double)kiln_memory_allocated(r->dev) / (1 << 20);
     if (r->tty) {
@@ -435,7 +406,7 @@ static kiln_status save_checkpoint(train_run *r, int epoch, int64_t batch_in_epo
     kiln_status st = kiln_checkpoint_save(r->ckpt_path, r->model, r->opt, &s);
     if (st != KILN_OK) return st;
     /* The epoch's partial loss sum, for an exact epoch record after resume. */
-    metric(r,
+    train_metric(r,
            "{\"event\":\"checkpoint\",\"path\":\"checkpoint.safetensors\",\"epoch\":%d,\"step\":%lld,"
            "\"batch_in_epoch\":%lld,\"epoch_loss_sum\":%.17g,\"epoch_images\":%lld}\n",
            epoch + 1, (long long)r->step, (long long)batch_in_epoch, epoch_loss_sum, (long long)epoch_images);
@@ -463,123 +434,6 @@ static void read_resume_sums(train_run *r, int64_t step) {
         }
     }
     fclose(f);
-}
-
-/* ---- Diagnostics switches -------------------------------------------------------------- */
-
-static void on_trace_ready(void *user) { ((train_run *)user)->trace_ready = true; }
-
-static void monitor_sample(const kiln_gpu_stats *gpus, int count, kiln_status status, void *user) {
-    train_run *r = user;
-    double t = now_s() - r->t0;
-    (void)status;
-    for (int i = 0; i < count; i++)
-        metric(r,
-               "{\"event\":\"monitor\",\"t\":%.3f,\"gpu\":%d,\"util_gpu\":%u,\"util_memory\":%u,"
-               "\"memory_used\":%llu,\"memory_total\":%llu,\"power_w\":%.1f,\"temperature_c\":%u}\n",
-               t, gpus[i].index, gpus[i].util_gpu, gpus[i].util_memory, (unsigned long long)gpus[i].memory_used,
-               (unsigned long long)gpus[i].memory_total, gpus[i].power_watts, gpus[i].temperature_c);
-    if (count > 0) return;
-    /* No GPU: this process's CPU use (over 200 ms) and resident memory. */
-    kiln_host_process p[1];
-    int n = 0;
-    if (kiln_host_processes_sample(p, 1, 200, &n) == KILN_OK && n > 0)
-        metric(r, "{\"event\":\"monitor\",\"t\":%.3f,\"gpu\":null,\"cpu_percent\":%.1f,\"rss_bytes\":%llu}\n", t,
-               p[0].cpu_percent, (unsigned long long)p[0].rss_bytes);
-}
-
-static kiln_status diag_begin(train_run *r) {
-    if (r->a.memory_history) {
-        KILN_TRY(kiln_memory_record_history(r->dev, true, 0));
-        fprintf(stderr, "kiln train: memory history on (every allocator event, with its op and line)\n");
-    }
-    if (r->a.detect_anomaly) {
-        kiln_set_detect_anomaly(true);
-        fprintf(stderr, "kiln train: anomaly detection on (every op's outputs checked for NaN/inf)\n");
-    }
-    if (r->a.detect_leaks) {
-        KILN_TRY(kiln_leak_check_begin(0));
-        fprintf(stderr, "kiln train: leak detection on (live autograd graph counted at each step boundary)\n");
-    }
-    if (r->a.monitor) {
-        KILN_TRY(kiln_gpu_monitor_start(1000, monitor_sample, r));
-        r->monitoring = true;
-    }
-    if (r->a.profile_steps > 0) {
-        kiln_profiler_opts po = {.schedule = {.wait = 1, .warmup = 0, .active = r->a.profile_steps, .repeat = 1},
-                                 .on_trace_ready = on_trace_ready,
-                                 .user = r};
-        KILN_TRY(kiln_profiler_start(&po));
-        r->profiling = true;
-    }
-    return KILN_OK;
-}
-
-/* After each optimizer step (its scope closed). */
-static kiln_status diag_step(train_run *r, bool *leak_reported) {
-    if (r->profiling) KILN_TRY(kiln_profiler_step());
-    if (r->a.detect_leaks) {
-        kiln_leak_report rep;
-        KILN_TRY(kiln_leak_check_step(&rep));
-        if (rep.leaking && !*leak_reported) {
-            char *text = kiln_leak_report_format(&rep);
-            if (text) fprintf(stderr, "\n%s\n", text);
-            free(text);
-            *leak_reported = true;
-        }
-    }
-    return KILN_OK;
-}
-
-static void profile_report(train_run *r) {
-    if (!r->profiling) return;
-    kiln_profiler_stop();
-    r->profiling = false;
-    char *table = kiln_profiler_table(KILN_SORT_CPU_TOTAL, 25);
-    if (table) fprintf(stderr, "kiln train: profile of %d step%s:\n%s", r->a.profile_steps,
-                       r->a.profile_steps == 1 ? "" : "s", table);
-    free(table);
-    kiln_counters c;
-    kiln_profiler_step_counters(&c);
-    fprintf(stderr,
-            "kiln train: last profiled step: %llu kernel launches, %llu host syncs, %llu raw allocations, "
-            "%llu pageable copies, %llu bytes to device, %llu bytes to host\n",
-            (unsigned long long)c.kernel_launches, (unsigned long long)c.host_syncs,
-            (unsigned long long)c.raw_allocs, (unsigned long long)c.pageable_copies,
-            (unsigned long long)c.bytes_h2d, (unsigned long long)c.bytes_d2h);
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/trace.json", r->out_dir);
-    if (kiln_profiler_export_chrome_trace(path) == KILN_OK)
-        fprintf(stderr, "kiln train: Chrome trace %s (open in Perfetto)%s\n", path,
-                r->trace_ready ? "" : " (fewer steps than --profile ran)");
-    else fail("profile trace");
-}
-
-static void diag_end(train_run *r, bool leak_reported) {
-    if (r->a.memory_history && kiln_memory_history_enabled(r->dev)) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/memory_snapshot.json", r->out_dir);
-        if (kiln_memory_snapshot(r->dev, path) == KILN_OK)
-            fprintf(stderr, "kiln train: memory snapshot %s (kiln report %s draws it)\n", path, r->out_dir);
-        else fail("memory snapshot");
-        kiln_memory_record_history(r->dev, false, 0);
-    }
-    if (r->monitoring) kiln_gpu_monitor_stop();
-    r->monitoring = false;
-    profile_report(r);
-    if (r->a.detect_leaks) {
-        kiln_leak_report rep;
-        if (!leak_reported && kiln_leak_check_step(&rep) == KILN_OK)
-            fprintf(stderr, "kiln train: leak check: no autograd graph kept across steps (%lld live nodes)\n",
-                    (long long)rep.live_nodes);
-        kiln_leak_check_end();
-    }
-    if (r->a.detect_anomaly) {
-        kiln_anomaly_report rep;
-        kiln_anomaly_last(&rep);
-        if (!rep.found) fprintf(stderr, "kiln train: anomaly check: no NaN or infinity in any op's output\n");
-        kiln_set_detect_anomaly(false);
-    }
 }
 
 /* ---- Training ------------------------------------------------------------------------------ */
@@ -633,7 +487,7 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
         if (st != KILN_OK) return st;
     }
     int64_t i0 = i;
-    double ep_t0 = now_s(), win_t0 = ep_t0, last_draw = 0, shown_loss = 0;
+    double ep_t0 = train_now_s(), win_t0 = ep_t0, last_draw = 0, shown_loss = 0;
     kiln_loader_stats ls0;
     kiln_loader_stats_get(r->train_ld, &ls0);
     double win_wait0 = ls0.wait_s;
@@ -660,9 +514,9 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
         kiln_scope_end();
         if (done || st != KILN_OK) break;
         i++, r->step++, win_n++, win_img += b, ep_img += b, hits_img += b;
-        if ((st = diag_step(r, leak_reported)) != KILN_OK) break;
+        if ((st = train_diag_step(r, leak_reported)) != KILN_OK) break;
         bool stop = interrupted || (r->a.max_steps && r->step >= r->a.max_steps);
-        double t = now_s();
+        double t = train_now_s();
         if (win_n == r->a.log_every || i == nb || stop) {
             double wl = 0, wh = 0;
             if ((st = read_and_clear(&win_loss, &wl)) != KILN_OK) break;
@@ -675,7 +529,7 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
             kiln_memory_stats_get(r->dev, &ms);
             double img_s = (double)win_img / (t - win_t0);
             shown_loss = wl / win_n;
-            metric(r,
+            train_metric(r,
                    "{\"event\":\"step\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"train_acc\":%.6f,\"lr\":%g,"
                    "\"img_s\":%.1f,\"data_wait_s\":%.4f,\"window_s\":%.4f,\"mem_allocated\":%lld,"
                    "\"mem_reserved\":%lld,\"mem_peak\":%lld}\n",
@@ -706,12 +560,12 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
     kiln_release(win_hits);
     if (st != KILN_OK || *how == EPOCH_STOPPED) return st;
     if (r->tty && i) fprintf(stderr, "\n");
-    double train_time = now_s() - ep_t0, test_loss = 0;
+    double train_time = train_now_s() - ep_t0, test_loss = 0;
     st = train_evaluate(r->model, r->test_ld, epoch, &test_loss, test_acc, NULL);
     if (st != KILN_OK) return st;
-    double epoch_time = now_s() - ep_t0;
+    double epoch_time = train_now_s() - ep_t0;
     double train_loss = i ? ep_loss / (double)i : 0;
-    metric(r,
+    train_metric(r,
            "{\"event\":\"epoch\",\"epoch\":%d,\"train_loss\":%.9g,\"train_acc\":%.6f,\"test_loss\":%.9g,"
            "\"test_acc\":%.6f,\"train_s\":%.3f,\"epoch_s\":%.3f}\n",
            epoch + 1, train_loss, hits_img ? ep_correct / (double)hits_img : 0, test_loss, *test_acc, train_time,
@@ -851,17 +705,17 @@ static int train_and_report(train_run *r) {
     double acc = 0;
     int64_t images = 0;
     bool leak_reported = false;
-    if (diag_begin(r) != KILN_OK) return fail("diagnostics");
-    double t_train = now_s();
+    if (train_diag_begin(r) != KILN_OK) return fail("diagnostics");
+    double t_train = train_now_s();
     epoch_end how = EPOCH_DONE;
     int e = r->start_epoch;
     for (; e < r->a.epochs && how == EPOCH_DONE; e++)
         if (run_epoch(r, e, &acc, &images, &how, &leak_reported) != KILN_OK) {
-            diag_end(r, true);
+            train_diag_end(r, true);
             return fail("training");
         }
-    double train_s = now_s() - t_train;
-    diag_end(r, leak_reported);
+    double train_s = train_now_s() - t_train;
+    train_diag_end(r, leak_reported);
     if (how == EPOCH_STOPPED) {
         fprintf(stderr, "kiln train: %s at step %lld; checkpoint %s (continue with --resume %s)\n",
                 interrupted ? "interrupted" : "stopped (--max-steps)", (long long)r->step, r->ckpt_path, r->out_dir);
@@ -877,7 +731,7 @@ static int train_and_report(train_run *r) {
     if (kiln_safetensors_save(path, r->model) != KILN_OK) return fail("weights");
     kiln_memory_stats ms;
     int64_t peak = kiln_memory_stats_get(r->dev, &ms) == KILN_OK ? ms.allocated_bytes[KILN_POOL_ALL].peak : 0;
-    double wall = now_s() - r->t0;
+    double wall = train_now_s() - r->t0;
     double img_s = train_s > 0 ? (double)images / train_s : 0;
     printf("kiln train: test accuracy %.2f%%, %.1f s, %.0f train img/s, peak memory %.1f MiB, checkpoint %s\n",
            100 * acc, wall, img_s, (double)peak / (1 << 20), r->ckpt_path);
@@ -886,13 +740,13 @@ static int train_and_report(train_run *r) {
              "{\"event\":\"summary\",\"test_acc\":%.6f,\"wall_s\":%.3f,\"train_img_s\":%.1f,\"peak_bytes\":%lld,"
              "\"steps\":%lld,\"epochs\":%d}",
              acc, wall, img_s, (long long)peak, (long long)r->step, r->a.epochs);
-    metric(r, "%s\n", summary);
+    train_metric(r, "%s\n", summary);
     printf("%s\n", summary); /* the last stdout line */
     return 0;
 }
 
 int kiln_cmd_train(int argc, char **argv) {
-    train_run r = {.t0 = now_s()};
+    train_run r = {.t0 = train_now_s()};
     pthread_mutex_init(&r.metrics_lock, NULL);
     int rc = parse_args(argc, argv, &r.a);
     if (rc) return rc < 0 ? 0 : rc;
