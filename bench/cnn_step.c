@@ -19,13 +19,18 @@
  * training step under the profiler, its top rows by self CPU time, and a
  * last stdout line of JSON.
  *
- * --data trains from a kiln_loader over a synthetic CIFAR-sized u8 dataset
- * (reflect-pad-4 crop, flip, normalise, pinned batches, `workers` threads)
- * and reports the fraction of the timed time the step waited for a batch.
+ * --data [host|device] trains from a kiln_loader over a synthetic
+ * CIFAR-sized u8 dataset (reflect-pad-4 crop, flip, normalise): `host` (the
+ * default) with pinned batches made by `workers` threads, `device` with the
+ * dataset on the device and batches made by ops (dataset-on-device mode).
+ * Each round then times the same number of training steps twice, from the
+ * loader and on the preloaded fixed batch, in alternating order, and the
+ * table reports both, their ratio and the fraction of the loader steps'
+ * time spent waiting in kiln_loader_next.
  *
  *   kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]
- *                  [--mode train|infer|both] [--no-peer] [--data] [--workers N]
- *                  [--profile-rows N] [--python PATH] [--peer-script PATH] */
+ *                  [--mode train|infer|both] [--no-peer] [--data [host|device]]
+ *                  [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,9 +49,12 @@
 #define MAX_REPEATS     64
 #define DATA_BATCHES    16 /* batches per epoch of the synthetic dataset */
 
+enum { DATA_NONE = 0, DATA_HOST, DATA_DEVICE };
+
 typedef struct cnn_config {
     int batch, steps, repeats, warmup, workers, profile_rows;
-    bool train, infer, peer, data;
+    int data; /* DATA_* */
+    bool train, infer, peer;
     const char *python, *peer_script;
 } cnn_config;
 
@@ -57,7 +65,8 @@ typedef struct cnn_bench {
     kiln_dataset *dataset; /* --data: (N, 3, 32, 32) u8 */
     kiln_loader *loader;
     int64_t epoch;
-    double wait_s; /* time spent in kiln_loader_next */
+    bool from_loader; /* training steps take loader batches (else the fixed batch) */
+    double wait_s;    /* time spent in kiln_loader_next */
 } cnn_bench;
 
 /* Images/s of each round, for one mode and one side. */
@@ -132,6 +141,11 @@ static kiln_status open_loader(cnn_bench *b, const cnn_config *cfg) {
     o.drop_last = true;
     o.num_workers = cfg->workers;
     o.pin_memory = true;
+    if (cfg->data == DATA_DEVICE) {
+        o.on_device = KILN_DATA_ON_DEVICE_ON;
+        o.num_workers = 0;
+        o.pin_memory = false;
+    }
     o.transforms.normalize = true;
     const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, sd[3] = {0.2470f, 0.2435f, 0.2616f};
     for (int c = 0; c < 3; c++) o.transforms.mean[c] = mean[c], o.transforms.std[c] = sd[c];
@@ -191,7 +205,7 @@ static void cnn_teardown(cnn_bench *b) {
 static kiln_status train_step(cnn_bench *b) {
     kiln_scope_begin();
     kiln_tensor *x = b->x, *y = b->y;
-    kiln_status st = b->loader ? next_batch(b, &x, &y) : KILN_OK;
+    kiln_status st = b->from_loader ? next_batch(b, &x, &y) : KILN_OK;
     kiln_tensor *logits = st ? NULL : kiln_module_forward(b->model, x);
     kiln_loss_opts lo = kiln_loss_defaults();
     kiln_tensor *loss = logits ? kiln_cross_entropy(logits, y, &lo) : NULL;
@@ -315,6 +329,7 @@ static void json_escaped(const char *s) {
 
 typedef struct cnn_results {
     cnn_series train, infer, peer_train, peer_infer;
+    cnn_series train_pre; /* --data: the same steps on the preloaded batch */
     double wait_frac; /* --data: wait / timed training time; < 0 without --data */
     char peer_reason[600];
     char torch_version[32];
@@ -351,7 +366,12 @@ static void print_json(const cnn_config *cfg, const cnn_results *r) {
         printf("%s\"%s\":[%.2f,%.2f]", first ? "" : ",", names[i], series_min(all[i]), series_max(all[i]));
         first = false;
     }
-    printf("},\"data_wait_frac\":");
+    printf("},\"train_preloaded_img_s\":");
+    if (has_figures(&r->train_pre))
+        printf("%.2f,\"loader_vs_preloaded\":%.4f,", median(&r->train_pre), median(&r->train) / median(&r->train_pre));
+    else
+        printf("null,\"loader_vs_preloaded\":null,");
+    printf("\"data_wait_frac\":");
     if (r->wait_frac >= 0)
         printf("%.4f,", r->wait_frac);
     else
@@ -367,7 +387,8 @@ static void print_json(const cnn_config *cfg, const cnn_results *r) {
            cfg->train && cfg->infer ? "both"
            : cfg->train             ? "train"
                                     : "infer",
-           cfg->data ? "true" : "false", cfg->data ? cfg->workers : 0, cfg->peer ? "true" : "false");
+           cfg->data == DATA_HOST ? "\"host\"" : cfg->data == DATA_DEVICE ? "\"device\"" : "null",
+           cfg->data == DATA_HOST ? cfg->workers : 0, cfg->peer ? "true" : "false");
     if (r->torch_version[0])
         json_escaped(r->torch_version);
     else
@@ -381,8 +402,8 @@ static void print_json(const cnn_config *cfg, const cnn_results *r) {
 
 static void usage(void) {
     fprintf(stderr, "usage: kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]\n"
-                    "                      [--mode train|infer|both] [--no-peer] [--data] [--workers N]\n"
-                    "                      [--profile-rows N] [--python PATH] [--peer-script PATH]\n");
+                    "                      [--mode train|infer|both] [--no-peer] [--data [host|device]]\n"
+                    "                      [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]\n");
 }
 
 /* 0 on success, 2 on a usage error. */
@@ -418,8 +439,13 @@ static int parse_args(int argc, char **argv, cnn_config *c) {
             c->peer_script = argv[++i];
         else if (strcmp(a, "--no-peer") == 0)
             c->peer = false;
-        else if (strcmp(a, "--data") == 0)
-            c->data = true;
+        else if (strcmp(a, "--data") == 0) {
+            c->data = DATA_HOST;
+            if (has_value && strcmp(argv[i + 1], "host") == 0)
+                i++;
+            else if (has_value && strcmp(argv[i + 1], "device") == 0)
+                c->data = DATA_DEVICE, i++;
+        }
         else if (strcmp(a, "--mode") == 0 && has_value) {
             const char *m = argv[++i];
             c->train = strcmp(m, "train") == 0 || strcmp(m, "both") == 0;
@@ -476,13 +502,37 @@ static double own_cpu_s(void) {
 }
 
 /* One round of one mode: Kiln's timed steps, then the peer's. */
-static kiln_status run_round(cnn_bench *b, const cnn_config *cfg, bool train, const char *script,
+/* --data: the round's training steps from the loader and on the preloaded
+ * batch, loader first on even rounds; the loader steps' time goes to
+ * *train_secs (the denominator of the wait fraction). */
+static kiln_status data_round(cnn_bench *b, const cnn_config *cfg, int round, cnn_series *k, cnn_results *r,
+                              double *train_secs) {
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < 2 && !st; i++) {
+        bool loader = (i == 0) == (round % 2 == 0);
+        b->from_loader = loader;
+        double secs;
+        st = run_steps(b, true, cfg->steps, &secs);
+        if (st) break;
+        cnn_series *s = loader ? k : &r->train_pre;
+        s->v[s->n++] = (double)cfg->batch * cfg->steps / secs;
+        if (loader) *train_secs += secs;
+    }
+    b->from_loader = false;
+    return st;
+}
+
+static kiln_status run_round(cnn_bench *b, const cnn_config *cfg, int round, bool train, const char *script,
                              cnn_series *k, cnn_series *p, cnn_results *r, double *train_secs) {
     double secs;
-    kiln_status st = run_steps(b, train, cfg->steps, &secs);
+    kiln_status st;
+    if (train && cfg->data) {
+        st = data_round(b, cfg, round, k, r, train_secs);
+    } else {
+        st = run_steps(b, train, cfg->steps, &secs);
+        if (!st) k->v[k->n++] = (double)cfg->batch * cfg->steps / secs;
+    }
     if (st) return st;
-    k->v[k->n++] = (double)cfg->batch * cfg->steps / secs;
-    if (train) *train_secs += secs;
     if (!script) return KILN_OK;
     bench_cnn_peer_result pr;
     bench_cnn_peer_run(cfg->python, script, train ? "train" : "infer", cfg->batch, cfg->steps, cfg->warmup,
@@ -501,13 +551,18 @@ static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *scri
     double secs, train_secs = 0;
     kiln_status st = KILN_OK;
     if (cfg->train && cfg->warmup) st = run_steps(b, true, cfg->warmup, &secs);
+    if (!st && cfg->train && cfg->data && cfg->warmup) {
+        b->from_loader = true;
+        st = run_steps(b, true, cfg->warmup, &secs);
+        b->from_loader = false;
+    }
     if (!st && cfg->infer && cfg->warmup) st = run_steps(b, false, cfg->warmup, &secs);
     b->wait_s = 0;
     double busy0 = busy_cpu_s(), own0 = own_cpu_s(), t0 = now_s();
     for (int i = 0; i < cfg->repeats && !st; i++) {
-        if (cfg->train) st = run_round(b, cfg, true, script, &r->train, &r->peer_train, r, &train_secs);
+        if (cfg->train) st = run_round(b, cfg, i, true, script, &r->train, &r->peer_train, r, &train_secs);
         if (!st && cfg->infer)
-            st = run_round(b, cfg, false, script, &r->infer, &r->peer_infer, r, &train_secs);
+            st = run_round(b, cfg, i, false, script, &r->infer, &r->peer_infer, r, &train_secs);
         fprintf(stderr, "round %d/%d done\n", i + 1, cfg->repeats);
     }
     r->wait_frac = cfg->data && train_secs > 0 ? b->wait_s / train_secs : -1;
@@ -523,16 +578,25 @@ static void print_table(const cnn_config *cfg, const cnn_results *r) {
     printf("\n%-6s %-6s %34s %10s %9s %9s\n", "mode", "who", "img/s median [min-max]", "ms/step", "GFLOP/s",
            "kiln/peer");
     if (cfg->train) {
-        print_row("train", "kiln", &r->train, gt, &r->peer_train);
+        print_row("train", cfg->data ? "loader" : "kiln", &r->train, gt, &r->peer_train);
+        if (cfg->data) print_row("train", "preld", &r->train_pre, gt, &r->peer_train);
         if (cfg->peer) print_row("train", "torch", &r->peer_train, gt, NULL);
     }
     if (cfg->infer) {
         print_row("infer", "kiln", &r->infer, gf, &r->peer_infer);
         if (cfg->peer) print_row("infer", "torch", &r->peer_infer, gf, NULL);
     }
-    if (r->wait_frac >= 0)
-        printf("--data: the training step waited for batches %.1f%% of its time (%d loader worker%s)\n",
-               100.0 * r->wait_frac, cfg->workers, cfg->workers == 1 ? "" : "s");
+    if (r->wait_frac >= 0 && cfg->data == DATA_HOST)
+        printf("--data host: loader steps (%d worker%s, pinned batches) ran at %.1f%% of the preloaded steps' "
+               "images/s and waited for batches %.1f%% of their time\n",
+               cfg->workers, cfg->workers == 1 ? "" : "s",
+               has_figures(&r->train_pre) ? 100.0 * median(&r->train) / median(&r->train_pre) : 0.0,
+               100.0 * r->wait_frac);
+    else if (r->wait_frac >= 0)
+        printf("--data device: loader steps (dataset on the device, batches made by ops) ran at %.1f%% of the "
+               "preloaded steps' images/s; making the batches took %.1f%% of their time\n",
+               has_figures(&r->train_pre) ? 100.0 * median(&r->train) / median(&r->train_pre) : 0.0,
+               100.0 * r->wait_frac);
     if (r->peer_reason[0]) printf("peer figures missing: %s\n", r->peer_reason);
     printf("load average (1 min): %.2f before, %.2f after; other processes used %.2f cores meanwhile%s\n",
            r->load_before, r->load_after, r->foreign_cores,
@@ -563,7 +627,10 @@ int kiln_bench_cnn(int argc, char **argv) {
     printf("kiln bench cnn: OptimizedCNN 3x32x32, batch %d, Adam 1e-3, cross-entropy; %d warm-up, %d rounds "
            "of %d steps; inputs %s; peer %s\n",
            cfg.batch, cfg.warmup, cfg.repeats, cfg.steps,
-           cfg.data ? "from the loader (synthetic CIFAR)" : "fixed randn", script ? script : "off");
+           cfg.data == DATA_HOST     ? "from the loader (synthetic CIFAR, host path) and fixed randn"
+           : cfg.data == DATA_DEVICE ? "from the loader (synthetic CIFAR, dataset on the device) and fixed randn"
+                                     : "fixed randn",
+           script ? script : "off");
     fflush(stdout);
     cnn_bench b;
     memset(&b, 0, sizeof b);

@@ -8,7 +8,9 @@
  * (no training step), so the figures are what the loader can supply, the
  * upper bound of what it can feed. One warm-up epoch (it fills the pinned
  * pool), then the best of `repeats` timed epochs. MB/s counts the f32
- * batch bytes delivered.
+ * batch bytes delivered. A last row per dataset ("on-device") is the
+ * dataset-on-device mode on the CPU device: the dataset as one tensor,
+ * batches made by ops on the consumer's thread (no workers).
  *   kiln bench loader [--batch N] [--repeats N] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,7 +78,9 @@ fail:
 }
 
 static void print_row(const char *name, int workers, const loader_result *r) {
-    printf("%-14s %7d %9lld %12.1f %10.1f %9.1f%%\n", name, workers, (long long)r->batches, r->batches_per_s,
+    char w[16];
+    snprintf(w, sizeof w, workers < 0 ? "on-dev" : "%d", workers);
+    printf("%-14s %7s %9lld %12.1f %10.1f %9.1f%%\n", name, w, (long long)r->batches, r->batches_per_s,
            r->mb_per_s, 100.0 * r->wait_frac);
 }
 
@@ -114,7 +118,7 @@ int kiln_bench_loader(int argc, char **argv) {
     }
     printf("loader pipeline, batch %lld, pinned batches, best of %d epochs\n", (long long)batch, repeats);
     printf("%-14s %7s %9s %12s %10s %10s\n", "dataset", "workers", "batches", "batches/s", "MB/s", "waited");
-    loader_result res[2][3];
+    loader_result res[2][4];
     memset(res, 0, sizeof res);
     int rc = 0;
     for (int d = 0; d < 2 && !rc; d++) {
@@ -142,19 +146,25 @@ int kiln_bench_loader(int argc, char **argv) {
             rc = measure(sets[d], o, repeats, &res[d][w]);
             if (!rc) print_row(names[d], w, &res[d][w]);
         }
+        o.num_workers = 0;
+        o.pin_memory = false;
+        o.on_device = KILN_DATA_ON_DEVICE_ON;
+        if (!rc) rc = measure(sets[d], o, repeats, &res[d][3]);
+        if (!rc) print_row(names[d], -1, &res[d][3]);
     }
     if (!rc) {
         printf("{\"bench\":\"loader\",\"batch\":%lld,\"fashion_mnist\":", (long long)batch);
         if (sets[0])
-            printf("{\"batches_per_s\":[%.1f,%.1f,%.1f],\"mb_per_s\":[%.1f,%.1f,%.1f]}",
+            printf("{\"batches_per_s\":[%.1f,%.1f,%.1f],\"mb_per_s\":[%.1f,%.1f,%.1f],"
+                   "\"on_device_batches_per_s\":%.1f}",
                    res[0][0].batches_per_s, res[0][1].batches_per_s, res[0][2].batches_per_s,
-                   res[0][0].mb_per_s, res[0][1].mb_per_s, res[0][2].mb_per_s);
+                   res[0][0].mb_per_s, res[0][1].mb_per_s, res[0][2].mb_per_s, res[0][3].batches_per_s);
         else
             printf("null");
-        printf(",\"cifar_synth\":{\"batches_per_s\":[%.1f,%.1f,%.1f],\"mb_per_s\":[%.1f,%.1f,%.1f]},"
-               "\"workers\":[0,1,2]}\n",
+        printf(",\"cifar_synth\":{\"batches_per_s\":[%.1f,%.1f,%.1f],\"mb_per_s\":[%.1f,%.1f,%.1f],"
+               "\"on_device_batches_per_s\":%.1f},\"workers\":[0,1,2]}\n",
                res[1][0].batches_per_s, res[1][1].batches_per_s, res[1][2].batches_per_s, res[1][0].mb_per_s,
-               res[1][1].mb_per_s, res[1][2].mb_per_s);
+               res[1][1].mb_per_s, res[1][2].mb_per_s, res[1][3].batches_per_s);
     }
     kiln_dataset_free(sets[0]);
     kiln_dataset_free(sets[1]);

@@ -145,6 +145,29 @@ void kiln_transform_apply(const kiln_transform_opts *opts, kiln_sample_info info
 
 typedef struct kiln_loader kiln_loader;
 
+/* Dataset-on-device mode (docs/data.md, "Dataset on the device"). The whole
+ * dataset is uploaded once at kiln_loader_create (as stored, u8 or f32,
+ * already padded for the random crop; labels i64), and each batch is made
+ * by ops queued on the caller's current stream of opts.device: a lookup of
+ * the cropped (and, from the mirrored copy, flipped) image rows, conversion
+ * to f32, normalisation and cutout. No
+ * worker threads and no per-pixel host work; the host computes the epoch's
+ * permutation (as the host path does) and, per batch, a few random
+ * parameters per sample, uploaded with one small non-blocking copy from a
+ * pinned buffer. Batches equal the host path's bit for bit, for every
+ * transform (nothing falls back to the host). Device memory: the padded
+ * images, twice when the transforms flip (a mirrored copy), + 8 bytes per
+ * label. On a CPU device the dataset is one CPU tensor and the same ops
+ * make the batches. */
+typedef enum kiln_data_on_device {
+    KILN_DATA_ON_DEVICE_OFF = 0, /* host path: workers, pooled buffers, prefetch */
+    KILN_DATA_ON_DEVICE_AUTO,    /* on the device when the upload fits in
+                                  * on_device_fraction of its free memory;
+                                  * the choice and its reason are logged (info) */
+    KILN_DATA_ON_DEVICE_ON,      /* always; an upload that does not fit fails
+                                  * kiln_loader_create (KILN_ERR_OUT_OF_MEMORY) */
+} kiln_data_on_device;
+
 typedef struct kiln_loader_opts {
     int64_t batch_size;   /* > 0 */
     bool shuffle;         /* a permutation per epoch keyed by (seed, epoch) */
@@ -158,10 +181,16 @@ typedef struct kiln_loader_opts {
     bool prefetch_to_device; /* use the copy-stream prefetch path even when
                               * device is the CPU (on by itself for other devices) */
     kiln_transform_opts transforms;
+    kiln_data_on_device on_device; /* default off; in device mode num_workers,
+                                    * prefetch_factor, pin_memory and
+                                    * prefetch_to_device do not apply */
+    double on_device_fraction;     /* AUTO: the most of the device's free memory
+                                    * the upload may take, in (0, 1]; 0 means 0.25 */
 } kiln_loader_opts;
 
 /* batch_size 64, no shuffle, seed 0, keep the last batch, 0 workers,
- * prefetch_factor 2, no pinning, CPU, default transforms. */
+ * prefetch_factor 2, no pinning, CPU, default transforms, dataset on the
+ * host (on_device off, fraction 0.25). */
 kiln_loader_opts kiln_loader_opts_default(void);
 
 /* Per-epoch statistics (kiln_loader_stats). */
@@ -173,7 +202,9 @@ typedef struct kiln_loader_stats {
     double elapsed_s;          /* since kiln_loader_epoch_begin */
     double batches_per_s;      /* batches delivered / elapsed_s */
     int64_t buffers_allocated; /* host batch buffers ever allocated (the pool) */
-    int num_workers;           /* after resolving auto */
+    int num_workers;           /* after resolving auto (0 in device mode) */
+    bool on_device;            /* dataset-on-device mode is in use */
+    int64_t device_bytes;      /* device mode: bytes the uploaded dataset takes */
 } kiln_loader_stats;
 
 /* Create a loader over `dataset` (borrowed: it must outlive the loader).
@@ -190,7 +221,11 @@ kiln_status kiln_loader_epoch_begin(kiln_loader *loader, int64_t epoch);
  * opts.device, new references the caller releases (registered with the
  * caller's scope like any returned tensor). At the end of the epoch
  * returns KILN_OK with *x and *y NULL. Blocks the host while the batch is
- * not ready (the time is counted in wait_s). On the prefetch path the
+ * not ready (the time is counted in wait_s). In device mode the batch's
+ * ops are queued on the caller's current stream of opts.device and the call
+ * returns without waiting for them (on a CPU device they run in the call);
+ * it blocks only to reuse a pinned parameter buffer whose copy, queued four
+ * batches earlier, has not run yet. On the prefetch path the
  * batch is ready on the caller's current stream of opts.device (which
  * waits on the copy's event: device-side, no host block), and the next
  * batch's copy is already queued on the loader's copy stream. Pooled host

@@ -1,6 +1,8 @@
 /* The loader: batches from a dataset, made by persistent worker threads
  * (or by the consumer when num_workers is 0) into pooled host buffers,
- * delivered in order, optionally prefetched onto a device (prefetch.c).
+ * delivered in order, optionally prefetched onto a device (prefetch.c) —
+ * or, in dataset-on-device mode, made by ops on the consumer's stream from
+ * a copy of the whole dataset on the device (device_data.c; no workers).
  *
  * Scheduling. Batch b of an epoch is made by whichever worker claims it;
  * its content depends only on (seed, epoch, b) — the permutation and the
@@ -50,6 +52,7 @@ struct kiln_loader {
     int window; /* ring size: batches in flight at most */
     bool prefetch;
     loader_prefetch *prefetcher;
+    loader_ondevice *ondev; /* dataset-on-device mode, else NULL */
     void *scratch; /* one raw sample, for num_workers == 0 */
 
     pthread_mutex_t mu;
@@ -87,10 +90,16 @@ kiln_loader_opts kiln_loader_opts_default(void) {
     o.prefetch_factor = 2;
     o.device = KILN_CPU;
     o.transforms = kiln_transform_opts_default();
+    o.on_device = KILN_DATA_ON_DEVICE_OFF;
+    o.on_device_fraction = 0.25;
     return o;
 }
 
 int64_t kiln_loader_num_batches(const kiln_loader *l) { return l ? l->num_batches : 0; }
+
+kiln_stream *loader_test_copy_stream(const kiln_loader *l) {
+    return l && l->prefetcher ? loader_prefetch_stream(l->prefetcher) : NULL;
+}
 
 /* ---- Buffer pool ------------------------------------------------------------------ */
 
@@ -225,6 +234,13 @@ static kiln_status check_opts(const kiln_loader_opts *o, kiln_sample_info info) 
     if (o->prefetch_factor < 0)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use 0 for the default (2)",
                           "kiln_loader_create: prefetch_factor %d is negative", o->prefetch_factor);
+    if (o->on_device != KILN_DATA_ON_DEVICE_OFF && o->on_device != KILN_DATA_ON_DEVICE_AUTO &&
+        o->on_device != KILN_DATA_ON_DEVICE_ON)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use KILN_DATA_ON_DEVICE_OFF, _AUTO or _ON",
+                          "kiln_loader_create: on_device %d is not a kiln_data_on_device", (int)o->on_device);
+    if (!(o->on_device_fraction >= 0.0 && o->on_device_fraction <= 1.0))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use a fraction in (0, 1], or 0 for the default (0.25)",
+                          "kiln_loader_create: on_device_fraction %g is outside [0, 1]", o->on_device_fraction);
     if (o->device.type == KILN_DEVICE_META)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "load onto cpu or cuda; meta tensors hold no data",
                           "kiln_loader_create: device meta cannot receive batches");
@@ -266,8 +282,11 @@ static void stop_workers(kiln_loader *l) {
 void kiln_loader_free(kiln_loader *l) {
     if (!l) return;
     stop_workers(l);
-    loader_prefetch_free(l->prefetcher);
+    /* The buffers first: the pinned allocator recorded the copies from them
+     * on the copy stream, which must still exist when they are freed. */
     for (int i = 0; i < l->n_buffers; i++) buffer_free(l->buffers[i]);
+    loader_prefetch_free(l->prefetcher);
+    loader_ondevice_free(l->ondev);
     free(l->buffers);
     free(l->ring);
     free(l->perm);
@@ -294,6 +313,53 @@ static kiln_status start_workers(kiln_loader *l) {
     return KILN_OK;
 }
 
+/* Whether to use the dataset-on-device mode; the choice and its reason are
+ * logged at info level (except OFF, the default). */
+static bool want_on_device(const kiln_loader *l) {
+    const kiln_loader_opts *o = &l->opts;
+    if (o->on_device == KILN_DATA_ON_DEVICE_OFF) return false;
+    char dev[32];
+    kiln_device_str(o->device, dev, sizeof dev);
+    double mib = (double)loader_ondevice_bytes(&o->transforms, l->info, l->length) / (1 << 20);
+    if (o->on_device == KILN_DATA_ON_DEVICE_ON) {
+        kiln_log_write(KILN_LOG_INFO, "kiln_loader: dataset on %s (%.1f MiB, asked for): batches made by device ops",
+                       dev, mib);
+        return true;
+    }
+    size_t free_b = 0, total_b = 0;
+    if (kiln_device_mem_info(o->device, &free_b, &total_b)) {
+        kiln_log_write(KILN_LOG_INFO, "kiln_loader: on_device auto: free memory of %s unknown (%s): host path",
+                       dev, kiln_error_last()->message);
+        kiln_error_clear();
+        return false;
+    }
+    double fraction = o->on_device_fraction > 0 ? o->on_device_fraction : 0.25;
+    double limit = fraction * (double)free_b / (1 << 20);
+    bool fits = mib <= limit;
+    kiln_log_write(KILN_LOG_INFO,
+                   "kiln_loader: on_device auto: dataset %.1f MiB, %s %.0f%% of %.0f MiB free on %s: %s", mib,
+                   fits ? "within" : "over", 100 * fraction, (double)free_b / (1 << 20), dev,
+                   fits ? "dataset on the device, batches made by device ops" : "host path (workers, pooled buffers)");
+    return fits;
+}
+
+static kiln_status start_on_device(kiln_loader *l) {
+    if (l->opts.num_workers != 0)
+        kiln_log_write(KILN_LOG_INFO, "kiln_loader: num_workers %d unused: the dataset is on the device",
+                       l->opts.num_workers);
+    kiln_status st = loader_ondevice_create(l->dataset, &l->opts, &l->ondev);
+    if (st == KILN_ERR_OUT_OF_MEMORY) {
+        char dev[32];
+        kiln_error cause = *kiln_error_last(); /* the raise below rewrites this thread's error */
+        return KILN_RAISE(st, "use on_device KILN_DATA_ON_DEVICE_AUTO or _OFF (the host path)",
+                          "kiln_loader_create: the dataset (%.1f MiB padded) does not fit on %s: %s",
+                          (double)loader_ondevice_bytes(&l->opts.transforms, l->info, l->length) /
+                              (1 << 20),
+                          kiln_device_str(l->opts.device, dev, sizeof dev), cause.message);
+    }
+    return st;
+}
+
 static kiln_status loader_init(kiln_loader *l, kiln_dataset *ds, const kiln_loader_opts *opts) {
     l->dataset = ds;
     l->opts = *opts;
@@ -304,6 +370,13 @@ static kiln_status loader_init(kiln_loader *l, kiln_dataset *ds, const kiln_load
     l->length = kiln_dataset_length(ds);
     int64_t B = l->opts.batch_size;
     l->num_batches = l->opts.drop_last ? l->length / B : (l->length + B - 1) / B;
+    if (want_on_device(l)) {
+        l->window = 1;
+        l->ring = KILN_CALLOC(1, sizeof *l->ring);
+        l->perm = KILN_MALLOC((size_t)(l->length > 0 ? l->length : 1) * sizeof *l->perm);
+        if (!l->ring || !l->perm) return KILN_ERR_OUT_OF_MEMORY;
+        return start_on_device(l);
+    }
     l->num_workers = resolve_workers(&l->opts);
     l->window = (l->num_workers > 0 ? l->num_workers : 1) * l->opts.prefetch_factor;
     l->prefetch = l->opts.device.type != KILN_DEVICE_CPU || l->opts.prefetch_to_device;
@@ -499,7 +572,17 @@ static kiln_status next_prefetched(kiln_loader *l, kiln_tensor **x, kiln_tensor 
     return st;
 }
 
+/* Device mode: the consumer queues the batch's ops itself (no workers). */
+static kiln_status next_on_device(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
+    if (!l->active || l->next_deliver >= l->num_batches) return KILN_OK;
+    int64_t batch = l->next_deliver++;
+    kiln_status st = loader_ondevice_batch(l->ondev, l->perm + batch * l->opts.batch_size, batch_rows(l, batch),
+                                           l->epoch, x, y);
+    return st ? batch_error(batch, st, kiln_error_last()) : KILN_OK;
+}
+
 static kiln_status next_impl(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
+    if (l->ondev) return next_on_device(l, x, y);
     if (l->prefetch) return next_prefetched(l, x, y);
     loader_buffer *b;
     int64_t rows = 0;
@@ -551,6 +634,8 @@ kiln_status kiln_loader_stats_get(const kiln_loader *l, kiln_loader_stats *out) 
     out->elapsed_s = l->epoch_start > 0 ? now_s() - l->epoch_start : 0;
     out->batches_per_s = out->elapsed_s > 0 ? (double)l->delivered / out->elapsed_s : 0;
     out->num_workers = l->num_workers;
+    out->on_device = l->ondev != NULL;
+    out->device_bytes = loader_ondevice_size(l->ondev);
     pthread_mutex_t *mu = (pthread_mutex_t *)&l->mu; /* the pool size changes under the lock */
     pthread_mutex_lock(mu);
     out->buffers_allocated = l->n_buffers;

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "kiln/data.h"
+#include "data/transform_internal.h"
 
 /* Domain tags keep the transform and alternating-flip streams apart from
  * each other and from the loader's permutation stream. */
@@ -80,27 +80,19 @@ static int64_t uniform_below(uint32_t word, int64_t n) {
     return (int64_t)(((uint64_t)word * (uint64_t)n) >> 32);
 }
 
-/* Source coordinate of padded coordinate p (0 <= p < n + 2*pad), or -1 for
- * a zero-padding pixel. Reflect assumes pad < n (checked). */
-static int source_coord(int p, int pad, int n, kiln_pad_mode mode) {
+int transform_source_coord(int p, int pad, int n, kiln_pad_mode mode) {
     int s = p - pad;
     if (s >= 0 && s < n) return s;
     if (mode == KILN_PAD_ZERO) return -1;
     return s < 0 ? -s : 2 * (n - 1) - s;
 }
 
-typedef struct sample_plan {
-    int oy, ox; /* crop offsets in the padded image */
-    bool flip;
-    int cy0, cy1, cx0, cx1; /* cutout rows [cy0, cy1), cols [cx0, cx1); empty when off */
-} sample_plan;
-
-static sample_plan plan_sample(const kiln_transform_opts *o, kiln_sample_info info, uint64_t seed,
-                               int64_t epoch, int64_t index) {
+transform_plan transform_plan_sample(const kiln_transform_opts *o, kiln_sample_info info, uint64_t seed,
+                                     int64_t epoch, int64_t index) {
     kiln_rng base = kiln_rng_make(seed);
     kiln_rng r =
         kiln_rng_split(kiln_rng_split(kiln_rng_split(base, XFRM_TAG), (uint64_t)epoch), (uint64_t)index);
-    sample_plan p = {0};
+    transform_plan p = {0};
     int pad = o->crop_padding;
     if (pad > 0) {
         p.oy = (int)uniform_below(kiln_rng_u32_at(&r, WORD_CROP_Y), 2 * pad + 1);
@@ -132,7 +124,7 @@ static float read_raw(kiln_sample_info info, const void *src, size_t at) {
 void kiln_transform_apply(const kiln_transform_opts *o, kiln_sample_info info, const void *src, float *dst,
                           uint64_t seed, int64_t epoch, int64_t index) {
     const int C = info.channels, H = info.height, W = info.width, pad = o->crop_padding;
-    sample_plan p = plan_sample(o, info, seed, epoch, index);
+    transform_plan p = transform_plan_sample(o, info, seed, epoch, index);
     float scale = (info.dtype == KILN_U8 && o->scale_u8) ? 1.0f / 255.0f : 1.0f;
     for (int c = 0; c < C; c++) {
         /* (raw * scale - mean) / std as raw * mul + add: one fma per pixel. */
@@ -144,10 +136,10 @@ void kiln_transform_apply(const kiln_transform_opts *o, kiln_sample_info info, c
         size_t plane = (size_t)c * H * W;
         for (int y = 0; y < H; y++) {
             float *out = dst + plane + (size_t)y * W;
-            int sy = pad > 0 ? source_coord(y + p.oy, pad, H, o->pad_mode) : y;
+            int sy = pad > 0 ? transform_source_coord(y + p.oy, pad, H, o->pad_mode) : y;
             for (int x = 0; x < W; x++) {
                 int xf = p.flip ? W - 1 - x : x;
-                int sx = pad > 0 ? source_coord(xf + p.ox, pad, W, o->pad_mode) : xf;
+                int sx = pad > 0 ? transform_source_coord(xf + p.ox, pad, W, o->pad_mode) : xf;
                 float raw = (sy < 0 || sx < 0) ? 0.0f : read_raw(info, src, plane + (size_t)sy * W + sx);
                 out[x] = raw * mul + add;
             }
