@@ -283,6 +283,19 @@ kiln_status kiln_caching_allocator_record_stream(kiln_caching_allocator *a, void
     return st;
 }
 
+void kiln_caching_allocator_forget_stream(kiln_caching_allocator *a, kiln_alloc_stream stream) {
+    alloc_lock(a);
+    for (size_t s = 0; s < a->n_segs; s++)
+        for (alloc_block *b = a->segs[s]->head; b; b = b->next) {
+            if (b->state != BLOCK_ALLOCATED) continue;
+            uint32_t kept = 0;
+            for (uint32_t i = 0; i < b->n_uses; i++)
+                if (b->uses[i] != stream) b->uses[kept++] = b->uses[i];
+            b->n_uses = kept;
+        }
+    alloc_unlock(a);
+}
+
 bool kiln_caching_allocator_owns(kiln_caching_allocator *a, const void *ptr) {
     alloc_lock(a);
     bool owns = block_containing(a, (uintptr_t)ptr) != NULL;

@@ -67,6 +67,10 @@ kiln_status kiln_caching_allocator_free(kiln_caching_allocator *a, void *ptr);
 /* Note that the block holding `ptr` is used on `stream` (record_stream). */
 kiln_status kiln_caching_allocator_record_stream(kiln_caching_allocator *a, void *ptr,
                                                  kiln_alloc_stream stream);
+/* Drop `stream` from every live block's record_stream set: the stream is
+ * being destroyed after a synchronisation, so its uses are complete, and
+ * its handle must not be recorded on when those blocks are freed. */
+void kiln_caching_allocator_forget_stream(kiln_caching_allocator *a, kiln_alloc_stream stream);
 /* True when ptr is the start of, or inside, a live block. */
 bool kiln_caching_allocator_owns(kiln_caching_allocator *a, const void *ptr);
 /* Synchronise pending events, release whole free segments. */

@@ -79,6 +79,11 @@ kiln_status kiln_stream_destroy(kiln_stream *stream) {
                           (unsigned long long)stream->id);
     const kiln_backend *be = kiln_backend_get(stream->device.type);
     kiln_status st = be->stream_synchronize(stream->device.index, stream->handle);
+    /* Blocks whose use was recorded on this stream (kiln_record_stream) must
+     * not record events on it once it is gone; its work is done. */
+    kiln_caching_allocator *dev_alloc = kiln_device_allocator(stream->device), *pin = kiln_pinned_allocator();
+    if (dev_alloc) kiln_caching_allocator_forget_stream(dev_alloc, (kiln_alloc_stream)stream);
+    if (pin) kiln_caching_allocator_forget_stream(pin, (kiln_alloc_stream)stream);
     if (tls_current[stream->device.type][stream->device.index] == stream)
         tls_current[stream->device.type][stream->device.index] = NULL;
     be->stream_destroy(stream->device.index, stream->handle);
