@@ -57,6 +57,16 @@ kiln_status kiln_runtime_copy(kiln_device dst_device, void *dst, kiln_device src
     }
     /* Device to device copies are ordered on the destination's stream and
      * never need the host to wait. */
-    kiln_copy_kind kind = src_device.index == dst_device.index ? KILN_COPY_D2D : KILN_COPY_PEER;
-    return be->copy(kind, src_device.index, dst_device.index, dst, src, bytes, h, true);
+    if (src_device.index == dst_device.index)
+        return be->copy(KILN_COPY_D2D, src_device.index, dst_device.index, dst, src, bytes, h, true);
+    /* A peer copy also reads the source device's memory: it waits for the
+     * work queued so far on the source's current stream (which may still
+     * be writing the source), and that stream's later work waits for the
+     * copy (which may still be reading it when the source is overwritten or
+     * freed), as PyTorch does. */
+    kiln_stream *src_stream = kiln_current_stream(src_device);
+    if (!src_stream) return kiln_error_last()->status;
+    KILN_TRY(kiln_stream_wait_stream(stream, src_stream));
+    KILN_TRY(be->copy(KILN_COPY_PEER, src_device.index, dst_device.index, dst, src, bytes, h, true));
+    return kiln_stream_wait_stream(src_stream, stream);
 }

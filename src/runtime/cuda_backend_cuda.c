@@ -12,7 +12,12 @@
  * changes which device the user's own CUDA code sees.
  *
  * Every CUDA call goes through KILN_CUDA_CHECK / KILN_CUDA_TRY, which raise
- * an error naming the call, the device, the CUDA error and file:line. */
+ * an error naming the call, the device, the CUDA error and file:line.
+ *
+ * The same file builds against the CUDA emulator (KILN_CUDA_EMULATION:
+ * src/emu/include's cuda_runtime_api.h, the emulated runtime of src/emu/);
+ * there the backend is marked emulated (never the default device) and its
+ * errors carry the emulator's explanation (kiln_emu_error_detail). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -61,6 +66,12 @@ kiln_status kiln_cuda_check_at(int error, const char *call, int index, const cha
     else
         snprintf(device, sizeof device, "cuda");
     kiln_status status = err == cudaErrorMemoryAllocation ? KILN_ERR_OUT_OF_MEMORY : KILN_ERR_DEVICE;
+#ifdef KILN_CUDA_EMULATION
+    const char *detail = kiln_emu_error_detail();
+    if (detail[0])
+        return kiln_error_raise(status, file, line, hint_for(err), "%s: %s failed: %s (%s) at %s:%d: %s", device,
+                                call, cudaGetErrorName(err), cudaGetErrorString(err), file, line, detail);
+#endif
     return kiln_error_raise(status, file, line, hint_for(err), "%s: %s failed: %s (%s) at %s:%d", device,
                             call, cudaGetErrorName(err), cudaGetErrorString(err), file, line);
 }
@@ -453,7 +464,11 @@ static const kiln_backend cuda_backend = {
     .type = KILN_DEVICE_CUDA,
     .host_accessible = false,
     .has_memory = true,
+#ifdef KILN_CUDA_EMULATION
+    .emulated = true,
+#else
     .emulated = false,
+#endif
     .device_count = cuda_device_count,
     .absent_reason = cuda_absent_reason,
     .device_name = cuda_device_name,

@@ -327,14 +327,18 @@ void kiln_device_rng_seed_all(uint64_t seed) {
     pthread_mutex_unlock(&rng_mutex);
 }
 
-/* cpu and meta share one stream of numbers, so a model initialised on meta
- * and then on cpu gets the same values (and a CUDA device gets its own). */
+/* Every device draws the same stream of numbers from the seed, each with
+ * its own position in it: after kiln_manual_seed, the same calls give the
+ * same values on cpu, meta (shared with cpu, so a model initialised on
+ * meta and then on cpu gets the same values) and every CUDA device, as
+ * include/kiln/tensor.h promises (and as torch.manual_seed seeds every
+ * device alike). */
 kiln_rng kiln_device_rng_reserve(kiln_device device, uint64_t n_words) {
     int t = device.type == KILN_DEVICE_META ? KILN_DEVICE_CPU : device.type;
     int i = device.type == KILN_DEVICE_CUDA ? device.index : 0;
     pthread_mutex_lock(&rng_mutex);
     if (!rng_ready[t][i]) {
-        rngs[t][i] = kiln_rng_split(kiln_rng_make(rng_seed), (uint64_t)t * KILN_MAX_DEVICES + (uint64_t)i);
+        rngs[t][i] = kiln_rng_split(kiln_rng_make(rng_seed), (uint64_t)KILN_DEVICE_CPU * KILN_MAX_DEVICES);
         rng_ready[t][i] = true;
     }
     kiln_rng draw = kiln_rng_advance(&rngs[t][i], n_words);

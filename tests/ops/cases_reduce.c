@@ -394,7 +394,7 @@ static const kh_case reduce_cases[] = {
     {.name = "nll_loss", .params = "target out of range", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
      .in = {{.shape = KILN_SHAPE(3, 4)}, REDUCE_TARGET(KILN_SHAPE(3), 4, 5), {.absent = true}},
      .attrs = {.reduction = KILN_REDUCTION_MEAN, .ignore_index = -100}, .run = reduce_run_nll_loss,
-     .expect_error = "target 4 is out of range"},
+     .expect_error = "target 4 is out of range", .value_error = true},
     /* cross_entropy = log_softmax over dim 1 + nll_loss */
     {.name = "cross_entropy", .params = "5x4 mean", .dtypes = KH_FLOAT, .n_in = 3,
      .in = {REDUCE_X(KILN_SHAPE(5, 4)), REDUCE_TARGET(KILN_SHAPE(5), 0, 4), {.absent = true}},

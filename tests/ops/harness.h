@@ -181,6 +181,11 @@ typedef struct kh_case {
     /* Not NULL: run() must fail with an error message containing this
      * (no reference, no gradients). */
     const char *expect_error;
+    /* With expect_error: the error depends on input values (a class index
+     * out of range), which a device kernel cannot check without blocking the
+     * host. Only the CPU must raise it; other devices must return a result
+     * whose output 0 holds a NaN (the kernels' way of flagging it). */
+    bool value_error;
     /* Self-test only: use this kernel instead of the registered CPU one. */
     const kiln_op_kernel *kernel;
 } kh_case;

@@ -101,6 +101,9 @@ int main(void) {
         }
     }
     missing += check_backend(KILN_DEVICE_CPU, "cpu");
+#ifdef KILN_WITH_CUDA
+    missing += check_backend(KILN_DEVICE_CUDA, "cuda");
+#endif
     int views = 0, nondiff = 0;
     for (int op = 0; op < KILN_OP_COUNT; op++) {
         views += (kiln_op_info_get((kiln_op_id)op)->flags & OPF_VIEW) != 0;

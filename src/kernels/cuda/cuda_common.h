@@ -5,7 +5,8 @@
  *     headers (src/emu/), which give the same names (dim3, threadIdx,
  *     __syncthreads, __shfl_down_sync, atomicAdd, cudaStream_t, ...) and
  *     run each kernel on the CPU, CUDA threads as fibers.
- * Kernel code uses only what both provide; src/emu/README.md lists it.
+ * Kernel code uses only what both provide; src/emu/kiln_emu.h and
+ * docs/cuda.md list it.
  *
  * Rules for kernel files (docs/cuda.md):
  *   - launch only through KILN_LAUNCH, followed by KILN_LAUNCH_CHECK;

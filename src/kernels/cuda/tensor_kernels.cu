@@ -28,27 +28,14 @@
  * (cudaPointerGetAttributes): the kernel table carries no device index, and
  * launching on a stream of another device would fail, or worse, for the
  * legacy default stream, silently run on the wrong device's queue. */
-#include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <string.h>
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime_api.h>
-
-#include "base/philox.h"
-#include "runtime/cuda_backend.h"
-
-#include "base/error.h"
-#include "kernels/kernels.h"
+#include "kernels/cuda/cuda_common.h"
 
 namespace {
 
-constexpr int kThreads = 256;
-/* Enough blocks to fill any current GPU several times over; larger grids
- * only add scheduling work, the grid-stride loop covers the rest. */
-constexpr int64_t kMaxBlocks = 8192;
+using kiln_cuda::device_guard;
+using kiln_cuda::element_count;
+using kiln_cuda::grid_for;
+using kiln_cuda::kThreads;
 
 /* ---- Element conversion ------------------------------------------------------ */
 
@@ -294,50 +281,7 @@ __global__ void normal_kernel(void *dst, int64_t n, uint64_t seed, uint64_t subs
 
 /* ---- Launching ------------------------------------------------------------------- */
 
-unsigned grid_for(int64_t work_items) {
-    int64_t blocks = (work_items + kThreads - 1) / kThreads;
-    if (blocks > kMaxBlocks) blocks = kMaxBlocks;
-    return (unsigned)(blocks < 1 ? 1 : blocks);
-}
-
-/* Makes the device that owns `ptr` current for a launch and restores the
- * caller's device on destruction. */
-struct device_guard {
-    int previous = -1;
-    int device = -1;
-
-    kiln_status enter(const void *ptr) {
-        cudaPointerAttributes attr;
-        KILN_CUDA_TRY(-1, cudaPointerGetAttributes(&attr, ptr));
-        if (attr.type == cudaMemoryTypeUnregistered)
-            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "allocate the tensor on the cuda device",
-                              "CUDA kernel given host pointer %p, which the GPU cannot access", ptr);
-        KILN_CUDA_TRY(attr.device, cudaGetDevice(&previous));
-        device = attr.device;
-        if (previous != device) KILN_CUDA_TRY(device, cudaSetDevice(device));
-        return KILN_OK;
-    }
-    ~device_guard() {
-        if (previous >= 0 && previous != device) (void)KILN_CUDA_CHECK(previous, cudaSetDevice(previous));
-    }
-};
-
-/* Every launch is followed by this: a bad configuration or a sticky error
- * from earlier work surfaces here, naming the kernel. */
-#define KILN_LAUNCH_CHECK(device, launch)                                                                    \
-    do {                                                                                                     \
-        kiln_status kiln_launch_st_ =                                                                        \
-            kiln_cuda_check_at((int)cudaGetLastError(), (launch), (device), __FILE__, __LINE__);             \
-        if (kiln_launch_st_ != KILN_OK) return kiln_launch_st_;                                              \
-    } while (0)
-
 bool valid_dtype(kiln_dtype d) { return (unsigned)d < (unsigned)KILN_DTYPE_COUNT; }
-
-int64_t element_count(const kiln_strided *v) {
-    int64_t n = 1;
-    for (int k = 0; k < v->ndim; k++) n *= v->shape[k];
-    return n;
-}
 
 kiln_status check_view(const kiln_strided *v, const char *what) {
     if (!v || v->ndim < 0 || v->ndim > KILN_MAX_DIMS || !valid_dtype(v->dtype))
@@ -353,7 +297,8 @@ kiln_status check_view(const kiln_strided *v, const char *what) {
 template <int DD, int SD>
 kiln_status launch_copy(void *dst, const void *src, const copy_geometry &g, int64_t n, cudaStream_t s,
                         int dev) {
-    copy_kernel<DD, SD><<<grid_for(n), kThreads, 0, s>>>(dst, src, g, n);
+    auto *copy_kernel_dd_sd = &copy_kernel<DD, SD>;
+    KILN_LAUNCH(copy_kernel_dd_sd, grid_for(n), kThreads, 0, s, dst, src, g, n);
     KILN_LAUNCH_CHECK(dev, "copy_kernel<<<>>>");
     return KILN_OK;
 }
@@ -361,7 +306,7 @@ kiln_status launch_copy(void *dst, const void *src, const copy_geometry &g, int6
 template <typename T>
 kiln_status launch_copy_bits(void *dst, const void *src, const copy_geometry &g, int64_t n, cudaStream_t s,
                              int dev) {
-    copy_bits_kernel<T><<<grid_for(n), kThreads, 0, s>>>((T *)dst, (const T *)src, g, n);
+    KILN_LAUNCH(copy_bits_kernel<T>, grid_for(n), kThreads, 0, s, (T *)dst, (const T *)src, g, n);
     KILN_LAUNCH_CHECK(dev, "copy_bits_kernel<<<>>>");
     return KILN_OK;
 }
@@ -432,7 +377,7 @@ kiln_status launch_fill(const kiln_strided *dst, const void *value_bits, cudaStr
     memcpy(&value, value_bits, sizeof value);
     device_guard guard;
     KILN_TRY(guard.enter(dst->data));
-    fill_kernel<T><<<grid_for(n), kThreads, 0, s>>>((T *)dst->data, value, g, n);
+    KILN_LAUNCH(fill_kernel<T>, grid_for(n), kThreads, 0, s, (T *)dst->data, value, g, n);
     KILN_LAUNCH_CHECK(guard.device, "fill_kernel<<<>>>");
     return KILN_OK;
 }
@@ -476,7 +421,7 @@ kiln_status cuda_arange(void *dst, kiln_dtype dtype, int64_t n, double start, do
     switch (dtype) {
 #define KILN_CASE(DD)                                                                                        \
     case DD:                                                                                                 \
-        arange_kernel<DD><<<grid_for(n), kThreads, 0, s>>>(dst, n, start, step);                             \
+        KILN_LAUNCH(arange_kernel<DD>, grid_for(n), kThreads, 0, s, dst, n, start, step);                    \
         break;
         KILN_FOR_EACH_DTYPE(KILN_CASE)
 #undef KILN_CASE
@@ -492,11 +437,11 @@ enum random_kind { RANDOM_UNIFORM, RANDOM_NORMAL };
 template <int DD>
 void launch_random(random_kind kind, void *dst, int64_t n, const kiln_rng &rng, cudaStream_t s) {
     if (kind == RANDOM_UNIFORM)
-        uniform_kernel<DD>
-            <<<grid_for((n + 3) / 4), kThreads, 0, s>>>(dst, n, rng.seed, rng.subsequence, rng.offset);
+        KILN_LAUNCH(uniform_kernel<DD>, grid_for((n + 3) / 4), kThreads, 0, s, dst, n, rng.seed, rng.subsequence,
+                    rng.offset);
     else
-        normal_kernel<DD>
-            <<<grid_for((n + 1) / 2), kThreads, 0, s>>>(dst, n, rng.seed, rng.subsequence, rng.offset);
+        KILN_LAUNCH(normal_kernel<DD>, grid_for((n + 1) / 2), kThreads, 0, s, dst, n, rng.seed, rng.subsequence,
+                    rng.offset);
 }
 
 kiln_status cuda_random(random_kind kind, void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng,

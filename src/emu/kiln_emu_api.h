@@ -1,0 +1,49 @@
+/* Kiln CUDA emulator: its own C-callable calls, beyond the CUDA runtime
+ * API (test hooks and diagnostics). Valid C and C++. Declared only in the
+ * emulation build (KILN_CUDA_EMULATION); the real CUDA build has none of
+ * them. */
+#ifndef KILN_EMU_KILN_EMU_API_H
+#define KILN_EMU_KILN_EMU_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "include/driver_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Test hook: while held, `stream` starts no further work (work already
+ * running finishes); releasing it lets the queued work run. Used to make a
+ * missing wait_event or record_stream fail on every run instead of by
+ * luck. Synchronising on a held stream (or on an event it must record)
+ * would wait forever, so the emulator aborts with a message instead after
+ * KILN_CUDA_EMU_HOLD_TIMEOUT seconds (default 30). NULL or
+ * cudaStreamLegacy: the calling thread's current device's legacy default
+ * stream. Returns cudaErrorInvalidResourceHandle for an unknown stream.
+ * Does not block. */
+cudaError_t kiln_emu_hold_stream(cudaStream_t stream, bool hold);
+
+/* The emulator's explanation of the last error it reported on the calling
+ * host thread (a bad launch configuration, a host pointer passed to a
+ * kernel, a copy past the end of an allocation...): "" if none. Reading it
+ * clears it. The string stays valid until the thread's next runtime call. */
+const char *kiln_emu_error_detail(void);
+
+/* Counters since the process started (for tests and `kiln info`). */
+typedef struct kiln_emu_stats {
+    unsigned long long launches;      /* kernels run */
+    unsigned long long blocks;        /* thread blocks run */
+    unsigned long long fiber_switches; /* context switches between CUDA threads */
+    unsigned long long async_ops;     /* stream operations run by stream workers */
+} kiln_emu_stats;
+void kiln_emu_get_stats(kiln_emu_stats *stats);
+
+/* Host threads that run thread blocks (KILN_CUDA_EMU_THREADS, default 2). */
+int kiln_emu_worker_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
