@@ -43,11 +43,17 @@ typedef struct kiln_sgd_step {
     double lr, momentum, dampening, weight_decay;
 } kiln_sgd_step;
 
+/* Updates per launch: the optimizer batches up to this many parameters of
+ * one device into one call (the multi-tensor apply of PyTorch's foreach
+ * optimizers): on CUDA one kernel launch updates them all. */
+#define KILN_OPTIM_MULTI 16
+
 typedef struct kiln_optim_kernels {
     uint32_t dtypes; /* 1u << dtype of the dtypes covered */
-    /* Enqueue on `stream`; do not block the host. */
-    kiln_status (*adam)(const kiln_adam_step *s, void *stream);
-    kiln_status (*sgd)(const kiln_sgd_step *s, void *stream);
+    /* The n (1..KILN_OPTIM_MULTI) updates s[0..n), one dtype each (they
+     * may differ), enqueued on `stream`; do not block the host. */
+    kiln_status (*adam)(const kiln_adam_step *s, int n, void *stream);
+    kiln_status (*sgd)(const kiln_sgd_step *s, int n, void *stream);
 } kiln_optim_kernels;
 
 const kiln_optim_kernels *kiln_cpu_optim_kernels(void);

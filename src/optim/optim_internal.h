@@ -29,7 +29,10 @@ struct kiln_optimizer {
 /* Whether updates may use the fused kernels where they apply (default on);
  * off runs every update op by op. For tests that compare the two paths. */
 void kiln_optim_use_fused(bool on);
-/* Parameter updates that ran fused since the process started. */
+/* Parameter updates that ran fused since the process started, and the
+ * calls (kernel launches on CUDA) they took: up to KILN_OPTIM_MULTI
+ * updates of one device share one. */
 uint64_t kiln_optim_fused_updates(void);
+uint64_t kiln_optim_fused_launches(void);
 
 #endif

@@ -228,8 +228,46 @@ static const kiln_optim_kernels *fused_for(kiln_tensor *const *t, int n) {
 
 static void *data_of(kiln_tensor *t) { return t ? kiln_tensor_strided(t).data : NULL; }
 
+/* Fused updates waiting for their launch: up to KILN_OPTIM_MULTI
+ * parameters of one device go in one call (one kernel on CUDA). The
+ * gradients they read are held until then. */
+typedef struct fused_batch {
+    const kiln_optim_kernels *k;
+    kiln_device device;
+    int n;
+    kiln_adam_step adam[KILN_OPTIM_MULTI];
+    kiln_sgd_step sgd[KILN_OPTIM_MULTI];
+    kiln_tensor *hold[KILN_OPTIM_MULTI];
+} fused_batch;
+
+static _Atomic uint64_t fused_launches;
+
+uint64_t kiln_optim_fused_launches(void) { return fused_launches; }
+
+static kiln_status flush(fused_batch *b, bool adam) {
+    if (!b->n) return KILN_OK;
+    void *stream = NULL;
+    kiln_status st = kiln_tensor_kernel_stream(b->device, &stream);
+    if (!st) st = adam ? b->k->adam(b->adam, b->n, stream) : b->k->sgd(b->sgd, b->n, stream);
+    if (!st) fused_launches++;
+    for (int k = 0; k < b->n; k++) kiln_tensor_drop(b->hold[k]);
+    b->n = 0;
+    return st;
+}
+
+/* Room in the batch for one update on `device` with kernels k (flushing
+ * what is there when the device or the table differs, or it is full). */
+static kiln_status make_room(fused_batch *b, const kiln_optim_kernels *k, kiln_device device, bool adam) {
+    if (b->n && (b->k != k || b->device.type != device.type || b->device.index != device.index ||
+                 b->n == KILN_OPTIM_MULTI))
+        KILN_TRY(flush(b, adam));
+    b->k = k;
+    b->device = device;
+    return KILN_OK;
+}
+
 /* torch.optim.sgd._single_tensor_sgd for one parameter; g consumed. */
-static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g) {
+static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_batch *b) {
     const kiln_sgd_opts *s = &o->sgd;
     kiln_tensor *p = o->params[i];
     kiln_tensor **buf0 = &o->state[0][i];
@@ -240,15 +278,17 @@ static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g) {
     }
     const kiln_optim_kernels *fk = fused_for((kiln_tensor *[]){p, g, s->momentum != 0 ? *buf0 : NULL}, 3);
     if (fk && (s->momentum == 0 || *buf0)) {
-        kiln_sgd_step st = {.dtype = kiln_dtype_of(p), .n = kiln_numel(p), .p = data_of(p), .g = data_of(g),
-                            .buf = s->momentum != 0 ? data_of(*buf0) : NULL, .first = first,
-                            .nesterov = s->nesterov, .maximize = s->maximize, .lr = o->lr, .momentum = s->momentum,
-                            .dampening = s->dampening, .weight_decay = s->weight_decay};
-        void *stream = NULL;
-        kiln_status rc = kiln_tensor_kernel_stream(kiln_get_device(p), &stream);
-        if (!rc) rc = fk->sgd(&st, stream);
-        kiln_tensor_drop(g);
-        if (rc) return rc;
+        kiln_status rc = make_room(b, fk, kiln_get_device(p), false);
+        if (rc) {
+            kiln_tensor_drop(g);
+            return rc;
+        }
+        b->sgd[b->n] = (kiln_sgd_step){.dtype = kiln_dtype_of(p), .n = kiln_numel(p), .p = data_of(p),
+                                       .g = data_of(g), .buf = s->momentum != 0 ? data_of(*buf0) : NULL,
+                                       .first = first, .nesterov = s->nesterov, .maximize = s->maximize,
+                                       .lr = o->lr, .momentum = s->momentum, .dampening = s->dampening,
+                                       .weight_decay = s->weight_decay};
+        b->hold[b->n++] = g;
         kiln_tensor_bump_version(p);
         if (*buf0) kiln_tensor_bump_version(*buf0);
         fused_updates++;
@@ -276,7 +316,7 @@ static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g) {
 
 /* torch.optim.adam._single_tensor_adam (AdamW: decoupled weight decay);
  * g consumed. */
-static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g) {
+static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_batch *b) {
     const kiln_adam_opts *a = &o->adam;
     kiln_tensor *p = o->params[i];
     kiln_tensor **m = &o->state[0][i], **v = &o->state[1][i], **vmax = &o->state[2][i];
@@ -289,17 +329,17 @@ static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g) {
     const kiln_optim_kernels *fk = fused_for((kiln_tensor *[]){p, g, *m, *v, a->amsgrad ? *vmax : NULL}, 5);
     if (fk) {
         double bc1 = 1.0 - pow(a->beta1, (double)step), bc2 = 1.0 - pow(a->beta2, (double)step);
-        kiln_adam_step st = {.dtype = kiln_dtype_of(p), .n = kiln_numel(p), .p = data_of(p), .g = data_of(g),
-                             .m = data_of(*m), .v = data_of(*v), .vmax = a->amsgrad ? data_of(*vmax) : NULL,
-                             .adamw = o->kind == KILN_OPTIM_ADAMW, .amsgrad = a->amsgrad,
-                             .maximize = false /* g was negated above */,
-                             .lr = o->lr, .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps,
-                             .weight_decay = a->weight_decay, .step_size = o->lr / bc1, .bc2_sqrt = sqrt(bc2)};
-        void *stream = NULL;
-        kiln_status rc = kiln_tensor_kernel_stream(kiln_get_device(p), &stream);
-        if (!rc) rc = fk->adam(&st, stream);
-        kiln_tensor_drop(g);
-        if (rc) return rc;
+        kiln_status rc = make_room(b, fk, kiln_get_device(p), true);
+        if (rc) goto fail;
+        b->adam[b->n] = (kiln_adam_step){.dtype = kiln_dtype_of(p), .n = kiln_numel(p), .p = data_of(p),
+                                         .g = data_of(g), .m = data_of(*m), .v = data_of(*v),
+                                         .vmax = a->amsgrad ? data_of(*vmax) : NULL,
+                                         .adamw = o->kind == KILN_OPTIM_ADAMW, .amsgrad = a->amsgrad,
+                                         .maximize = false /* g was negated above */, .lr = o->lr,
+                                         .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps,
+                                         .weight_decay = a->weight_decay, .step_size = o->lr / bc1,
+                                         .bc2_sqrt = sqrt(bc2)};
+        b->hold[b->n++] = g;
         kiln_tensor_bump_version(p);
         kiln_tensor_bump_version(*m);
         kiln_tensor_bump_version(*v);
@@ -348,20 +388,25 @@ fail:
 }
 
 static kiln_status step_body(kiln_optimizer *o) {
-    for (int i = 0; i < o->n; i++) {
+    fused_batch b = {.n = 0};
+    bool adam = o->kind != KILN_OPTIM_SGD;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < o->n && !st; i++) {
         kiln_error_clear();
         kiln_tensor *g = kiln_grad(o->params[i]);
         if (!g) {
-            if (kiln_error_last()->status) return kiln_error_last()->status;
+            st = kiln_error_last()->status;
             continue; /* no gradient: skipped, as in PyTorch */
         }
-        if (o->kind == KILN_OPTIM_SGD) {
+        if (!adam) {
             o->steps[i]++;
-            KILN_TRY(sgd_update(o, i, g));
+            st = sgd_update(o, i, g, &b);
         } else {
-            KILN_TRY(adam_update(o, i, g));
+            st = adam_update(o, i, g, &b);
         }
     }
+    kiln_status fs = flush(&b, adam);
+    if (st || fs) return st ? st : fs;
     o->step_count++;
     return KILN_OK;
 }

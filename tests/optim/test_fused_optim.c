@@ -4,7 +4,10 @@
  * dampening, nesterov, weight decay, maximize; Adam with and without weight
  * decay, amsgrad, maximize; AdamW) must leave the same bits in the
  * parameters and every state tensor, in f32 and f64, for a small tensor and
- * one large enough for the parallel loop. Where cuda:0 exists (a GPU, or
+ * one large enough for the parallel loop; and a model of 20 parameters of
+ * mixed sizes and dtypes, whose updates must take two calls a step (up to
+ * KILN_OPTIM_MULTI parameters per call: one kernel launch on CUDA). Where
+ * cuda:0 exists (a GPU, or
  * the emulation build) the same runs there, and its results must also be
  * the CPU's, bit for bit. */
 #include <math.h>
@@ -104,6 +107,66 @@ static void compare(const config *c, kiln_dtype dt, int64_t n, bool cuda) {
     free(b);
 }
 
+/* 20 parameters (sizes 1..~9000, every third f64), 3 Adam steps; all
+ * parameters and moments into out (f64), in order. Returns the values. */
+static int64_t run_many(bool fused, kiln_device dev, double *out) {
+    enum { P = 20 };
+    kiln_optim_use_fused(fused);
+    uint64_t launches = kiln_optim_fused_launches(), updates = kiln_optim_fused_updates();
+    kiln_scope_begin();
+    kiln_tensor *ps[P];
+    int64_t sizes[P], total = 0;
+    for (int k = 0; k < P; k++) {
+        sizes[k] = 1 + (int64_t)k * k * 23;
+        double *v = malloc(sizeof(double) * (size_t)sizes[k]);
+        fill(v, sizes[k], k);
+        ps[k] = tensor_of(v, sizes[k], k % 3 == 2 ? KILN_F64 : KILN_F32, dev);
+        free(v);
+        CHECK_OK(kiln_set_requires_grad(ps[k], true));
+    }
+    kiln_adam_opts ao = kiln_adam_defaults();
+    ao.weight_decay = 1e-3;
+    kiln_optimizer *o = kiln_adam(ps, P, &ao);
+    for (int step = 0; o && step < 3; step++) {
+        for (int k = 0; k < P; k++) {
+            double *v = malloc(sizeof(double) * (size_t)sizes[k]);
+            fill(v, sizes[k], 40 + k + step);
+            CHECK_OK(kiln_set_grad(ps[k], tensor_of(v, sizes[k], kiln_dtype_of(ps[k]), dev)));
+            free(v);
+        }
+        CHECK_OK(kiln_optimizer_step(o));
+    }
+    uint64_t calls = kiln_optim_fused_launches() - launches, n = kiln_optim_fused_updates() - updates;
+    CHECK_MSG(calls == (fused ? 6u : 0u) && n == (fused ? 60u : 0u),
+              "20 parameters x 3 steps: %llu fused updates in %llu calls, expected %s", (unsigned long long)n,
+              (unsigned long long)calls, fused ? "60 in 6" : "none");
+    for (int k = 0; o && k < P; k++) {
+        kiln_tensor *parts[3] = {ps[k], kiln_optimizer_state(o, k, "exp_avg"), kiln_optimizer_state(o, k, "exp_avg_sq")};
+        for (int j = 0; j < 3; j++) {
+            kiln_tensor *t64 = kiln_to(parts[j], KILN_CPU, KILN_F64, KILN_COPY);
+            CHECK_OK(kiln_to_host(t64, out + total, sizeof(double) * (size_t)sizes[k]));
+            total += sizes[k];
+        }
+    }
+    kiln_optimizer_free(o);
+    kiln_scope_end();
+    return total;
+}
+
+static void compare_many(bool cuda) {
+    static double a[200000], b[200000];
+    int64_t n = run_many(true, KILN_CPU, a);
+    CHECK(run_many(false, KILN_CPU, b) == n);
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(double))) {
+            CHECK_MSG(false, "adam, 20 parameters: value %lld fused %.17g, op by op %.17g", (long long)i, a[i], b[i]);
+            break;
+        }
+    if (!cuda) return;
+    CHECK(run_many(true, KILN_CUDA(0), b) == n);
+    CHECK_MSG(!memcmp(a, b, sizeof(double) * (size_t)n), "adam, 20 parameters: cuda:0 fused differs from the cpu");
+}
+
 int main(void) {
     CHECK_OK(kiln_init());
     kiln_adam_opts adam = kiln_adam_defaults(), adamw = kiln_adamw_defaults();
@@ -128,6 +191,7 @@ int main(void) {
             compare(&configs[i], dt, 37, cuda);
             compare(&configs[i], dt, 70001, cuda);
         }
+    compare_many(cuda);
     kiln_optim_use_fused(true);
     kiln_shutdown();
     return kt_finish();

@@ -71,8 +71,7 @@
         }                                                                                                    \
     } while (0)
 
-static kiln_status cpu_adam(const kiln_adam_step *s, void *stream) {
-    (void)stream;
+static kiln_status cpu_adam_one(const kiln_adam_step *s) {
     if (s->dtype == KILN_F32)
         ADAM_BODY(float, R32);
     else if (s->dtype == KILN_F64)
@@ -83,8 +82,7 @@ static kiln_status cpu_adam(const kiln_adam_step *s, void *stream) {
     return KILN_OK;
 }
 
-static kiln_status cpu_sgd(const kiln_sgd_step *s, void *stream) {
-    (void)stream;
+static kiln_status cpu_sgd_one(const kiln_sgd_step *s) {
     if (s->dtype == KILN_F32)
         SGD_BODY(float, R32);
     else if (s->dtype == KILN_F64)
@@ -92,6 +90,18 @@ static kiln_status cpu_sgd(const kiln_sgd_step *s, void *stream) {
     else
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "fused SGD: dtype %s is not covered",
                           kiln_dtype_name(s->dtype));
+    return KILN_OK;
+}
+
+static kiln_status cpu_adam(const kiln_adam_step *s, int n, void *stream) {
+    (void)stream;
+    for (int k = 0; k < n; k++) KILN_TRY(cpu_adam_one(&s[k]));
+    return KILN_OK;
+}
+
+static kiln_status cpu_sgd(const kiln_sgd_step *s, int n, void *stream) {
+    (void)stream;
+    for (int k = 0; k < n; k++) KILN_TRY(cpu_sgd_one(&s[k]));
     return KILN_OK;
 }
 

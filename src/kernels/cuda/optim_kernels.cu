@@ -4,8 +4,10 @@
  * op-by-op path stores a tensor. The CUDA elementwise kernels compute f32
  * add/sub/mul/div/sqrt in float, which rounds the same as double followed
  * by a rounding to float, and the scalar ops in double, so fused and
- * op-by-op updates agree bit for bit on this backend too. One grid-stride
- * loop over the elements, enqueued on the stream; nothing blocks. */
+ * op-by-op updates agree bit for bit on this backend too. One launch
+ * updates a batch of up to KILN_OPTIM_MULTI parameters (passed by value):
+ * blockIdx.y picks the parameter, a grid-stride loop over blockIdx.x
+ * covers its elements. Enqueued on the stream; nothing blocks. */
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/optim_kernels.h"
 
@@ -13,7 +15,11 @@ namespace {
 
 template <class T> __device__ inline double rnd(double x) { return (double)(T)x; }
 
-template <class T> __global__ void adam_kernel(kiln_adam_step s) {
+template <class S> struct batch {
+    S s[KILN_OPTIM_MULTI];
+};
+
+template <class T> __device__ void adam_one(const kiln_adam_step &s) {
     T *p = (T *)s.p, *m = (T *)s.m, *v = (T *)s.v, *vmax = (T *)s.vmax;
     const T *gp = (const T *)s.g;
     const double w = 1.0 - s.beta1, inv_bc2 = 1.0 / s.bc2_sqrt, keep = 1.0 - s.lr * s.weight_decay;
@@ -43,7 +49,7 @@ template <class T> __global__ void adam_kernel(kiln_adam_step s) {
     }
 }
 
-template <class T> __global__ void sgd_kernel(kiln_sgd_step s) {
+template <class T> __device__ void sgd_one(const kiln_sgd_step &s) {
     T *p = (T *)s.p, *buf = (T *)s.buf;
     const T *gp = (const T *)s.g;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < s.n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -59,32 +65,58 @@ template <class T> __global__ void sgd_kernel(kiln_sgd_step s) {
     }
 }
 
-kiln_status cuda_adam(const kiln_adam_step *s, void *stream) {
-    if (s->n == 0) return KILN_OK;
-    kiln_cuda::device_guard guard;
-    KILN_TRY(guard.enter(s->p));
-    if (s->dtype == KILN_F32)
-        KILN_LAUNCH(adam_kernel<float>, kiln_cuda::grid_for(s->n), kiln_cuda::kThreads, 0, stream, *s);
-    else if (s->dtype == KILN_F64)
-        KILN_LAUNCH(adam_kernel<double>, kiln_cuda::grid_for(s->n), kiln_cuda::kThreads, 0, stream, *s);
+__global__ void adam_kernel(batch<kiln_adam_step> b) {
+    const kiln_adam_step &s = b.s[blockIdx.y];
+    if (s.dtype == KILN_F32)
+        adam_one<float>(s);
     else
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "fused Adam: dtype %s is not covered",
-                          kiln_dtype_name(s->dtype));
+        adam_one<double>(s);
+}
+
+__global__ void sgd_kernel(batch<kiln_sgd_step> b) {
+    const kiln_sgd_step &s = b.s[blockIdx.y];
+    if (s.dtype == KILN_F32)
+        sgd_one<float>(s);
+    else
+        sgd_one<double>(s);
+}
+
+/* Checks the batch, makes the device of its first parameter current and
+ * gives the grid: x covers the largest parameter, y the parameters. */
+template <class S>
+kiln_status prepare(const S *s, int n, const char *what, kiln_cuda::device_guard &guard, batch<S> &b, dim3 &grid) {
+    if (n < 1 || n > KILN_OPTIM_MULTI)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "fused %s: %d updates in one batch (1..%d)", what, n,
+                          KILN_OPTIM_MULTI);
+    int64_t most = 0;
+    for (int k = 0; k < n; k++) {
+        if (s[k].dtype != KILN_F32 && s[k].dtype != KILN_F64)
+            return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "fused %s: dtype %s is not covered", what,
+                              kiln_dtype_name(s[k].dtype));
+        if (s[k].n > most) most = s[k].n;
+        b.s[k] = s[k];
+    }
+    KILN_TRY(guard.enter(s[0].p));
+    grid = dim3(kiln_cuda::grid_for(most), (unsigned)n, 1);
+    return KILN_OK;
+}
+
+kiln_status cuda_adam(const kiln_adam_step *s, int n, void *stream) {
+    kiln_cuda::device_guard guard;
+    batch<kiln_adam_step> b;
+    dim3 grid;
+    KILN_TRY(prepare(s, n, "Adam", guard, b, grid));
+    KILN_LAUNCH(adam_kernel, grid, kiln_cuda::kThreads, 0, stream, b);
     KILN_LAUNCH_CHECK(guard.device, "adam_kernel");
     return KILN_OK;
 }
 
-kiln_status cuda_sgd(const kiln_sgd_step *s, void *stream) {
-    if (s->n == 0) return KILN_OK;
+kiln_status cuda_sgd(const kiln_sgd_step *s, int n, void *stream) {
     kiln_cuda::device_guard guard;
-    KILN_TRY(guard.enter(s->p));
-    if (s->dtype == KILN_F32)
-        KILN_LAUNCH(sgd_kernel<float>, kiln_cuda::grid_for(s->n), kiln_cuda::kThreads, 0, stream, *s);
-    else if (s->dtype == KILN_F64)
-        KILN_LAUNCH(sgd_kernel<double>, kiln_cuda::grid_for(s->n), kiln_cuda::kThreads, 0, stream, *s);
-    else
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "fused SGD: dtype %s is not covered",
-                          kiln_dtype_name(s->dtype));
+    batch<kiln_sgd_step> b;
+    dim3 grid;
+    KILN_TRY(prepare(s, n, "SGD", guard, b, grid));
+    KILN_LAUNCH(sgd_kernel, grid, kiln_cuda::kThreads, 0, stream, b);
     KILN_LAUNCH_CHECK(guard.device, "sgd_kernel");
     return KILN_OK;
 }
