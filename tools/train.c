@@ -35,15 +35,52 @@
 
 static volatile sig_atomic_t interrupted;
 
-/* The first Ctrl-C asks for a checkpoint after the current step; a second
- * one kills the process the default way. */
-static void on_sigint(int sig) {
-    if (interrupted) {
-        signal(sig, SIG_DFL);
-        raise(sig);
-        return;
+/* Ctrl-C. SIGINT is blocked in every thread of the run (the loader's and
+ * OpenMP's workers inherit the mask), so no system call anywhere is ever
+ * interrupted by it; one thread takes it with sigwait. The first Ctrl-C asks
+ * for a checkpoint after the current step; a second one kills the process
+ * the default way. */
+typedef struct sigint_watch {
+    pthread_t thread;
+    sigset_t set, old_mask;
+    volatile sig_atomic_t stopping;
+    bool running;
+} sigint_watch;
+
+static void *sigint_thread(void *arg) {
+    sigint_watch *w = arg;
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&w->set, &sig) != 0 || w->stopping) return NULL;
+        if (interrupted) { /* the second Ctrl-C: the default action */
+            signal(SIGINT, SIG_DFL);
+            pthread_sigmask(SIG_UNBLOCK, &w->set, NULL);
+            raise(SIGINT);
+            return NULL;
+        }
+        interrupted = 1;
     }
-    interrupted = 1;
+}
+
+static void sigint_watch_start(sigint_watch *w) {
+    sigemptyset(&w->set);
+    sigaddset(&w->set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &w->set, &w->old_mask);
+    w->stopping = 0;
+    w->running = pthread_create(&w->thread, NULL, sigint_thread, w) == 0;
+}
+
+static void sigint_watch_stop(sigint_watch *w) {
+    if (w->running) {
+        w->stopping = 1;
+        pthread_kill(w->thread, SIGINT);
+        pthread_join(w->thread, NULL);
+    }
+    /* A Ctrl-C that came after the watcher stopped is dropped, not turned
+     * into a kill when the caller's mask comes back. */
+    struct timespec zero = {0, 0};
+    while (sigtimedwait(&w->set, NULL, &zero) > 0) continue;
+    pthread_sigmask(SIG_SETMASK, &w->old_mask, NULL);
 }
 
 double train_now_s(void) {
@@ -753,16 +790,13 @@ int kiln_cmd_train(int argc, char **argv) {
     if (r.a.deterministic) kiln_set_deterministic(true);
     r.dev = kiln_default_device();
     r.tty = isatty(2);
-    struct sigaction sa, old;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old);
+    sigint_watch watch;
+    sigint_watch_start(&watch);
     rc = open_output(&r);
     if (!rc) rc = setup(&r);
     if (!rc) rc = train_and_report(&r);
     teardown(&r);
-    sigaction(SIGINT, &old, NULL);
+    sigint_watch_stop(&watch);
     pthread_mutex_destroy(&r.metrics_lock);
     return rc;
 }
