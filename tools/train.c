@@ -36,13 +36,32 @@
 static volatile sig_atomic_t interrupted;
 
 /* Ctrl-C. SIGINT is blocked in every thread of the run (the loader's and
- * OpenMP's workers inherit the mask), so no system call anywhere is ever
- * interrupted by it; one thread takes it with sigwait. The first Ctrl-C asks
- * for a checkpoint after the current step; a second one kills the process
- * the default way. */
+ * OpenMP's workers inherit the mask), so no system call in them is
+ * interrupted by it; one thread takes it with sigwait. A handler is
+ * installed as well: it replaces an inherited SIG_IGN (a shell starts
+ * background jobs with SIGINT ignored) and serves threads the process did
+ * not create with the mask (a sanitizer's). The first Ctrl-C asks for a
+ * checkpoint after the current step; a second one kills the process the
+ * default way. */
+static void second_interrupt(void) {
+    signal(SIGINT, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+    raise(SIGINT);
+}
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (interrupted) second_interrupt();
+    interrupted = 1;
+}
+
 typedef struct sigint_watch {
     pthread_t thread;
     sigset_t set, old_mask;
+    struct sigaction old_action;
     volatile sig_atomic_t stopping;
     bool running;
 } sigint_watch;
@@ -52,10 +71,8 @@ static void *sigint_thread(void *arg) {
     for (;;) {
         int sig = 0;
         if (sigwait(&w->set, &sig) != 0 || w->stopping) return NULL;
-        if (interrupted) { /* the second Ctrl-C: the default action */
-            signal(SIGINT, SIG_DFL);
-            pthread_sigmask(SIG_UNBLOCK, &w->set, NULL);
-            raise(SIGINT);
+        if (interrupted) {
+            second_interrupt();
             return NULL;
         }
         interrupted = 1;
@@ -66,6 +83,12 @@ static void sigint_watch_start(sigint_watch *w) {
     sigemptyset(&w->set);
     sigaddset(&w->set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &w->set, &w->old_mask);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &w->old_action);
     w->stopping = 0;
     w->running = pthread_create(&w->thread, NULL, sigint_thread, w) == 0;
 }
@@ -80,6 +103,7 @@ static void sigint_watch_stop(sigint_watch *w) {
      * into a kill when the caller's mask comes back. */
     struct timespec zero = {0, 0};
     while (sigtimedwait(&w->set, NULL, &zero) > 0) continue;
+    sigaction(SIGINT, &w->old_action, NULL);
     pthread_sigmask(SIG_SETMASK, &w->old_mask, NULL);
 }
 
