@@ -49,25 +49,25 @@ ceiling_s() {
 configure_build() { # DIR ARGS...
   local dir=$1; shift
   cmake -S "$top" -B "$dir" "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
-  cmake --build "$dir" -j"$jobs"
+  cmake --build "$dir" -j"$jobs" || return 1
 }
 
 tier_release() {
   local d="$top/build-ci/release"
   mkdir -p "$top/build-ci"
-  configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON
-  run_ctest --test-dir "$d" -LE slow "${ctest_args[@]}"
-  "$top/scripts/check-install.sh" "$d"
+  configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON || return 1
+  run_ctest --test-dir "$d" -LE slow "${ctest_args[@]}" || return 1
+  "$top/scripts/check-install.sh" "$d" || return 1
 }
 
 tier_asan() {
   local d="$top/build-ci/asan"
   mkdir -p "$top/build-ci"
   configure_build "$d" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON \
-    -DKILN_SANITIZE=address,undefined
+    -DKILN_SANITIZE=address,undefined || return 1
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    run_ctest --test-dir "$d" -LE slow "${ctest_args[@]}"
+    run_ctest --test-dir "$d" -LE slow "${ctest_args[@]}" || return 1
 }
 
 # ThreadSanitizer over what runs threads: the data layer (loader workers,
@@ -80,9 +80,9 @@ tier_tsan() {
     -DKILN_SANITIZE=thread -DKILN_BUILD_TOOLS=OFF >"$d.configure.log" 2>&1 || { cat "$d.configure.log"; return 1; }
   local targets=(test_tensor_scope) f
   for f in "$top"/tests/data/test_*.c; do targets+=("$(basename "$f" .c)"); done
-  cmake --build "$d" -j"$jobs" --target "${targets[@]}"
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest --test-dir "$d" -L data "${ctest_args[@]}"
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest --test-dir "$d" -R scope "${ctest_args[@]}"
+  cmake --build "$d" -j"$jobs" --target "${targets[@]}" || return 1
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest --test-dir "$d" -L data "${ctest_args[@]}" || return 1
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest --test-dir "$d" -R scope "${ctest_args[@]}" || return 1
 }
 
 tier_nvcc() {
@@ -99,12 +99,12 @@ tier_nvcc() {
   cmake -S "$top" -B "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=ON -DKILN_WERROR=ON \
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DKILN_BUILD_TESTS=ON >"$d.configure.log" 2>&1 \
     || { cat "$d.configure.log"; return 1; }
-  cmake --build "$d" -j"$jobs" --target kiln kiln_cli test_cuda_device
+  cmake --build "$d" -j"$jobs" --target kiln kiln_cli test_cuda_device || return 1
   grep -q "cuda=on" "$d/generated/kiln_config.h" || { echo "tier nvcc: CUDA backend was not enabled"; return 1; }
   # Without a driver the CUDA build must still run and list zero CUDA devices,
   # and the real-GPU test must report itself skipped (CTest's code 77).
-  "$d/bin/kiln" info
-  run_ctest --test-dir "$d" -R test_cuda_device --no-tests=error "${ctest_args[@]}"
+  "$d/bin/kiln" info || return 1
+  run_ctest --test-dir "$d" -R test_cuda_device --no-tests=error "${ctest_args[@]}" || return 1
 }
 
 # The CUDA emulation build (docs/cuda.md): the CUDA backend and every .cu
@@ -121,9 +121,9 @@ tier_emu() {
   local d="$top/build-ci/emu"
   mkdir -p "$top/build-ci"
   configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_EMULATION=ON -DKILN_WITH_CUDA=OFF \
-    -DKILN_WERROR=ON -DKILN_BUILD_TOOLS=OFF
+    -DKILN_WERROR=ON -DKILN_BUILD_TOOLS=OFF || return 1
   grep -q "cuda=emulated" "$d/generated/kiln_config.h" || { echo "tier emu: the emulation build was not enabled"; return 1; }
-  run_ctest --test-dir "$d" -L "emu|runtime|tensor|ops|data|diag|optim" -LE slow --no-tests=error "${ctest_args[@]}"
+  run_ctest --test-dir "$d" -L "emu|runtime|tensor|ops|data|diag|optim" -LE slow --no-tests=error "${ctest_args[@]}" || return 1
 }
 
 # libFuzzer over the dataset file parsers (tests/fuzz/): each target runs
@@ -139,10 +139,11 @@ tier_fuzz() {
   mkdir -p "$top/build-ci"
   # The library and the fuzz targets only: libFuzzer brings its own main.
   CC="$clang" configure_build "$d" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=fuzzer \
-    -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_TOOLS=OFF -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON
-  local secs=${KILN_FUZZ_SECONDS:-25} f name work
+    -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_TOOLS=OFF -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON || return 1
+  local targets=0 secs=${KILN_FUZZ_SECONDS:-25} f name work
   for f in "$d"/tests/fuzz/fuzz_*; do
     [ -x "$f" ] || continue
+    targets=$((targets + 1))
     name=$(basename "$f"); name=${name#fuzz_}
     # A copy of the seed corpus: libFuzzer adds what it finds to it.
     work="$d/corpus-$name"
@@ -155,8 +156,11 @@ tier_fuzz() {
       "$work" 2>&1 | tail -n 25) || { echo "0 1 0" >>"$counts_file"; return 1; }
     echo "1 0 0" >>"$counts_file"
   done
+  [ "$targets" -gt 0 ] || { echo "tier fuzz: no fuzz target was built"; return 1; }
 }
 
+# A tier runs as `tier_X || status=$?`, where bash ignores set -e inside
+# the function: every step of a tier ends in `|| return 1`.
 for t in "${tiers[@]}"; do
   echo "=== tier $t: start $(date -u +%H:%M:%S)"
   start=$(date +%s)

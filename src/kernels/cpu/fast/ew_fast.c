@@ -39,7 +39,7 @@ kiln_status kiln_fast_relu(const kiln_op_args *a) {
     int64_t n = 0;
     flat_f32(&a->out[0], &n);
 #ifdef _OPENMP
-#pragma omp parallel for simd schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
 #endif
     for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
     return KILN_OK;
@@ -57,7 +57,7 @@ kiln_status kiln_fast_relu_backward(const kiln_op_args *a) {
     int64_t n = 0;
     flat_f32(&a->out[0], &n);
 #ifdef _OPENMP
-#pragma omp parallel for simd schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
+#pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
 #endif
     for (int64_t i = 0; i < n; i++) {
         float gi = g[i]; /* loaded unconditionally, so the loop vectorises */
