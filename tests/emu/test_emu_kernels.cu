@@ -13,28 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kernels/cuda/cuda_common.h"
-
-static int failed, passed;
-#define EXPECT(cond, ...)                                                                                    \
-    do {                                                                                                     \
-        if (cond) {                                                                                          \
-            passed++;                                                                                        \
-        } else {                                                                                             \
-            failed++;                                                                                        \
-            fprintf(stderr, "%s:%d: FAILED %s: ", __FILE__, __LINE__, #cond);                                \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
-#define CUDA_OK(call)                                                                                        \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "%s:%d: %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorName(e_));           \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#include "emu/emu_test_util.h"
 
 /* A lane-dependent, non-monotone value. */
 static inline KILN_HD int input_of(int i) { return (i * 37 + 11) % 101 - 50; }
