@@ -58,6 +58,13 @@ static bool run_pool(kiln_shape shape, const float *vals, const kiln_pool2d_opts
     return ok;
 }
 
+/* The fast tables off, then back on. */
+static void reference_only(void) { kiln_ops_clear_fast_kernels(KILN_DEVICE_CPU); }
+static void restore_tables(void) {
+    kiln_shutdown();
+    CHECK_OK(kiln_init());
+}
+
 static void check_config(const char *name, kiln_shape shape, kiln_pool2d_opts o, int special, bool fast_backward) {
     int64_t n = 1;
     for (int i = 0; i < shape.ndim; i++) n *= shape.d[i];
@@ -75,10 +82,9 @@ static void check_config(const char *name, kiln_shape shape, kiln_pool2d_opts o,
     CHECK_MSG((b1 > b0) == fast_backward, "%s: the fast backward %s", name,
               fast_backward ? "did not run" : "ran on overlapping windows");
 
-    kiln_ops_clear_fast_kernels(KILN_DEVICE_CPU);
+    reference_only();
     ok = run_pool(shape, vals, &o, &ref) && ok;
-    kiln_shutdown(); /* back to the default tables */
-    CHECK_OK(kiln_init());
+    restore_tables();
     if (ok) {
         CHECK_MSG(!memcmp(fast.y, ref.y, sizeof(float) * (size_t)fast.ny), "%s: forward values differ", name);
         CHECK_MSG(!memcmp(fast.idx, ref.idx, sizeof(int64_t) * (size_t)fast.ny), "%s: indices differ", name);
@@ -87,13 +93,6 @@ static void check_config(const char *name, kiln_shape shape, kiln_pool2d_opts o,
     free_run(&fast);
     free_run(&ref);
     free(vals);
-}
-
-/* The fast tables off, then back on. */
-static void reference_only(void) { kiln_ops_clear_fast_kernels(KILN_DEVICE_CPU); }
-static void restore_tables(void) {
-    kiln_shutdown();
-    CHECK_OK(kiln_init());
 }
 
 static float *values(int64_t n, int special) {
