@@ -280,6 +280,18 @@ bool kiln_is_conv_autotune(void);
 void kiln_set_cudnn_benchmark(bool enabled);
 bool kiln_is_cudnn_benchmark(void);
 
+/* ---- Opaque CPU layouts (kiln/tensor.h, kiln_layout) -----------------------
+ * enabled (the default; KILN_CPU_LAYOUTS=0 in the environment at first use
+ * turns it off): the fast CPU kernels may leave f32 activations whose
+ * channel count is a multiple of 16 in oneDNN's nChw16c layout between
+ * layers (convolution, pooling, ReLU and their gradients pass it on), so no
+ * reorder runs between consecutive layers. Values are the same either way
+ * up to the kernels' own rounding; the layout is invisible to users (see
+ * kiln_layout). Process-wide, thread-safe; affects ops started after the
+ * call. */
+void kiln_set_cpu_layouts(bool enabled);
+bool kiln_cpu_layouts(void);
+
 #ifdef __cplusplus
 }
 #endif

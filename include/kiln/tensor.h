@@ -41,10 +41,25 @@ const char *kiln_dtype_name(kiln_dtype dtype);
 kiln_status kiln_dtype_parse(const char *text, kiln_dtype *out);
 bool kiln_dtype_is_floating(kiln_dtype dtype);
 
+/* How a tensor's bytes are arranged. Users always see `strided`: shape and
+ * strides mean what they say. The fast CPU backend may give an op's result
+ * an opaque layout, so that consecutive layers pass it on without
+ * reordering; such a tensor converts itself to `strided` (once, in place,
+ * keeping its values and version) as soon as anything needs the strided
+ * form: a view, kiln_data_ptr, a copy to another device or dtype, saving,
+ * or an op whose kernel does not take the layout. kiln_layout_of says
+ * which layout a tensor is in right now; kiln_set_cpu_layouts turns the
+ * opaque layouts off. */
 typedef enum kiln_layout {
     KILN_LAYOUT_STRIDED = 0, /* shape + strides, what users see */
+    /* oneDNN's nChw16c: a 4-D f32 (N, C, H, W) with C a multiple of 16,
+     * stored as (N, C/16, H, W, 16). Same bytes as the strided tensor. */
+    KILN_LAYOUT_NCHW16C,
     KILN_LAYOUT_COUNT
 } kiln_layout;
+
+/* "strided", "nChw16c"; "invalid" for a bad value. */
+const char *kiln_layout_name(kiln_layout layout);
 
 #define KILN_MAX_DIMS 8
 
@@ -158,7 +173,9 @@ bool kiln_shares_storage(const kiln_tensor *a, const kiln_tensor *b);
 /* Version counter of the storage (bumped by every in-place write). */
 uint64_t kiln_tensor_version(const kiln_tensor *t);
 /* Device address of element 0 (NULL for meta and for zero-size tensors).
- * Borrowed; valid while t is. */
+ * Borrowed; valid while t is. A tensor in an opaque layout is converted to
+ * strided first (NULL with an error if that fails), so the address always
+ * holds the strided bytes. */
 void *kiln_data_ptr(const kiln_tensor *t);
 /* References held on the handle t (views are other handles and are not
  * counted); for tests and leak hunts. */

@@ -28,6 +28,7 @@
 static atomic_int deterministic_flag = -1;
 static atomic_int cudnn_benchmark_flag = -1;
 static atomic_int conv_autotune_flag = -1;
+static atomic_int cpu_layouts_flag = -1;
 
 static bool env_flag(const char *name) {
     const char *v = getenv(name);
@@ -50,6 +51,18 @@ void kiln_set_cudnn_benchmark(bool enabled) { atomic_store(&cudnn_benchmark_flag
 bool kiln_is_cudnn_benchmark(void) { return read_flag(&cudnn_benchmark_flag, "KILN_CUDNN_BENCHMARK"); }
 void kiln_set_conv_autotune(bool enabled) { atomic_store(&conv_autotune_flag, enabled ? 1 : 0); }
 bool kiln_is_conv_autotune(void) { return read_flag(&conv_autotune_flag, "KILN_CONV_AUTOTUNE"); }
+void kiln_set_cpu_layouts(bool enabled) { atomic_store(&cpu_layouts_flag, enabled ? 1 : 0); }
+bool kiln_cpu_layouts(void) {
+    int v = atomic_load(&cpu_layouts_flag);
+    if (v < 0) {
+        const char *e = getenv("KILN_CPU_LAYOUTS");
+        int expected = -1;
+        atomic_compare_exchange_strong(&cpu_layouts_flag, &expected,
+                                       e && (!strcmp(e, "0") || !strcmp(e, "off") || !strcmp(e, "false")) ? 0 : 1);
+        v = atomic_load(&cpu_layouts_flag);
+    }
+    return v == 1;
+}
 
 kiln_autotune_mode kiln_autotune_mode_current(kiln_device_type type) {
     kiln_autotune_mode m;

@@ -14,14 +14,24 @@ extern "C" {
 #endif
 
 /* A strided view of device memory. `data` points at element 0 (offset
- * already applied); strides are in elements; a stride of 0 broadcasts. */
+ * already applied); strides are in elements; a stride of 0 broadcasts.
+ * `layout` is KILN_LAYOUT_STRIDED except for the inputs and outputs of a
+ * fast kernel that takes opaque layouts (op_args.h, kiln_op_kernel.layout):
+ * then shape is the logical shape, strides are those of a contiguous tensor
+ * and mean nothing, and the bytes are in that layout. */
 typedef struct kiln_strided {
     void *data;
     kiln_dtype dtype;
     int ndim;
     int64_t shape[KILN_MAX_DIMS];
     int64_t strides[KILN_MAX_DIMS];
+    kiln_layout layout;
 } kiln_strided;
+
+/* Reorders a contiguous 4-D (N, C, H, W) tensor of `elem` bytes per element
+ * between NCHW and nChw16c (C a multiple of 16): to_blocked chooses the
+ * direction. dst and src do not overlap. CPU (OpenMP); blocks the host. */
+void kiln_cpu_reorder_nchw16c(void *dst, const void *src, size_t elem, const int64_t *shape, bool to_blocked);
 
 typedef struct kiln_tensor_kernels {
     /* dst[i] = convert(src[i]) over dst's shape; src has the same shape

@@ -74,13 +74,26 @@ typedef size_t (*kiln_op_workspace_fn)(const kiln_op_args *args);
  * parameters they do not cover; the dispatcher then tries the next table. */
 typedef bool (*kiln_op_supports_fn)(const kiln_op_args *args);
 
+/* The layouts of a kernel's outputs (kiln/tensor.h, kiln_layout), for a
+ * kernel that takes opaque layouts. Called after its supports fn accepted
+ * the args, with the inputs as they are (args->in[i].layout) and the
+ * outputs described by shape and dtype only (data NULL, layout strided,
+ * contiguous strides); fills out_layouts[0..n_out), preset to strided.
+ * An output given an opaque layout must be one that layout can describe. */
+typedef void (*kiln_op_layout_fn)(const kiln_op_args *args, kiln_layout *out_layouts);
+
 /* One backend's kernel for one op. `dtypes` is a bit mask (1u << dtype)
- * of the dtypes of out[0] the kernel handles. */
+ * of the dtypes of out[0] the kernel handles. `layout` NULL (the rule):
+ * the kernel sees strided tensors only — the dispatcher converts an input
+ * in an opaque layout before asking its supports fn — and its outputs are
+ * strided. Non-NULL: its supports fn sees inputs in any layout and declines
+ * the ones it does not handle, and `layout` picks the outputs' layouts. */
 typedef struct kiln_op_kernel {
     kiln_op_kernel_fn run;
     kiln_op_workspace_fn workspace;
     uint32_t dtypes;
     kiln_op_supports_fn supports; /* optional */
+    kiln_op_layout_fn layout;     /* optional */
 } kiln_op_kernel;
 
 #define KILN_DT(d) (1u << (d))

@@ -1,6 +1,9 @@
 /* The plain-C fast CPU kernel table (kernels/cpu/fast/): f32 kernels on
  * contiguous tensors that need no library, consulted after the oneDNN
- * table and before the reference kernels. Built in every configuration. */
+ * table and before the reference kernels. Built in every configuration.
+ * Pooling, ReLU and the bias-gradient sum also take oneDNN's nChw16c
+ * layout (blocked_fast.c): the entries below pick the kernel by the
+ * inputs' layout and pass the layout on to their outputs. */
 #include <pthread.h>
 
 #include "kernels/cpu/fast/fast_kernels.h"
@@ -8,17 +11,40 @@
 
 #define F32 KILN_DT(KILN_F32)
 
+static bool blocked_in(const kiln_op_args *a, int i) { return a->in[i].layout == KILN_LAYOUT_NCHW16C; }
+
+static kiln_status max_pool2d(const kiln_op_args *a) {
+    return blocked_in(a, 0) ? kiln_blocked_max_pool2d(a) : kiln_fast_max_pool2d(a);
+}
+static bool max_pool2d_supports(const kiln_op_args *a) {
+    return blocked_in(a, 0) ? kiln_blocked_max_pool2d_supports(a) : kiln_fast_max_pool2d_supports(a);
+}
+static kiln_status max_pool2d_backward(const kiln_op_args *a) {
+    return blocked_in(a, 1) ? kiln_blocked_max_pool2d_backward(a) : kiln_fast_max_pool2d_backward(a);
+}
+static bool max_pool2d_backward_supports(const kiln_op_args *a) {
+    if (blocked_in(a, 1)) return kiln_blocked_max_pool2d_backward_supports(a);
+    return !blocked_in(a, 0) && kiln_fast_max_pool2d_backward_supports(a);
+}
+static kiln_status sum(const kiln_op_args *a) { return blocked_in(a, 0) ? kiln_blocked_sum(a) : kiln_fast_sum(a); }
+static bool sum_supports(const kiln_op_args *a) {
+    return blocked_in(a, 0) ? kiln_blocked_sum_supports(a) : kiln_fast_sum_supports(a);
+}
+static size_t sum_workspace(const kiln_op_args *a) { return blocked_in(a, 0) ? 0 : kiln_fast_sum_workspace(a); }
+
 static kiln_op_kernel fast_c_table[KILN_OP_COUNT];
 static pthread_once_t fast_c_table_once = PTHREAD_ONCE_INIT;
 
 static void build_fast_c_table(void) {
-    fast_c_table[KILN_OP_MAX_POOL2D] = (kiln_op_kernel){kiln_fast_max_pool2d, NULL, F32, kiln_fast_max_pool2d_supports};
-    fast_c_table[KILN_OP_MAX_POOL2D_BACKWARD] =
-        (kiln_op_kernel){kiln_fast_max_pool2d_backward, NULL, F32, kiln_fast_max_pool2d_backward_supports};
-    fast_c_table[KILN_OP_RELU] = (kiln_op_kernel){kiln_fast_relu, NULL, F32, kiln_fast_relu_supports};
-    fast_c_table[KILN_OP_RELU_BACKWARD] =
-        (kiln_op_kernel){kiln_fast_relu_backward, NULL, F32, kiln_fast_relu_backward_supports};
-    fast_c_table[KILN_OP_SUM] = (kiln_op_kernel){kiln_fast_sum, kiln_fast_sum_workspace, F32, kiln_fast_sum_supports};
+    fast_c_table[KILN_OP_MAX_POOL2D] =
+        (kiln_op_kernel){max_pool2d, NULL, F32, max_pool2d_supports, kiln_blocked_same_as_input};
+    fast_c_table[KILN_OP_MAX_POOL2D_BACKWARD] = (kiln_op_kernel){
+        max_pool2d_backward, NULL, F32, max_pool2d_backward_supports, kiln_blocked_pool_backward_layout};
+    fast_c_table[KILN_OP_RELU] =
+        (kiln_op_kernel){kiln_fast_relu, NULL, F32, kiln_fast_relu_supports, kiln_blocked_relu_layout};
+    fast_c_table[KILN_OP_RELU_BACKWARD] = (kiln_op_kernel){kiln_fast_relu_backward, NULL, F32,
+                                                           kiln_fast_relu_backward_supports, kiln_blocked_relu_layout};
+    fast_c_table[KILN_OP_SUM] = (kiln_op_kernel){sum, sum_workspace, F32, sum_supports, kiln_blocked_strided_out};
 }
 
 const kiln_op_kernel *kiln_cpu_fast_c_op_kernels(void) {

@@ -1,5 +1,6 @@
 /* The fast CPU kernel table: oneDNN convolution and matmul for f32
- * (kernels/cpu/onednn/). Entries decline what they do not cover through
+ * (kernels/cpu/onednn/); the convolutions take and give nChw16c
+ * activations (kiln/tensor.h). Entries decline what they do not cover through
  * their supports fn, and the dispatcher then runs the reference kernel;
  * ops without an entry always run the reference kernel. */
 #include <pthread.h>
@@ -16,13 +17,14 @@ static pthread_once_t fast_table_once = PTHREAD_ONCE_INIT;
 
 static void build_fast_table(void) {
     fast_table[KILN_OP_CONV2D] =
-        (kiln_op_kernel){kiln_onednn_conv2d, kiln_onednn_conv2d_workspace, F32, kiln_onednn_conv2d_supports};
+        (kiln_op_kernel){kiln_onednn_conv2d, kiln_onednn_conv2d_workspace, F32, kiln_onednn_conv2d_supports,
+                         kiln_onednn_conv2d_layout};
     fast_table[KILN_OP_CONV2D_GRAD_INPUT] =
         (kiln_op_kernel){kiln_onednn_conv2d_grad_input, kiln_onednn_conv2d_grad_input_workspace, F32,
-                         kiln_onednn_conv2d_grad_input_supports};
+                         kiln_onednn_conv2d_grad_input_supports, kiln_onednn_conv2d_grad_input_layout};
     fast_table[KILN_OP_CONV2D_GRAD_WEIGHT] =
         (kiln_op_kernel){kiln_onednn_conv2d_grad_weight, kiln_onednn_conv2d_grad_weight_workspace, F32,
-                         kiln_onednn_conv2d_grad_weight_supports};
+                         kiln_onednn_conv2d_grad_weight_supports, kiln_onednn_conv2d_grad_weight_layout};
     fast_table[KILN_OP_MM] =
         (kiln_op_kernel){kiln_onednn_mm, kiln_onednn_mm_workspace, F32, kiln_onednn_mm_supports};
     fast_table[KILN_OP_BMM] =

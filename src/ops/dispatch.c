@@ -86,7 +86,8 @@ static kiln_status check_inputs(kiln_op_call *c, kiln_device creation_device) {
 
 /* An input viewed with the output's shape: broadcast dims get stride 0. */
 static kiln_strided broadcast_view(const kiln_tensor *t, const kiln_meta *out) {
-    kiln_strided s = kiln_tensor_strided(t);
+    kiln_strided s = kiln_tensor_kernel_view(t);
+    if (s.layout != KILN_LAYOUT_STRIDED) return s; /* only kernels that take it, same shape */
     kiln_strided b = s;
     b.ndim = out->ndim;
     int lead = out->ndim - s.ndim;
@@ -108,9 +109,11 @@ static kiln_status cast_input(kiln_op_call *c, int i, kiln_dtype dtype) {
     return KILN_OK;
 }
 
-/* The op's views: inputs (broadcast where the op broadcasts), outputs. On
- * meta the data pointers are NULL (workspace and supports fns read shapes,
- * strides and attributes only). */
+/* The op's views: inputs (broadcast where the op broadcasts, in their
+ * layouts), outputs. Outputs not allocated yet (c->out[i] NULL) are
+ * described from inference: contiguous, strided, no data. On meta the data
+ * pointers are NULL (workspace and supports fns read shapes, strides and
+ * attributes only). */
 static void build_args(const kiln_op_call *c, const kiln_meta *meta, bool on_meta, kiln_op_args *args) {
     const kiln_op_info *info = c->info;
     for (int i = 0; i < c->n_in; i++) {
@@ -118,16 +121,62 @@ static void build_args(const kiln_op_call *c, const kiln_meta *meta, bool on_met
             args->in[i].ndim = -1; /* an absent optional input */
             continue;
         }
-        args->in[i] = (info->flags & OPF_BROADCAST) ? broadcast_view(c->in[i], &meta[0]) : kiln_tensor_strided(c->in[i]);
+        args->in[i] = (info->flags & OPF_BROADCAST) ? broadcast_view(c->in[i], &meta[0]) : kiln_tensor_kernel_view(c->in[i]);
         if (on_meta) args->in[i].data = NULL;
     }
     for (int i = 0; i < c->n_out; i++) {
-        args->out[i] = kiln_tensor_strided(c->out[i]);
+        if (c->out[i]) {
+            args->out[i] = kiln_tensor_kernel_view(c->out[i]);
+        } else if (i == 0 && (info->flags & OPF_INPLACE)) {
+            args->out[0] = kiln_tensor_kernel_view(c->in[0]);
+            args->out[0].data = NULL;
+        } else {
+            kiln_strided o = {.dtype = meta[i].dtype, .ndim = meta[i].ndim, .layout = KILN_LAYOUT_STRIDED};
+            memcpy(o.shape, meta[i].shape, sizeof(int64_t) * (size_t)meta[i].ndim);
+            kiln_contiguous_strides(o.ndim, o.shape, o.strides);
+            args->out[i] = o;
+        }
         if (on_meta) args->out[i].data = NULL;
     }
 }
 
-static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
+/* The kernel for the call (a fast table's when one takes the args, else the
+ * reference) and its outputs' layouts. An input in an opaque layout that
+ * the chosen kernel does not take is converted to strided first, and the
+ * choice made again with the strided inputs. */
+typedef struct kernel_choice {
+    const kiln_op_kernel *k;
+    bool fast;
+    kiln_layout out_layout[KILN_OP_MAX_OUT];
+} kernel_choice;
+
+static kiln_status choose_kernel(kiln_op_call *c, const kiln_meta *meta, kernel_choice *ch) {
+    bool on_meta = c->device.type == KILN_DEVICE_META;
+    kiln_device_type type = on_meta ? KILN_DEVICE_CPU : c->device.type;
+    kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
+    kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
+    build_args(c, meta, on_meta, &args);
+    memset(ch, 0, sizeof *ch);
+    ch->k = kiln_ops_select_kernel(type, c->op, dt, &args, &ch->fast);
+    if (!ch->k || !ch->k->layout) {
+        bool converted = false;
+        for (int i = 0; i < c->n_in; i++)
+            if (c->in[i] && kiln_layout_of(c->in[i]) != KILN_LAYOUT_STRIDED) {
+                KILN_TRY(kiln_tensor_ensure_strided(c->in[i]));
+                converted = true;
+            }
+        if (converted) {
+            build_args(c, meta, on_meta, &args);
+            ch->k = kiln_ops_select_kernel(type, c->op, dt, &args, &ch->fast);
+        }
+    }
+    /* Meta gives its results the layouts the CPU would, so a planned step
+     * allocates (and converts) as the real one does. */
+    if (ch->k && ch->k->layout) ch->k->layout(&args, ch->out_layout);
+    return KILN_OK;
+}
+
+static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kernel_choice *ch) {
     const kiln_op_info *info = c->info;
     kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
     /* Meta runs no kernel, but it allocates (simulated) the workspace the
@@ -135,10 +184,7 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
     bool on_meta = c->device.type == KILN_DEVICE_META;
     kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
     build_args(c, meta, on_meta, &args);
-    /* A fast table's kernel when one takes these args, else the reference. */
-    bool fast = false;
-    const kiln_op_kernel *k =
-        kiln_ops_select_kernel(on_meta ? KILN_DEVICE_CPU : c->device.type, c->op, dt, &args, &fast);
+    const kiln_op_kernel *k = ch->k;
     if (on_meta && (!k || !k->workspace || !(k->dtypes & KILN_DT(dt)))) return KILN_OK;
     char dev[32];
     kiln_device_str(c->device, dev, sizeof dev);
@@ -155,7 +201,7 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
     kiln_status st = KILN_OK;
     if (!on_meta) {
         kiln_counter_add(KILN_COUNTER_KERNEL_LAUNCHES, 1);
-        if (fast) kiln_ops_count_fast_run(c->op);
+        if (ch->fast) kiln_ops_count_fast_run(c->op);
         if (observer.kernel) observer.kernel(c, true);
         st = k->run(&args);
         if (observer.kernel) observer.kernel(c, false);
@@ -165,7 +211,7 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta) {
     return st;
 }
 
-static kiln_status allocate_outputs(kiln_op_call *c, const kiln_meta *meta) {
+static kiln_status allocate_outputs(kiln_op_call *c, const kiln_meta *meta, const kernel_choice *ch) {
     char fn[64];
     snprintf(fn, sizeof fn, "kiln_%s", c->info->name);
     for (int i = 0; i < c->n_out; i++) {
@@ -177,6 +223,7 @@ static kiln_status allocate_outputs(kiln_op_call *c, const kiln_meta *meta) {
         memcpy(s.d, meta[i].shape, sizeof(int64_t) * (size_t)meta[i].ndim);
         c->out[i] = kiln_tensor_alloc(fn, s, meta[i].dtype, c->device, false);
         if (!c->out[i]) return kiln_error_last()->status;
+        if (ch->out_layout[i] != KILN_LAYOUT_STRIDED) kiln_tensor_set_layout(c->out[i], ch->out_layout[i]);
     }
     return KILN_OK;
 }
@@ -202,8 +249,10 @@ static kiln_status dispatch_body(kiln_op_call *c) {
             return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use the out-of-place op",
                               "%s: the result's shape or dtype differs from the tensor written in place", fn);
     }
-    KILN_TRY(allocate_outputs(c, meta));
-    KILN_TRY(run_kernel(c, meta));
+    kernel_choice ch;
+    KILN_TRY(choose_kernel(c, meta, &ch));
+    KILN_TRY(allocate_outputs(c, meta, &ch));
+    KILN_TRY(run_kernel(c, meta, &ch));
     if (info->flags & OPF_INPLACE) kiln_tensor_bump_version(c->out[0]);
     if (c->op == KILN_OP_BATCH_NORM && c->attrs->training) {
         /* The running statistics were updated in place. */

@@ -81,9 +81,13 @@ const kiln_op_kernel *kiln_ops_select_kernel(kiln_device_type type, kiln_op_id o
     *fast = false;
     if ((unsigned)type >= KILN_DEVICE_TYPE_COUNT || (unsigned)op >= KILN_OP_COUNT) return NULL;
     int n = atomic_load(&n_fast_tables[type]);
+    /* Kernels without a layout fn are not asked about opaque layouts. */
+    bool opaque = false;
+    for (int i = 0; i < args->n_in; i++) opaque |= args->in[i].ndim >= 0 && args->in[i].layout != KILN_LAYOUT_STRIDED;
     for (int i = 0; i < n; i++) {
         const kiln_op_kernel *k = &atomic_load(&fast_tables[type][i])[op];
         if (!k->run || !(k->dtypes & KILN_DT(dtype))) continue;
+        if (opaque && !k->layout) continue;
         if (k->supports && !k->supports(args)) continue;
         *fast = true;
         return k;

@@ -111,7 +111,9 @@ void kiln_ops_clear_fast_kernels(kiln_device_type type);
 /* The kernel the dispatcher runs for op with these args and output dtype:
  * the first fast entry that takes them, else the reference entry (which
  * may be NULL or not cover dtype: the caller reports that). *fast says
- * which it was. */
+ * which it was. With an input in an opaque layout only fast entries that
+ * take layouts (kiln_op_kernel.layout) are asked; then the reference entry
+ * is returned, and the dispatcher converts the input and asks again. */
 const kiln_op_kernel *kiln_ops_select_kernel(kiln_device_type type, kiln_op_id op, kiln_dtype dtype,
                                              const kiln_op_args *args, bool *fast);
 /* How many times the dispatcher has run a fast-table kernel for op since

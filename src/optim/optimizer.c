@@ -213,7 +213,10 @@ static const kiln_optim_kernels *fused_for(kiln_tensor *const *t, int n) {
     if (fused_off) return NULL;
     kiln_device dev = kiln_get_device(t[0]);
     kiln_dtype dt = kiln_dtype_of(t[0]);
-    const kiln_optim_kernels *k = kiln_optim_kernels_for(dev.type);
+    /* Meta plans the step a real device runs: it takes the fused path too
+     * (allocating nothing, as the kernels do) and launches nothing. */
+    const kiln_optim_kernels *k =
+        kiln_optim_kernels_for(dev.type == KILN_DEVICE_META ? KILN_DEVICE_CPU : dev.type);
     if (!k || !(k->dtypes & (1u << dt))) return NULL;
     int64_t numel = kiln_numel(t[0]);
     for (int i = 0; i < n; i++) {
@@ -247,9 +250,12 @@ uint64_t kiln_optim_fused_launches(void) { return fused_launches; }
 static kiln_status flush(fused_batch *b, bool adam) {
     if (!b->n) return KILN_OK;
     void *stream = NULL;
-    kiln_status st = kiln_tensor_kernel_stream(b->device, &stream);
-    if (!st) st = adam ? b->k->adam(b->adam, b->n, stream) : b->k->sgd(b->sgd, b->n, stream);
-    if (!st) fused_launches++;
+    kiln_status st = KILN_OK;
+    if (b->device.type != KILN_DEVICE_META) {
+        st = kiln_tensor_kernel_stream(b->device, &stream);
+        if (!st) st = adam ? b->k->adam(b->adam, b->n, stream) : b->k->sgd(b->sgd, b->n, stream);
+        if (!st) fused_launches++;
+    }
     for (int k = 0; k < b->n; k++) kiln_tensor_drop(b->hold[k]);
     b->n = 0;
     return st;

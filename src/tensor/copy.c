@@ -146,6 +146,8 @@ static kiln_status cross_device_copy(kiln_tensor *dst, const kiln_tensor *src, b
 static kiln_status copy_impl(kiln_tensor *dst, const kiln_tensor *src, unsigned flags) {
     KILN_TRY(kiln_tensor_check(dst, "kiln_copy_ (dst)"));
     KILN_TRY(kiln_tensor_check(src, "kiln_copy_ (src)"));
+    KILN_TRY(kiln_tensor_ensure_strided(dst));
+    KILN_TRY(kiln_tensor_ensure_strided(src));
     char a[SHAPE_TEXT], b[SHAPE_TEXT];
     kiln_strided probe;
     if (!broadcast_src(dst, src, &probe))
@@ -209,6 +211,7 @@ kiln_tensor *kiln_to(kiln_tensor *t, kiln_device device, kiln_dtype dtype, unsig
 
 static kiln_status to_host_impl(const kiln_tensor *t, void *dst, size_t size) {
     KILN_TRY(kiln_tensor_check(t, "kiln_to_host"));
+    KILN_TRY(kiln_tensor_ensure_strided(t));
     char a[SHAPE_TEXT];
     size_t want = (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype);
     if (size != want)

@@ -66,7 +66,6 @@ static kiln_tensor *tensor_create(kiln_storage *storage, kiln_dtype dtype, int n
     atomic_init(&t->refcount, 1);
     t->storage = storage;
     t->dtype = dtype;
-    t->layout = KILN_LAYOUT_STRIDED;
     t->ndim = ndim;
     if (ndim) {
         memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
@@ -97,6 +96,10 @@ kiln_tensor *kiln_tensor_alloc(const char *fn, kiln_shape shape, kiln_dtype dtyp
 
 kiln_tensor *kiln_tensor_alias(kiln_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
                                int64_t offset) {
+    /* Only a handle with t's full geometry may share an opaque layout. */
+    bool same = ndim == t->ndim && offset == t->offset && !memcmp(shape, t->shape, sizeof(int64_t) * (size_t)ndim) &&
+                !memcmp(strides, t->strides, sizeof(int64_t) * (size_t)ndim);
+    if (!same && kiln_tensor_ensure_strided(t)) return NULL;
     atomic_fetch_add_explicit(&t->storage->refcount, 1, memory_order_relaxed);
     kiln_tensor *v = tensor_create(t->storage, t->dtype, ndim, shape, strides, offset);
     if (!v) storage_release(t->storage);
@@ -162,14 +165,54 @@ void kiln_tensor_bump_version(kiln_tensor *t) {
     atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
 }
 
-kiln_strided kiln_tensor_strided(const kiln_tensor *t) {
-    kiln_strided v = {.data = kiln_data_ptr(t), .dtype = t->dtype, .ndim = t->ndim};
+static void *data_of(const kiln_tensor *t) {
+    if (!t->storage->base || t->storage->device.type == KILN_DEVICE_META) return NULL;
+    return (char *)t->storage->base + t->offset * (int64_t)kiln_dtype_size(t->dtype);
+}
+
+kiln_strided kiln_tensor_kernel_view(const kiln_tensor *t) {
+    kiln_strided v = {.data = data_of(t), .dtype = t->dtype, .ndim = t->ndim, .layout = t->storage->layout};
     for (int i = 0; i < t->ndim; i++) {
         v.shape[i] = t->shape[i];
         v.strides[i] = t->strides[i];
     }
     return v;
 }
+
+kiln_strided kiln_tensor_strided(const kiln_tensor *t) {
+    if (kiln_tensor_ensure_strided(t)) {
+        fprintf(stderr, "kiln: fatal: converting a tensor to the strided layout failed: %s\n",
+                kiln_error_message());
+        abort();
+    }
+    return kiln_tensor_kernel_view(t);
+}
+
+/* Opaque layouts exist on the CPU only (the fast CPU kernels make them),
+ * and on meta, which plans a CPU step: there the conversion allocates and
+ * frees as on the CPU, with no bytes to move. */
+kiln_status kiln_tensor_ensure_strided(const kiln_tensor *t) {
+    kiln_storage *s = t->storage;
+    if (s->layout == KILN_LAYOUT_STRIDED) return KILN_OK;
+    if (s->layout != KILN_LAYOUT_NCHW16C || t->ndim != 4 || t->offset || t->shape[1] % 16 ||
+        (s->device.type != KILN_DEVICE_CPU && s->device.type != KILN_DEVICE_META))
+        return KILN_RAISE(KILN_ERR_INTERNAL, "report this", "tensor layout %d on a tensor it cannot describe",
+                          (int)s->layout);
+    void *block = NULL;
+    if (s->nbytes) {
+        KILN_TRY(kiln_memory_alloc(s->device, s->nbytes, s->stream, &block));
+        if (s->device.type == KILN_DEVICE_CPU)
+            kiln_cpu_reorder_nchw16c(block, s->base, kiln_dtype_size(t->dtype), t->shape, false);
+        kiln_status st = kiln_memory_free(s->device, s->base);
+        s->base = block;
+        if (st) kiln_log_write(KILN_LOG_WARN, "tensor layout conversion: freeing the old block failed: %s",
+                               kiln_error_message());
+    }
+    s->layout = KILN_LAYOUT_STRIDED;
+    return KILN_OK;
+}
+
+void kiln_tensor_set_layout(kiln_tensor *t, kiln_layout layout) { t->storage->layout = layout; }
 
 kiln_status kiln_tensor_kernel_stream(kiln_device device, void **handle) {
     kiln_stream *s = kiln_current_stream(device);
@@ -212,7 +255,15 @@ int64_t kiln_numel(const kiln_tensor *t) {
 }
 
 kiln_dtype kiln_dtype_of(const kiln_tensor *t) { return t ? t->dtype : KILN_DTYPE_COUNT; }
-kiln_layout kiln_layout_of(const kiln_tensor *t) { return t ? t->layout : KILN_LAYOUT_COUNT; }
+kiln_layout kiln_layout_of(const kiln_tensor *t) { return t ? t->storage->layout : KILN_LAYOUT_COUNT; }
+
+const char *kiln_layout_name(kiln_layout layout) {
+    switch (layout) {
+    case KILN_LAYOUT_STRIDED: return "strided";
+    case KILN_LAYOUT_NCHW16C: return "nChw16c";
+    default: return "invalid";
+    }
+}
 kiln_device kiln_get_device(const kiln_tensor *t) { return t ? t->storage->device : KILN_CPU; }
 int64_t kiln_storage_offset(const kiln_tensor *t) { return t ? t->offset : 0; }
 bool kiln_is_pinned(const kiln_tensor *t) { return t && t->storage->pinned; }
@@ -240,8 +291,8 @@ uint64_t kiln_tensor_version(const kiln_tensor *t) {
 }
 
 void *kiln_data_ptr(const kiln_tensor *t) {
-    if (!t || !t->storage->base || t->storage->device.type == KILN_DEVICE_META) return NULL;
-    return (char *)t->storage->base + t->offset * (int64_t)kiln_dtype_size(t->dtype);
+    if (!t || kiln_tensor_ensure_strided(t)) return NULL;
+    return data_of(t);
 }
 
 int kiln_refcount(const kiln_tensor *t) { return t ? atomic_load(&t->refcount) : 0; }

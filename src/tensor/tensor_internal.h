@@ -20,6 +20,11 @@ typedef struct kiln_storage {
     kiln_stream *stream; /* the stream the block was allocated on */
     bool pinned;         /* from kiln_pinned_alloc, freed with kiln_pinned_free */
     atomic_uint_fast64_t version;
+    /* How the bytes are arranged (kiln/tensor.h). An opaque layout lives on
+     * the storage, not the handle: every handle on a storage in an opaque
+     * layout has the full contiguous geometry (any other view converts the
+     * storage to strided first), so a conversion is seen by all of them. */
+    kiln_layout layout;
 } kiln_storage;
 
 #define KILN_TENSOR_MAGIC 0x4B494C4EU /* "KILN" */
@@ -30,7 +35,6 @@ struct kiln_tensor {
     atomic_int refcount;
     kiln_storage *storage;
     kiln_dtype dtype;
-    kiln_layout layout;
     int ndim;
     int64_t shape[KILN_MAX_DIMS];
     int64_t strides[KILN_MAX_DIMS]; /* in elements */
@@ -72,8 +76,22 @@ kiln_status kiln_tensor_drop(kiln_tensor *t);
 /* Mark an in-place write to t's storage. */
 void kiln_tensor_bump_version(kiln_tensor *t);
 /* The kernel-side description of t (data pointer with the offset applied;
- * NULL data on meta). */
+ * NULL data on meta), always strided: a tensor in an opaque layout is
+ * converted first (kiln_tensor_ensure_strided; a failure to convert, which
+ * only running out of memory causes, aborts with a message — callers that
+ * can report errors call kiln_tensor_ensure_strided themselves first). */
 kiln_strided kiln_tensor_strided(const kiln_tensor *t);
+/* The description as it is, opaque layout included (the dispatcher's view
+ * for kernels that declare they take opaque layouts). */
+kiln_strided kiln_tensor_kernel_view(const kiln_tensor *t);
+/* Converts t's storage to the strided layout in place (a new block from
+ * the caching allocator, the reorder, the old block freed), keeping the
+ * values and the version counter. No-op when it is strided already. Not
+ * thread-safe against other users of the same tensor (no tensor is). */
+kiln_status kiln_tensor_ensure_strided(const kiln_tensor *t);
+/* Marks a freshly allocated, contiguous result as holding `layout` (the
+ * dispatcher, for kernels that chose one). */
+void kiln_tensor_set_layout(kiln_tensor *t, kiln_layout layout);
 /* The backend handle of the current stream of `device`, for kernels; NULL
  * with an error when the device is unavailable. */
 kiln_status kiln_tensor_kernel_stream(kiln_device device, void **handle);

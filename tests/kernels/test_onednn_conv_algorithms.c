@@ -6,7 +6,7 @@
  * gradient (forced with kiln_onednn_conv_force_algorithm, kernels called
  * directly) against a double-precision reference on the same f32 inputs;
  * the error is normwise, ||got - ref||_2 / ||ref||_2. Tolerances:
- *   - direct, direct_blocked: 1e-5 (the op harness's f32 threshold);
+ *   - direct, direct_plain: 1e-5 (the op harness's f32 threshold);
  *   - winograd: 2e-5. F(4x4, 3x3) transforms the tiles with matrices
  *     whose entries reach 8 (and fractions down to 1/24 in the inverse),
  *     so rounding in the transformed domain is amplified: measured
@@ -212,7 +212,7 @@ static void check_wiring(const char *cache) {
     conv_step(4);
     kiln_autotune_stats_get(kiln_autotune_global(), &s);
     CHECK_EQ_I(s.tunings, 3);
-    CHECK(s.timed_runs >= 3 * 2 * 3);        /* direct and direct_blocked at least, 3 timed runs each */
+    CHECK(s.timed_runs >= 3 * 2 * 3);        /* direct and direct_plain at least, 3 timed runs each */
     CHECK(s.cache_hits >= 3); /* the second step's passes at least */
     CHECK_EQ_I(count_lines(cache, "onednn\t"), 3);
     CHECK_EQ_I(count_lines(cache, "\tfwd x=4x16x12x12 w=32x16x3x3 y=4x32x12x12"), 1);
@@ -250,7 +250,7 @@ int main(void) {
         return 1;
     }
     check_algorithm("direct", 1e-5);
-    check_algorithm("direct_blocked", 1e-5);
+    check_algorithm("direct_plain", 1e-5);
     check_algorithm("winograd", 2e-5);
     check_wiring(cache);
     kiln_shutdown();

@@ -33,22 +33,47 @@ bool kiln_fast_relu_supports(const kiln_op_args *a) {
     return flat_f32(&a->in[0], &n) && flat_f32(&a->out[0], &m) && same_shape(&a->in[0], &a->out[0]);
 }
 
+/* Chunks of this many elements are the unit of work between threads. */
+#define CHUNK 16384
+
+KILN_SIMD_CLONES static void relu_span(const float *restrict x, float *restrict y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
+}
+
+KILN_SIMD_CLONES static void relu_backward_span(const float *restrict g, const float *restrict t,
+                                                float *restrict dx, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i]; /* loaded unconditionally, so the loop vectorises */
+        dx[i] = t[i] > 0.0f ? gi : 0.0f;
+    }
+}
+
 kiln_status kiln_fast_relu(const kiln_op_args *a) {
     const float *x = a->in[0].data;
     float *y = a->out[0].data;
     int64_t n = 0;
     flat_f32(&a->out[0], &n);
+    if (x == y) { /* in place (relu_): restrict does not hold */
+        for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
+        return KILN_OK;
+    }
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
 #endif
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        relu_span(x + i0, y + i0, len);
+    }
     return KILN_OK;
 }
 
 bool kiln_fast_relu_backward_supports(const kiln_op_args *a) {
     int64_t n[3];
+    /* elementwise over the bytes: both inputs in one layout (the output takes it) */
     return flat_f32(&a->in[0], &n[0]) && flat_f32(&a->in[1], &n[1]) && flat_f32(&a->out[0], &n[2]) &&
-           same_shape(&a->in[0], &a->out[0]) && same_shape(&a->in[1], &a->out[0]);
+           same_shape(&a->in[0], &a->out[0]) && same_shape(&a->in[1], &a->out[0]) &&
+           a->in[0].layout == a->in[1].layout;
 }
 
 kiln_status kiln_fast_relu_backward(const kiln_op_args *a) {
@@ -56,12 +81,20 @@ kiln_status kiln_fast_relu_backward(const kiln_op_args *a) {
     float *dx = a->out[0].data;
     int64_t n = 0;
     flat_f32(&a->out[0], &n);
+    if (dx == g || dx == t) {
+        for (int64_t i = 0; i < n; i++) {
+            float gi = g[i];
+            dx[i] = t[i] > 0.0f ? gi : 0.0f;
+        }
+        return KILN_OK;
+    }
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
 #endif
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i]; /* loaded unconditionally, so the loop vectorises */
-        dx[i] = t[i] > 0.0f ? gi : 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        relu_backward_span(g + i0, t + i0, dx + i0, len);
     }
     return KILN_OK;
 }

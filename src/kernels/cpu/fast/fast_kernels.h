@@ -8,6 +8,16 @@
 #include "base/error.h"
 #include "kernels/op_args.h"
 
+/* The hot loops are compiled for AVX-512, AVX2 and the baseline, and the
+ * loader picks the widest the CPU has (GCC/Clang target_clones), so a
+ * build for any x86-64 still uses the 16-lane units of the machines we
+ * train on. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(KILN_NO_TARGET_CLONES)
+#define KILN_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KILN_SIMD_CLONES
+#endif
+
 kiln_status kiln_fast_max_pool2d(const kiln_op_args *a);
 bool kiln_fast_max_pool2d_supports(const kiln_op_args *a);
 kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a);
@@ -21,5 +31,19 @@ bool kiln_fast_relu_backward_supports(const kiln_op_args *a);
 kiln_status kiln_fast_sum(const kiln_op_args *a);
 bool kiln_fast_sum_supports(const kiln_op_args *a);
 size_t kiln_fast_sum_workspace(const kiln_op_args *a);
+
+/* On oneDNN's nChw16c layout (blocked_fast.c); entries with a layout fn. */
+kiln_status kiln_blocked_max_pool2d(const kiln_op_args *a);
+bool kiln_blocked_max_pool2d_supports(const kiln_op_args *a);
+kiln_status kiln_blocked_max_pool2d_backward(const kiln_op_args *a);
+bool kiln_blocked_max_pool2d_backward_supports(const kiln_op_args *a);
+kiln_status kiln_blocked_sum(const kiln_op_args *a);
+bool kiln_blocked_sum_supports(const kiln_op_args *a);
+/* layout fns: every output as input 0; grad_input as the indices (input
+ * 1); every output strided; ReLU's output as its input */
+void kiln_blocked_same_as_input(const kiln_op_args *a, kiln_layout *out);
+void kiln_blocked_pool_backward_layout(const kiln_op_args *a, kiln_layout *out);
+void kiln_blocked_strided_out(const kiln_op_args *a, kiln_layout *out);
+void kiln_blocked_relu_layout(const kiln_op_args *a, kiln_layout *out);
 
 #endif

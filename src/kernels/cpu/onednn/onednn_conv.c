@@ -1,23 +1,28 @@
 /* oneDNN convolution: forward (with bias), input gradient and weight
- * gradient, f32, plain NCHW activations and OIHW weights (goihw when
- * grouped). The bias gradient stays with the portable path
- * (backward_conv2d sums grad_out; CONV2D_GRAD_WEIGHT has one output).
+ * gradient, f32, OIHW weights (goihw when grouped), activations either
+ * plain NCHW or in Kiln's nChw16c layout (kiln/tensor.h): the tensors'
+ * layouts are part of each primitive's key. The bias gradient stays with
+ * the sum op (backward_conv2d sums grad_out, which the fast sum does on
+ * either layout; CONV2D_GRAD_WEIGHT has one output).
  *
  * Three algorithms, chosen per configuration by the autotuner
  * (kernels/autotune.h) through the provider at the end of this file:
- *   - "direct": oneDNN's direct convolution on the plain tensors (on this
- *     oneDNN that is its im2col + GEMM implementation). The default, and
- *     the only one used with autotuning off or in deterministic mode: the
- *     configuration the parity tests use.
- *   - "direct_blocked": direct convolution in the layouts oneDNN prefers
- *     (nChw16c activations, blocked weights), with reorders from and to
- *     the plain tensors through the workspace.
+ *   - "direct": oneDNN's direct convolution in the layouts it prefers
+ *     (nChw16c activations when the channels allow, blocked weights).
+ *     Activations already in that layout are read and written in place;
+ *     others (and the OIHW weights) are reordered through the workspace.
+ *     The convolutions' outputs are given the layout oneDNN chose
+ *     (kiln_onednn_conv2d_layout), so the next layer needs no reorder. The
+ *     default, and the only one used with autotuning off or in
+ *     deterministic mode: the configuration the parity tests use.
+ *   - "direct_plain": direct convolution on plain NCHW (on this oneDNN its
+ *     im2col + GEMM implementation), reorders for blocked tensors.
  *   - "winograd": Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3), blocked
- *     layouts as above. oneDNN implements it for 3x3 stride-1 kernels only
- *     (on CPUs with AVX-512); elsewhere building it fails and the tuner
+ *     layouts as "direct". oneDNN implements it for 3x3 stride-1 kernels
+ *     only (on CPUs with AVX-512); elsewhere building it fails and the tuner
  *     skips it. Its numerics differ from the direct algorithm beyond f32
- *     rounding (tests/kernels/test_onednn_winograd.c holds it to its own
- *     tolerance). */
+ *     rounding (tests/kernels/test_onednn_conv_algorithms.c holds it to its
+ *     own tolerance). */
 #ifdef KILN_WITH_ONEDNN
 #include <pthread.h>
 #include <stdatomic.h>
@@ -55,12 +60,14 @@ enum {
     K_ALG,         /* conv_alg */
     K_CONV_KIND,   /* reorder keys: the convolution's kind */
     K_REORDER_POS, /* reorder keys: the argument position (0, 1: inputs, 2: output) */
+    K_LX,          /* x's layout: 0 NCHW, 1 nChw16c */
+    K_LY,          /* y's layout */
     K_COUNT
 };
 
-typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_BLOCKED, ALG_WINOGRAD, ALG_COUNT } conv_alg;
+typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_PLAIN, ALG_WINOGRAD, ALG_COUNT } conv_alg;
 
-static const char *const alg_names[ALG_COUNT] = {"direct", "direct_blocked", "winograd"};
+static const char *const alg_names[ALG_COUNT] = {"direct", "direct_plain", "winograd"};
 
 /* x (N, C, H, W), w (O, C/G, kH, kW), y (N, O, OH, OW): the forward names
  * of the three tensors, whichever pass's inputs and outputs they are. */
@@ -72,6 +79,12 @@ static bool conv_key(kiln_onednn_kind kind, const kiln_strided *x, const kiln_st
     if (!kiln_onednn_is_contiguous(x) || !kiln_onednn_is_contiguous(w) || !kiln_onednn_is_contiguous(y))
         return false;
     if (bias && (bias->ndim != 1 || bias->dtype != KILN_F32 || !kiln_onednn_is_contiguous(bias)))
+        return false;
+    /* The weights and bias are always strided; activations in nChw16c have
+     * a channel count divisible by 16 (the tensor layer guarantees it). */
+    if (w->layout != KILN_LAYOUT_STRIDED || (bias && bias->layout != KILN_LAYOUT_STRIDED)) return false;
+    if ((x->layout != KILN_LAYOUT_STRIDED && x->layout != KILN_LAYOUT_NCHW16C) ||
+        (y->layout != KILN_LAYOUT_STRIDED && y->layout != KILN_LAYOUT_NCHW16C))
         return false;
     kiln_conv_geom g = kiln_conv_geom_of(attrs);
     if (g.groups < 1 || x->shape[1] != w->shape[1] * g.groups || w->shape[0] % g.groups) return false;
@@ -89,6 +102,7 @@ static bool conv_key(kiln_onednn_kind kind, const kiln_strided *x, const kiln_st
     v[K_OH] = y->shape[2], v[K_OW] = y->shape[3];
     v[K_SH] = g.stride[0], v[K_SW] = g.stride[1], v[K_PH] = g.padding[0], v[K_PW] = g.padding[1];
     v[K_DH] = g.dilation[0], v[K_DW] = g.dilation[1], v[K_G] = g.groups, v[K_BIAS] = bias != NULL;
+    v[K_LX] = x->layout == KILN_LAYOUT_NCHW16C, v[K_LY] = y->layout == KILN_LAYOUT_NCHW16C;
     return y->shape[0] == x->shape[0] && y->shape[1] == w->shape[0];
 }
 
@@ -97,12 +111,19 @@ typedef struct conv_mds {
     dnnl_dims_t strides, dilates, pad_l, pad_r;
 } conv_mds;
 
-/* The plain descriptors (any_layout: src, weights and dst left to oneDNN). */
-static kiln_status conv_mds_of(const int64_t *v, bool any_layout, conv_mds *m) {
+/* The descriptors: any_layout leaves src, weights and dst to oneDNN;
+ * otherwise they are the user's tensors (user_layouts: the activations'
+ * layouts from the key, else plain NCHW). */
+static kiln_status conv_mds_of_user(const int64_t *v, bool any_layout, bool user_layouts, conv_mds *m) {
     dnnl_dims_t src = {v[K_N], v[K_C], v[K_H], v[K_W]}, dst = {v[K_N], v[K_O], v[K_OH], v[K_OW]};
     dnnl_format_tag_t act = any_layout ? dnnl_format_tag_any : dnnl_nchw;
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->src, 4, src, dnnl_f32, act));
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->dst, 4, dst, dnnl_f32, act));
+    dnnl_format_tag_t src_tag = act, dst_tag = act;
+    if (!any_layout && user_layouts) {
+        if (v[K_LX]) src_tag = dnnl_nChw16c;
+        if (v[K_LY]) dst_tag = dnnl_nChw16c;
+    }
+    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->src, 4, src, dnnl_f32, src_tag));
+    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->dst, 4, dst, dnnl_f32, dst_tag));
     int64_t G = v[K_G];
     if (G > 1) {
         dnnl_dims_t wei = {G, v[K_O] / G, v[K_C] / G, v[K_KH], v[K_KW]};
@@ -125,6 +146,10 @@ static kiln_status conv_mds_of(const int64_t *v, bool any_layout, conv_mds *m) {
     return KILN_OK;
 }
 
+static kiln_status conv_mds_of(const int64_t *v, bool any_layout, conv_mds *m) {
+    return conv_mds_of_user(v, any_layout, false, m);
+}
+
 static dnnl_alg_kind_t dnnl_alg_of(int64_t alg) {
     return alg == ALG_WINOGRAD ? dnnl_convolution_winograd : dnnl_convolution_direct;
 }
@@ -132,7 +157,7 @@ static dnnl_alg_kind_t dnnl_alg_of(int64_t alg) {
 static kiln_status conv_forward_pd(const int64_t *v, const_dnnl_primitive_attr_t attr, dnnl_engine_t engine,
                                    dnnl_primitive_desc_t *pd) {
     conv_mds m;
-    KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT, &m));
+    KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT_PLAIN, &m));
     dnnl_convolution_desc_t d;
     KILN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(
         &d, dnnl_forward_training, dnnl_alg_of(v[K_ALG]), &m.src, &m.wei, v[K_BIAS] ? &m.bias : NULL, &m.dst,
@@ -145,7 +170,7 @@ static kiln_status conv_forward_pd(const int64_t *v, const_dnnl_primitive_attr_t
 static kiln_status conv_backward_pd(kiln_onednn_kind kind, const int64_t *v, const_dnnl_primitive_attr_t attr,
                                     dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
     conv_mds m;
-    KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT, &m));
+    KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT_PLAIN, &m));
     dnnl_primitive_desc_t hint = NULL;
     KILN_TRY(conv_forward_pd(v, NULL, engine, &hint));
     dnnl_convolution_desc_t d;
@@ -185,10 +210,11 @@ static const int *args_of(kiln_onednn_kind kind) {
                                                : bwd_weights_args;
 }
 
-/* The plain descriptor of argument position `pos` of a pass. */
+/* The descriptor of the user's tensor at argument position `pos` of a
+ * pass (NCHW or nChw16c activations, OIHW weights). */
 static kiln_status plain_md(kiln_onednn_kind kind, const int64_t *v, int pos, dnnl_memory_desc_t *md) {
     conv_mds m;
-    KILN_TRY(conv_mds_of(v, false, &m));
+    KILN_TRY(conv_mds_of_user(v, false, true, &m));
     static const char which[3][3] = {
         {'s', 'w', 'd'}, /* forward: src, weights -> dst */
         {'d', 'w', 's'}, /* backward data: diff_dst, weights -> diff_src */
@@ -248,10 +274,6 @@ static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key,
     memset(plan, 0, sizeof *plan);
     KILN_TRY(kiln_onednn_get(key, build_conv, n_args, args_of(kind), &plan->conv));
     size_t at = align_up(plan->conv->scratch_bytes), reorder_scratch = 0;
-    if (key->v[K_ALG] == ALG_DIRECT) {
-        plan->workspace = plan->conv->scratch_bytes;
-        return KILN_OK;
-    }
     for (int pos = 0; pos < 3; pos++) {
         dnnl_memory_desc_t plain;
         const dnnl_memory_desc_t *chosen = NULL;
@@ -445,7 +467,8 @@ static kiln_autotune_conv tune_config(const conv_call *c) {
         .dilation = {v[K_DH], v[K_DW]},
         .groups = v[K_G],
         .bias = v[K_BIAS] != 0,
-        .layout = "nchw",
+        .layout = v[K_LX] ? (v[K_LY] ? "x=nChw16c,y=nChw16c" : "x=nChw16c,y=nchw")
+                          : (v[K_LY] ? "x=nchw,y=nChw16c" : "nchw"),
         .math = "f32",
     };
     return cfg;
@@ -468,7 +491,7 @@ kiln_status kiln_onednn_conv_force_algorithm(const char *name) {
             atomic_store(&forced_alg, i);
             return KILN_OK;
         }
-    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use direct, direct_blocked or winograd",
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use direct, direct_plain or winograd",
                       "oneDNN convolution: no algorithm '%s'", name);
 }
 
@@ -541,6 +564,39 @@ static bool conv_supports(kiln_onednn_kind kind, const kiln_op_args *a) {
     conv_plan plan;
     bool ok;
     return conv_prepare(kind, a, &plan, &ok) == KILN_OK && ok;
+}
+
+/* The layout oneDNN chose for the pass's output (position 2): nChw16c when
+ * it is exactly Kiln's nChw16c for that shape (and opaque layouts are on),
+ * else strided. The weight gradient is always strided (OIHW). */
+static void conv_out_layout(kiln_onednn_kind kind, const kiln_op_args *a, kiln_layout *out) {
+    out[0] = KILN_LAYOUT_STRIDED;
+    if (kind == KILN_ONEDNN_CONV_BWD_WEIGHTS || !kiln_cpu_layouts()) return;
+    const kiln_strided *y = &a->out[0];
+    if (y->ndim != 4 || y->shape[1] % 16) return;
+    conv_plan plan;
+    bool ok;
+    if (conv_prepare(kind, a, &plan, &ok) != KILN_OK || !ok) {
+        kiln_error_clear();
+        return;
+    }
+    const dnnl_memory_desc_t *chosen = NULL;
+    dnnl_memory_desc_t blocked;
+    dnnl_dims_t dims = {y->shape[0], y->shape[1], y->shape[2], y->shape[3]};
+    if (dnnl_memory_get_memory_desc(plan.conv->mem[2], &chosen) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&blocked, 4, dims, dnnl_f32, dnnl_nChw16c) != dnnl_success)
+        return;
+    if (dnnl_memory_desc_equal(&blocked, chosen)) out[0] = KILN_LAYOUT_NCHW16C;
+}
+
+void kiln_onednn_conv2d_layout(const kiln_op_args *a, kiln_layout *out) {
+    conv_out_layout(KILN_ONEDNN_CONV_FWD, a, out);
+}
+void kiln_onednn_conv2d_grad_input_layout(const kiln_op_args *a, kiln_layout *out) {
+    conv_out_layout(KILN_ONEDNN_CONV_BWD_DATA, a, out);
+}
+void kiln_onednn_conv2d_grad_weight_layout(const kiln_op_args *a, kiln_layout *out) {
+    conv_out_layout(KILN_ONEDNN_CONV_BWD_WEIGHTS, a, out);
 }
 
 kiln_status kiln_onednn_conv2d(const kiln_op_args *a) {

@@ -21,6 +21,12 @@ kiln_status kiln_onednn_conv2d_grad_weight(const kiln_op_args *a);
 size_t kiln_onednn_conv2d_grad_weight_workspace(const kiln_op_args *a);
 bool kiln_onednn_conv2d_grad_weight_supports(const kiln_op_args *a);
 
+/* Layout fns (op_args.h): the forward's output and the input gradient in
+ * nChw16c where oneDNN chose that layout; the weight gradient strided. */
+void kiln_onednn_conv2d_layout(const kiln_op_args *a, kiln_layout *out);
+void kiln_onednn_conv2d_grad_input_layout(const kiln_op_args *a, kiln_layout *out);
+void kiln_onednn_conv2d_grad_weight_layout(const kiln_op_args *a, kiln_layout *out);
+
 kiln_status kiln_onednn_mm(const kiln_op_args *a);
 kiln_status kiln_onednn_bmm(const kiln_op_args *a);
 kiln_status kiln_onednn_linear(const kiln_op_args *a);
@@ -32,13 +38,13 @@ bool kiln_onednn_bmm_supports(const kiln_op_args *a);
 bool kiln_onednn_linear_supports(const kiln_op_args *a);
 
 /* The convolution's autotuner provider (kernels/autotune.h): candidates
- * "direct" (the default), "direct_blocked" and "winograd"
+ * "direct" (the default), "direct_plain" and "winograd"
  * (onednn_conv.c). Its ctx is internal to onednn_conv.c: only the conv
  * kernels above call the tuner with it. */
 struct kiln_autotune_provider;
 const struct kiln_autotune_provider *kiln_onednn_conv_provider(void);
 /* Tests and measurements: make every oneDNN convolution use algorithm
- * `name` ("direct", "direct_blocked", "winograd"), bypassing the
+ * `name` ("direct", "direct_plain", "winograd"), bypassing the
  * autotuner; where it does not build, the kernels decline and the
  * reference kernels run. NULL: back to the autotuner. Process-wide. */
 kiln_status kiln_onednn_conv_force_algorithm(const char *name);
