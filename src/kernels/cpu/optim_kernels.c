@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "base/error.h"
+#include "kernels/cpu/fast/fast_kernels.h"
 #include "kernels/optim_kernels.h"
 
 #define OPTIM_PARALLEL_MIN 65536
@@ -71,7 +72,76 @@
         }                                                                                                    \
     } while (0)
 
+/* The f32 Adam/AdamW update without amsgrad (the common case) as a
+ * branch-free span: the same double operations and roundings as
+ * ADAM_BODY, in the same order, with the weight-decay mode a compile-time
+ * constant and the lerp's two forms computed and selected, so the loop
+ * vectorises (8 doubles per AVX-512 operation) and sqrt and the division
+ * pipeline. Bit-identical to ADAM_BODY(float, R32) element by element. */
+typedef struct adam_consts {
+    double w, one_minus_w, beta2, one_minus_beta2, inv_bc2, eps, neg_step, keep, wd;
+    bool w_small;
+} adam_consts;
+
+#define ADAM_SPAN(NAME, WD_MODE)                                                                             \
+    KILN_SIMD_CLONES static void NAME(float *restrict p, float *restrict m, float *restrict v,             \
+                                      const float *restrict gp, int64_t n, const adam_consts *c) {          \
+        const double w = c->w, omw = c->one_minus_w, b2 = c->beta2, omb2 = c->one_minus_beta2;            \
+        const double inv_bc2 = c->inv_bc2, eps = c->eps, neg_step = c->neg_step, keep = c->keep, wd = c->wd; \
+        const bool w_small = c->w_small;                                                                   \
+        for (int64_t i = 0; i < n; i++) {                                                                  \
+            double g = gp[i], pi = p[i], mi = m[i], vi = v[i];                                             \
+            if (WD_MODE == 1) pi = R32(pi * keep);                                                         \
+            if (WD_MODE == 2) g = R32(g + R32(pi * wd));                                                   \
+            double d = R32(g - mi);                                                                        \
+            double lo = R32(mi + R32(d * w)), hi = R32(g - R32(d * omw));                                  \
+            mi = w_small ? lo : hi;                                                                        \
+            vi = R32(R32(vi * b2) + R32(R32(g * omb2) * g));                                               \
+            double denom = R32(R32(R32(sqrt(vi)) * inv_bc2) + eps);                                        \
+            pi = R32(pi + R32(R32(mi / denom) * neg_step));                                                \
+            p[i] = (float)pi, m[i] = (float)mi, v[i] = (float)vi;                                          \
+        }                                                                                                  \
+    }
+
+ADAM_SPAN(adam_span_plain, 0)
+ADAM_SPAN(adam_span_adamw, 1)
+ADAM_SPAN(adam_span_l2, 2)
+
+#define ADAM_CHUNK 16384
+
+static void cpu_adam_f32_fast(const kiln_adam_step *s) {
+    adam_consts c = {.w = 1.0 - s->beta1,
+                     .one_minus_w = 1.0 - (1.0 - s->beta1),
+                     .beta2 = s->beta2,
+                     .one_minus_beta2 = 1.0 - s->beta2,
+                     .inv_bc2 = 1.0 / s->bc2_sqrt,
+                     .eps = s->eps,
+                     .neg_step = -s->step_size,
+                     .keep = 1.0 - s->lr * s->weight_decay,
+                     .wd = s->weight_decay,
+                     .w_small = 1.0 - s->beta1 < 0.5};
+    int mode = s->weight_decay == 0 ? 0 : s->adamw ? 1 : 2;
+    float *p = s->p, *m = s->m, *v = s->v;
+    const float *g = s->g;
+    const int64_t n = s->n, chunks = (n + ADAM_CHUNK - 1) / ADAM_CHUNK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (n >= OPTIM_PARALLEL_MIN)
+#endif
+    for (int64_t k = 0; k < chunks; k++) {
+        int64_t i0 = k * ADAM_CHUNK, len = n - i0 < ADAM_CHUNK ? n - i0 : ADAM_CHUNK;
+        if (mode == 0) adam_span_plain(p + i0, m + i0, v + i0, g + i0, len, &c);
+        else if (mode == 1) adam_span_adamw(p + i0, m + i0, v + i0, g + i0, len, &c);
+        else adam_span_l2(p + i0, m + i0, v + i0, g + i0, len, &c);
+    }
+}
+
 static kiln_status cpu_adam_one(const kiln_adam_step *s) {
+    /* the span reads and writes through restrict pointers: distinct buffers only */
+    if (s->dtype == KILN_F32 && !s->amsgrad && !s->maximize && s->p != s->g && s->m != s->g && s->v != s->g &&
+        s->p != s->m && s->p != s->v && s->m != s->v) {
+        cpu_adam_f32_fast(s);
+        return KILN_OK;
+    }
     if (s->dtype == KILN_F32)
         ADAM_BODY(float, R32);
     else if (s->dtype == KILN_F64)

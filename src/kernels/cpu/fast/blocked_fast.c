@@ -84,7 +84,7 @@ void kiln_blocked_same_as_input(const kiln_op_args *a, kiln_layout *out) {
  * input rows (blocked), index0 the plane index of the row's first window.
  * The comparisons are the general loop's, in its order. */
 KILN_SIMD_CLONES static void pool_row_2x2(const float *restrict r0, const float *restrict r1, float *restrict y,
-                                          int64_t *restrict ix, int64_t OW, int64_t index0, int64_t W) {
+                                          int64_t *restrict ix, int64_t OW, int64_t index0, int64_t W, bool relu) {
     for (int64_t ow = 0; ow < OW; ow++) {
         const float *a = r0 + 2 * ow * L, *b = a + L, *c = r1 + 2 * ow * L, *d = c + L;
         const int64_t i0 = index0 + 2 * ow;
@@ -97,13 +97,14 @@ KILN_SIMD_CLONES static void pool_row_2x2(const float *restrict r0, const float 
             best = t ? c[l] : best, bi = t ? 2 : bi;
             t = (d[l] > best) | (d[l] != d[l]);
             best = t ? d[l] : best, bi = t ? 3 : bi;
+            if (relu) best = best > 0.0f || best != best ? best : 0.0f;
             y[ow * L + l] = best;
             ix[ow * L + l] = i0 + (bi & 1) + (int64_t)(bi >> 1) * W;
         }
     }
 }
 
-kiln_status kiln_blocked_max_pool2d(const kiln_op_args *a) {
+static kiln_status blocked_pool(const kiln_op_args *a, bool relu) {
     const float *x = a->in[0].data;
     float *y = a->out[0].data;
     int64_t *ix = a->out[1].data;
@@ -126,7 +127,7 @@ kiln_status kiln_blocked_max_pool2d(const kiln_op_args *a) {
                 /* The first window value is taken as is (the general loop
                  * starts from -inf and takes it unless it is -inf, keeping
                  * the first index either way: the same result). */
-                pool_row_2x2(xp + 2 * oh * W * L, xp + (2 * oh + 1) * W * L, yp, ip, OW, 2 * oh * W, W);
+                pool_row_2x2(xp + 2 * oh * W * L, xp + (2 * oh + 1) * W * L, yp, ip, OW, 2 * oh * W, W, relu);
                 continue;
             }
             int64_t h0 = oh * sh - ph, h1 = h0 + kh < H ? h0 + kh : H;
@@ -146,11 +147,20 @@ kiln_status kiln_blocked_max_pool2d(const kiln_op_args *a) {
                             bi[l] = take ? h * W + w : bi[l];
                         }
                     }
-                for (int l = 0; l < L; l++) yp[ow * L + l] = best[l], ip[ow * L + l] = bi[l];
+                for (int l = 0; l < L; l++) {
+                    float b = best[l];
+                    if (relu) b = b > 0.0f || b != b ? b : 0.0f;
+                    yp[ow * L + l] = b, ip[ow * L + l] = bi[l];
+                }
             }
         }
     return KILN_OK;
 }
+
+kiln_status kiln_blocked_max_pool2d(const kiln_op_args *a) { return blocked_pool(a, false); }
+/* relu_max_pool2d: max pooling, then ReLU on the maxima (the two commute;
+ * the indices are max pooling's). */
+kiln_status kiln_blocked_relu_max_pool2d(const kiln_op_args *a) { return blocked_pool(a, true); }
 
 /* grad_out in either layout, indices blocked (as the forward wrote them),
  * grad_input blocked. Non-overlapping windows only (each input element
@@ -174,13 +184,15 @@ void kiln_blocked_pool_backward_layout(const kiln_op_args *a, kiln_layout *out) 
  * row's gradients (blocked: element (ow, l) at ow * 16 + l; plain: plane l
  * at l * go_plane + ow). */
 KILN_SIMD_CLONES static int64_t pool_backward_rows_2x2(const float *restrict go_row, bool go_blocked, int64_t go_plane,
-                                                    const int64_t *restrict ix_row, float *restrict d0,
-                                                    float *restrict d1, int64_t OW, int64_t index0, int64_t W) {
+                                                    const int64_t *restrict ix_row, const float *restrict y_row,
+                                                    float *restrict d0, float *restrict d1, int64_t OW, int64_t index0,
+                                                    int64_t W) {
     int64_t stray = 0; /* indices outside their own window */
     for (int64_t ow = 0; ow < OW; ow++) {
         const int64_t i0 = index0 + 2 * ow;
         for (int l = 0; l < L; l++) {
             float g = go_blocked ? go_row[ow * L + l] : go_row[l * go_plane + ow];
+            if (y_row) g = y_row[ow * L + l] > 0.0f ? g : 0.0f; /* ReLU backward, fused */
             int64_t k = ix_row[ow * L + l];
             bool m0 = k == i0, m1 = k == i0 + 1, m2 = k == i0 + W, m3 = k == i0 + W + 1;
             d0[(2 * ow) * L + l] = m0 ? g : 0.0f;
@@ -193,9 +205,13 @@ KILN_SIMD_CLONES static int64_t pool_backward_rows_2x2(const float *restrict go_
     return stray;
 }
 
-kiln_status kiln_blocked_max_pool2d_backward(const kiln_op_args *a) {
+/* max_pool2d_backward (grad_out, indices) and, with relu, the fused
+ * relu_max_pool2d_backward (grad_out, y, indices): the gradient passes
+ * only where the pooled output y is > 0. y is blocked like the indices. */
+static kiln_status blocked_pool_backward(const kiln_op_args *a, bool relu) {
     const float *go = a->in[0].data;
-    const int64_t *ix = a->in[1].data;
+    const int64_t *ix = a->in[relu ? 2 : 1].data;
+    const float *yv = relu ? a->in[1].data : NULL;
     float *dx = a->out[0].data;
     if (a->out[0].layout != KILN_LAYOUT_NCHW16C)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_max_pool2d_backward: the blocked kernel needs a blocked output");
@@ -223,8 +239,8 @@ kiln_status kiln_blocked_max_pool2d_backward(const kiln_op_args *a) {
                     for (int64_t w = 2 * OW; w < W; w++)
                         for (int l = 0; l < L; l++) d0[w * L + l] = d1[w * L + l] = 0.0f;
                 const float *go_row = go_blocked ? go + (p * OHW + oh * OW) * L : go + p * L * OHW + oh * OW;
-                stray += pool_backward_rows_2x2(go_row, go_blocked, OHW, ix + (p * OHW + oh * OW) * L, d0, d1, OW,
-                                                2 * oh * W, W);
+                stray += pool_backward_rows_2x2(go_row, go_blocked, OHW, ix + (p * OHW + oh * OW) * L,
+                                                yv ? yv + (p * OHW + oh * OW) * L : NULL, d0, d1, OW, 2 * oh * W, W);
             }
         }
         if (!stray) return KILN_OK;
@@ -243,6 +259,7 @@ kiln_status kiln_blocked_max_pool2d_backward(const kiln_op_args *a) {
                 int64_t k = ip[i * L + l];
                 /* grad_out blocked: (p, i, l); plain: plane (p * 16 + l), element i */
                 float gv = go_blocked ? go[(p * OHW + i) * L + l] : go[(p * L + l) * OHW + i];
+                if (yv) gv = yv[(p * OHW + i) * L + l] > 0.0f ? gv : 0.0f;
                 if (k < 0 || k >= HW) {
 #ifdef _OPENMP
 #pragma omp critical(kiln_blocked_pool_bad)
@@ -261,6 +278,23 @@ kiln_status kiln_blocked_max_pool2d_backward(const kiln_op_args *a) {
                           "kiln_max_pool2d_backward: index %lld is outside the %lld-element plane",
                           (long long)bad_index, (long long)HW);
     return KILN_OK;
+}
+
+kiln_status kiln_blocked_max_pool2d_backward(const kiln_op_args *a) { return blocked_pool_backward(a, false); }
+kiln_status kiln_blocked_relu_max_pool2d_backward(const kiln_op_args *a) { return blocked_pool_backward(a, true); }
+
+/* relu_max_pool2d_backward (grad_out, y, indices): y and the indices
+ * blocked (as the forward wrote them), grad_out either. */
+bool kiln_blocked_relu_max_pool2d_backward_supports(const kiln_op_args *a) {
+    kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
+    if (a->n_in < 3 || g.stride[0] < g.kernel[0] || g.stride[1] < g.kernel[1]) return false;
+    const kiln_strided *go = &a->in[0], *y = &a->in[1], *ix = &a->in[2], *dx = &a->out[0];
+    return blocked4(ix, KILN_I64) && blocked4(y, KILN_F32) && (blocked4(go, KILN_F32) || plain4(go, KILN_F32)) &&
+           dx->ndim == 4 && dx->dtype == KILN_F32 && dx->shape[1] % L == 0 && go->shape[1] == dx->shape[1];
+}
+
+void kiln_blocked_relu_pool_backward_layout(const kiln_op_args *a, kiln_layout *out) {
+    out[0] = a->in[2].layout; /* the input's layout, which its indices keep */
 }
 
 /* ---- the bias gradient: sum over (N, H, W) of a blocked tensor ----------------------- */

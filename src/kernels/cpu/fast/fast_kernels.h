@@ -37,6 +37,10 @@ kiln_status kiln_blocked_max_pool2d(const kiln_op_args *a);
 bool kiln_blocked_max_pool2d_supports(const kiln_op_args *a);
 kiln_status kiln_blocked_max_pool2d_backward(const kiln_op_args *a);
 bool kiln_blocked_max_pool2d_backward_supports(const kiln_op_args *a);
+kiln_status kiln_blocked_relu_max_pool2d(const kiln_op_args *a); /* supports: kiln_blocked_max_pool2d_supports */
+kiln_status kiln_blocked_relu_max_pool2d_backward(const kiln_op_args *a);
+bool kiln_blocked_relu_max_pool2d_backward_supports(const kiln_op_args *a);
+void kiln_blocked_relu_pool_backward_layout(const kiln_op_args *a, kiln_layout *out);
 kiln_status kiln_blocked_sum(const kiln_op_args *a);
 bool kiln_blocked_sum_supports(const kiln_op_args *a);
 /* layout fns: every output as input 0; grad_input as the indices (input

@@ -62,6 +62,7 @@ enum {
     K_REORDER_POS, /* reorder keys: the argument position (0, 1: inputs, 2: output) */
     K_LX,          /* x's layout: 0 NCHW, 1 nChw16c */
     K_LY,          /* y's layout */
+    K_RELU,        /* forward: ReLU fused as a post-op (conv2d_relu) */
     K_COUNT
 };
 
@@ -154,6 +155,20 @@ static dnnl_alg_kind_t dnnl_alg_of(int64_t alg) {
     return alg == ALG_WINOGRAD ? dnnl_convolution_winograd : dnnl_convolution_direct;
 }
 
+/* attr with a ReLU post-op appended (a new attr the caller destroys). */
+static kiln_status relu_attr(const_dnnl_primitive_attr_t attr, dnnl_primitive_attr_t *out) {
+    *out = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_status_t st = attr ? dnnl_primitive_attr_clone(out, attr) : dnnl_primitive_attr_create(out);
+    if (st == dnnl_success) st = dnnl_post_ops_create(&po);
+    if (st == dnnl_success) st = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
+    if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(*out, po);
+    if (po) dnnl_post_ops_destroy(po);
+    if (st != dnnl_success && *out) dnnl_primitive_attr_destroy(*out), *out = NULL;
+    KILN_DNNL_CHECK(st);
+    return KILN_OK;
+}
+
 static kiln_status conv_forward_pd(const int64_t *v, const_dnnl_primitive_attr_t attr, dnnl_engine_t engine,
                                    dnnl_primitive_desc_t *pd) {
     conv_mds m;
@@ -162,7 +177,11 @@ static kiln_status conv_forward_pd(const int64_t *v, const_dnnl_primitive_attr_t
     KILN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(
         &d, dnnl_forward_training, dnnl_alg_of(v[K_ALG]), &m.src, &m.wei, v[K_BIAS] ? &m.bias : NULL, &m.dst,
         m.strides, m.dilates, m.pad_l, m.pad_r));
-    KILN_DNNL_CHECK(dnnl_primitive_desc_create(pd, &d, attr, engine, NULL));
+    dnnl_primitive_attr_t with_relu = NULL;
+    if (v[K_RELU]) KILN_TRY(relu_attr(attr, &with_relu));
+    dnnl_status_t st = dnnl_primitive_desc_create(pd, &d, with_relu ? with_relu : attr, engine, NULL);
+    if (with_relu) dnnl_primitive_attr_destroy(with_relu);
+    KILN_DNNL_CHECK(st);
     return KILN_OK;
 }
 
@@ -172,7 +191,10 @@ static kiln_status conv_backward_pd(kiln_onednn_kind kind, const int64_t *v, con
     conv_mds m;
     KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT_PLAIN, &m));
     dnnl_primitive_desc_t hint = NULL;
-    KILN_TRY(conv_forward_pd(v, NULL, engine, &hint));
+    int64_t fv[K_COUNT];
+    memcpy(fv, v, sizeof fv);
+    fv[K_RELU] = 0;
+    KILN_TRY(conv_forward_pd(fv, NULL, engine, &hint));
     dnnl_convolution_desc_t d;
     dnnl_status_t st;
     if (kind == KILN_ONEDNN_CONV_BWD_DATA)
@@ -495,6 +517,10 @@ kiln_status kiln_onednn_conv_force_algorithm(const char *name) {
                       "oneDNN convolution: no algorithm '%s'", name);
 }
 
+/* The forward pass fuses ReLU (conv2d_relu) when this is set: the
+ * kernels below are shared, the entry points say which op they serve. */
+static _Thread_local bool fwd_relu;
+
 /* The call's key; false when the args are outside what these kernels cover. */
 static bool call_of(kiln_onednn_kind kind, const kiln_op_args *a, conv_call *c) {
     memset(c, 0, sizeof *c);
@@ -503,7 +529,9 @@ static bool call_of(kiln_onednn_kind kind, const kiln_op_args *a, conv_call *c) 
     if (kind == KILN_ONEDNN_CONV_FWD) {
         const kiln_strided *bias = a->n_in > 2 && a->in[2].ndim >= 0 ? &a->in[2] : NULL;
         c->n_args = bias ? 4 : 3;
-        return conv_key(kind, &a->in[0], &a->in[1], &a->out[0], bias, a->attrs, &c->key);
+        bool ok = conv_key(kind, &a->in[0], &a->in[1], &a->out[0], bias, a->attrs, &c->key);
+        c->key.v[K_RELU] = fwd_relu;
+        return ok;
     }
     c->n_args = 3;
     if (kind == KILN_ONEDNN_CONV_BWD_DATA) /* (grad_out, weight) -> grad_input */
@@ -604,6 +632,24 @@ kiln_status kiln_onednn_conv2d(const kiln_op_args *a) {
 }
 size_t kiln_onednn_conv2d_workspace(const kiln_op_args *a) { return conv_workspace(KILN_ONEDNN_CONV_FWD, a); }
 bool kiln_onednn_conv2d_supports(const kiln_op_args *a) { return conv_supports(KILN_ONEDNN_CONV_FWD, a); }
+
+/* conv2d_relu: the forward with oneDNN's ReLU post-op (relu(x) = max(x, 0):
+ * a NaN result may come out as 0 where the reference passes NaN). */
+#define WITH_RELU(expr)                                                                                      \
+    do {                                                                                                     \
+        fwd_relu = true;                                                                                     \
+        __typeof__(expr) r_ = (expr);                                                                        \
+        fwd_relu = false;                                                                                    \
+        return r_;                                                                                           \
+    } while (0)
+kiln_status kiln_onednn_conv2d_relu(const kiln_op_args *a) { WITH_RELU(conv_run(KILN_ONEDNN_CONV_FWD, a, "kiln_conv2d_relu")); }
+size_t kiln_onednn_conv2d_relu_workspace(const kiln_op_args *a) { WITH_RELU(conv_workspace(KILN_ONEDNN_CONV_FWD, a)); }
+bool kiln_onednn_conv2d_relu_supports(const kiln_op_args *a) { WITH_RELU(conv_supports(KILN_ONEDNN_CONV_FWD, a)); }
+void kiln_onednn_conv2d_relu_layout(const kiln_op_args *a, kiln_layout *out) {
+    fwd_relu = true;
+    conv_out_layout(KILN_ONEDNN_CONV_FWD, a, out);
+    fwd_relu = false;
+}
 
 kiln_status kiln_onednn_conv2d_grad_input(const kiln_op_args *a) {
     return conv_run(KILN_ONEDNN_CONV_BWD_DATA, a, "kiln_conv2d_grad_input");

@@ -27,6 +27,12 @@ void kiln_onednn_conv2d_layout(const kiln_op_args *a, kiln_layout *out);
 void kiln_onednn_conv2d_grad_input_layout(const kiln_op_args *a, kiln_layout *out);
 void kiln_onednn_conv2d_grad_weight_layout(const kiln_op_args *a, kiln_layout *out);
 
+/* conv2d_relu: the forward convolution with ReLU fused (a oneDNN post-op). */
+kiln_status kiln_onednn_conv2d_relu(const kiln_op_args *a);
+size_t kiln_onednn_conv2d_relu_workspace(const kiln_op_args *a);
+bool kiln_onednn_conv2d_relu_supports(const kiln_op_args *a);
+void kiln_onednn_conv2d_relu_layout(const kiln_op_args *a, kiln_layout *out);
+
 kiln_status kiln_onednn_mm(const kiln_op_args *a);
 kiln_status kiln_onednn_bmm(const kiln_op_args *a);
 kiln_status kiln_onednn_linear(const kiln_op_args *a);
@@ -36,6 +42,12 @@ size_t kiln_onednn_linear_workspace(const kiln_op_args *a);
 bool kiln_onednn_mm_supports(const kiln_op_args *a);
 bool kiln_onednn_bmm_supports(const kiln_op_args *a);
 bool kiln_onednn_linear_supports(const kiln_op_args *a);
+/* linear_act (x (N, *) flattened, weight, bias?, attrs.flag 0 none / 1
+ * ReLU); x strided-contiguous or nChw16c; the output strided. */
+kiln_status kiln_onednn_linear_act(const kiln_op_args *a);
+size_t kiln_onednn_linear_act_workspace(const kiln_op_args *a);
+bool kiln_onednn_linear_act_supports(const kiln_op_args *a);
+void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out);
 
 /* The convolution's autotuner provider (kernels/autotune.h): candidates
  * "direct" (the default), "direct_plain" and "winograd"

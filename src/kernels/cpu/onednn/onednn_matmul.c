@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels/cpu/onednn/onednn_internal.h"
+#include "kernels/kernels.h"
 
 typedef enum { MM_PLAIN, MM_BATCHED, MM_LINEAR } mm_kind;
 
@@ -165,6 +166,70 @@ size_t kiln_onednn_linear_workspace(const kiln_op_args *a) { return mm_workspace
 bool kiln_onednn_mm_supports(const kiln_op_args *a) { return mm_supports(MM_PLAIN, a); }
 bool kiln_onednn_bmm_supports(const kiln_op_args *a) { return mm_supports(MM_BATCHED, a); }
 bool kiln_onednn_linear_supports(const kiln_op_args *a) { return mm_supports(MM_LINEAR, a); }
+
+/* ---- linear_act: (flatten +) linear + bias + ReLU ------------------------------------ */
+
+/* x (N, *) read as (N, K): a contiguous strided x is used in place, an
+ * nChw16c x is first reordered to NCHW into the workspace (1 MiB for the
+ * tutorial CNN's fc1 input, a fraction of the matmul's time). Then the
+ * oneDNN linear, then ReLU over the (N, O) result when attrs.flag is 1. */
+#define ALIGN_UP(n) (((n) + 63) / 64 * 64)
+
+static bool linear_act_view(const kiln_op_args *a, void *x2d, kiln_op_args *b) {
+    const kiln_strided *x = &a->in[0];
+    if (x->ndim < 2 || x->dtype != KILN_F32 || (a->attrs->flag != 0 && a->attrs->flag != 1)) return false;
+    bool blocked = x->layout == KILN_LAYOUT_NCHW16C;
+    if (!blocked && (x->layout != KILN_LAYOUT_STRIDED || !kiln_onednn_is_contiguous(x))) return false;
+    int64_t k = 1;
+    for (int i = 1; i < x->ndim; i++) k *= x->shape[i];
+    *b = *a;
+    kiln_strided v = *x;
+    v.ndim = 2, v.shape[0] = x->shape[0], v.shape[1] = k, v.strides[0] = k, v.strides[1] = 1;
+    v.layout = KILN_LAYOUT_STRIDED;
+    if (blocked) v.data = x2d;
+    b->in[0] = v;
+    return true;
+}
+
+static size_t x_bytes(const kiln_op_args *a) {
+    if (a->in[0].layout != KILN_LAYOUT_NCHW16C) return 0;
+    size_t n = 1;
+    for (int i = 0; i < a->in[0].ndim; i++) n *= (size_t)a->in[0].shape[i];
+    return ALIGN_UP(n * sizeof(float));
+}
+
+bool kiln_onednn_linear_act_supports(const kiln_op_args *a) {
+    kiln_op_args b;
+    return linear_act_view(a, NULL, &b) && mm_supports(MM_LINEAR, &b);
+}
+
+size_t kiln_onednn_linear_act_workspace(const kiln_op_args *a) {
+    kiln_op_args b;
+    if (!linear_act_view(a, NULL, &b)) return 0;
+    return x_bytes(a) + mm_workspace(MM_LINEAR, &b);
+}
+
+void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out) {
+    (void)a;
+    out[0] = KILN_LAYOUT_STRIDED;
+}
+
+kiln_status kiln_onednn_linear_act(const kiln_op_args *a) {
+    size_t xb = x_bytes(a);
+    kiln_op_args b;
+    if (!linear_act_view(a, a->workspace, &b) || a->workspace_bytes < xb)
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: the oneDNN kernel was given arguments it declines");
+    if (xb) kiln_cpu_reorder_nchw16c(a->workspace, a->in[0].data, sizeof(float), a->in[0].shape, false);
+    b.workspace = xb ? (char *)a->workspace + xb : a->workspace;
+    b.workspace_bytes = a->workspace_bytes - xb;
+    KILN_TRY(mm_run(MM_LINEAR, &b, "kiln_linear_act"));
+    if (a->attrs->flag == 1) {
+        float *y = a->out[0].data;
+        int64_t n = a->out[0].shape[0] * a->out[0].shape[1];
+        for (int64_t i = 0; i < n; i++) y[i] = y[i] > 0.0f || y[i] != y[i] ? y[i] : 0.0f;
+    }
+    return KILN_OK;
+}
 
 #else
 typedef int kiln_onednn_matmul_unused; /* ISO C: a translation unit is not empty */
