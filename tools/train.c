@@ -8,8 +8,12 @@
  * checkpoint.safetensors after every epoch, model.safetensors at the end,
  * trace.json with --profile).
  *
- * Losses and correct counts accumulate on the device; the host reads them
- * (one kiln_item each) once per --log-every window. Ctrl-C finishes the
+ * Losses and correct counts accumulate on the device; at the end of each
+ * --log-every window they go to pinned host memory by non-blocking copies
+ * behind an event, and the window's record is written once the event has
+ * completed (checked without blocking at later steps; at the epoch's end the
+ * host waits for it). So no step waits for the device to display a loss.
+ * Ctrl-C finishes the
  * step, writes a checkpoint and exits 130; --resume continues from one. */
 #include <errno.h>
 #include <limits.h>
@@ -509,12 +513,68 @@ static kiln_status accumulate(kiln_tensor **acc, kiln_tensor *v) {
     return KILN_OK;
 }
 
-static kiln_status read_and_clear(kiln_tensor **acc, double *out) {
-    *out = 0;
-    kiln_status st = *acc ? kiln_item(*acc, out) : KILN_OK;
-    kiln_release(*acc);
-    *acc = NULL;
+/* A window's sums on their way to the host: non-blocking copies into
+ * pinned scalars, an event behind them, and what the window's record needs
+ * besides the two values. */
+typedef struct window_readback {
+    bool pending;
+    kiln_tensor *loss_host, *hits_host; /* pinned, reused */
+    kiln_event *copied;
+    int n, epoch;
+    int64_t step, img;
+    double lr, img_s, wait_s, window_s;
+    long long mem_alloc, mem_res, mem_peak;
+} window_readback;
+
+static void readback_free(window_readback *w) {
+    kiln_release(w->loss_host);
+    kiln_release(w->hits_host);
+    if (w->copied) kiln_event_destroy(w->copied);
+    memset(w, 0, sizeof *w);
+}
+
+/* Start the copies of *loss and *hits (released and cleared). */
+static kiln_status readback_start(train_run *r, window_readback *w, kiln_tensor **loss, kiln_tensor **hits) {
+    kiln_status st = KILN_OK;
+    if (!w->loss_host) w->loss_host = kiln_empty_pinned(kiln_shape_of(*loss), kiln_dtype_of(*loss));
+    if (!w->hits_host) w->hits_host = kiln_empty_pinned(kiln_shape_of(*hits), kiln_dtype_of(*hits));
+    if (!w->loss_host || !w->hits_host) st = kiln_error_last()->status;
+    if (st == KILN_OK && !w->copied) st = kiln_event_create(r->dev, 0, &w->copied);
+    if (st == KILN_OK) st = kiln_copy_(w->loss_host, *loss, KILN_NON_BLOCKING);
+    if (st == KILN_OK) st = kiln_copy_(w->hits_host, *hits, KILN_NON_BLOCKING);
+    if (st == KILN_OK) st = kiln_event_record(w->copied, kiln_current_stream(r->dev));
+    kiln_release(*loss), kiln_release(*hits);
+    *loss = *hits = NULL;
+    w->pending = st == KILN_OK;
     return st;
+}
+
+/* The pending window's two sums, once its copies are done: wait for them
+ * when `wait`, else only if the event says they have landed. *ready says
+ * whether the values were read. */
+static kiln_status readback_finish(window_readback *w, bool wait, double *loss, double *hits, bool *ready) {
+    *ready = false;
+    if (!w->pending) return KILN_OK;
+    if (!wait && !kiln_event_query(w->copied)) return KILN_OK;
+    if (wait) KILN_TRY(kiln_event_synchronize(w->copied));
+    KILN_TRY(kiln_item(w->loss_host, loss)); /* pinned host memory: no device wait */
+    KILN_TRY(kiln_item(w->hits_host, hits));
+    w->pending = false;
+    *ready = true;
+    return KILN_OK;
+}
+
+/* The metrics record of a window whose sums (wl, wh) have landed; returns
+ * the window's mean loss. */
+static double window_record(train_run *r, const window_readback *w, double wl, double wh) {
+    double mean = wl / w->n;
+    train_metric(r,
+                 "{\"event\":\"step\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"train_acc\":%.6f,\"lr\":%g,"
+                 "\"img_s\":%.1f,\"data_wait_s\":%.4f,\"window_s\":%.4f,\"mem_allocated\":%lld,"
+                 "\"mem_reserved\":%lld,\"mem_peak\":%lld}\n",
+                 (long long)w->step, w->epoch, mean, wh / (double)w->img, w->lr, w->img_s, w->wait_s, w->window_s,
+                 w->mem_alloc, w->mem_res, w->mem_peak);
+    return mean;
 }
 
 typedef enum { EPOCH_DONE, EPOCH_STOPPED } epoch_end;
@@ -554,6 +614,8 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
     double win_wait0 = ls0.wait_s;
     int win_n = 0;
     kiln_tensor *win_loss = NULL, *win_hits = NULL;
+    window_readback rb;
+    memset(&rb, 0, sizeof rb);
     int64_t img_base = ep_img; /* images of a resumed epoch trained before the stop */
     double ep_correct = 0;
     int64_t hits_img = 0;
@@ -578,26 +640,38 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
         if ((st = train_diag_step(r, leak_reported)) != KILN_OK) break;
         bool stop = interrupted || (r->a.max_steps && r->step >= r->a.max_steps);
         double t = train_now_s();
-        if (win_n == r->a.log_every || i == nb || stop) {
+        /* The previous window's record, once its sums have landed (at the
+         * next window's end, the epoch's end or a stop: wait for them). */
+        bool window_end = win_n == r->a.log_every || i == nb || stop;
+        {
             double wl = 0, wh = 0;
-            if ((st = read_and_clear(&win_loss, &wl)) != KILN_OK) break;
-            if ((st = read_and_clear(&win_hits, &wh)) != KILN_OK) break;
-            ep_loss += wl, ep_correct += wh;
+            bool ready = false;
+            if ((st = readback_finish(&rb, window_end, &wl, &wh, &ready)) != KILN_OK) break;
+            if (ready) {
+                shown_loss = window_record(r, &rb, wl, wh);
+                ep_loss += wl, ep_correct += wh;
+            }
+        }
+        if (window_end) {
             kiln_loader_stats ls;
             kiln_loader_stats_get(r->train_ld, &ls);
             kiln_memory_stats ms;
             memset(&ms, 0, sizeof ms);
             kiln_memory_stats_get(r->dev, &ms);
-            double img_s = (double)win_img / (t - win_t0);
-            shown_loss = wl / win_n;
-            train_metric(r,
-                   "{\"event\":\"step\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"train_acc\":%.6f,\"lr\":%g,"
-                   "\"img_s\":%.1f,\"data_wait_s\":%.4f,\"window_s\":%.4f,\"mem_allocated\":%lld,"
-                   "\"mem_reserved\":%lld,\"mem_peak\":%lld}\n",
-                   (long long)r->step, epoch + 1, shown_loss, wh / (double)win_img, kiln_optimizer_get_lr(r->opt),
-                   img_s, ls.wait_s - win_wait0, t - win_t0, (long long)ms.allocated_bytes[KILN_POOL_ALL].current,
-                   (long long)ms.reserved_bytes[KILN_POOL_ALL].current,
-                   (long long)ms.allocated_bytes[KILN_POOL_ALL].peak);
+            rb.n = win_n, rb.epoch = epoch + 1, rb.step = r->step, rb.img = win_img;
+            rb.lr = kiln_optimizer_get_lr(r->opt), rb.img_s = (double)win_img / (t - win_t0);
+            rb.wait_s = ls.wait_s - win_wait0, rb.window_s = t - win_t0;
+            rb.mem_alloc = (long long)ms.allocated_bytes[KILN_POOL_ALL].current;
+            rb.mem_res = (long long)ms.reserved_bytes[KILN_POOL_ALL].current;
+            rb.mem_peak = (long long)ms.allocated_bytes[KILN_POOL_ALL].peak;
+            if ((st = readback_start(r, &rb, &win_loss, &win_hits)) != KILN_OK) break;
+            if (i == nb || stop) { /* the epoch's last window: its record now */
+                double wl = 0, wh = 0;
+                bool ready = false;
+                if ((st = readback_finish(&rb, true, &wl, &wh, &ready)) != KILN_OK) break;
+                shown_loss = window_record(r, &rb, wl, wh);
+                ep_loss += wl, ep_correct += wh;
+            }
             double wait_pct = ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0;
             if (!r->tty) progress(r, epoch, i, nb, shown_loss, (double)(ep_img) / (t - ep_t0), ep_t0, wait_pct, false);
             win_n = 0, win_img = 0, win_t0 = t, win_wait0 = ls.wait_s;
@@ -619,6 +693,7 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
     }
     kiln_release(win_loss);
     kiln_release(win_hits);
+    readback_free(&rb);
     if (st != KILN_OK || *how == EPOCH_STOPPED) return st;
     if (r->tty && i) fprintf(stderr, "\n");
     double train_time = train_now_s() - ep_t0, test_loss = 0;
