@@ -29,11 +29,11 @@
 #define BIG 4096
 
 static atomic_bool counting;
-static atomic_long big_allocs, small_allocs;
-static atomic_long biggest;
 
 #if !defined(SANITIZED) && defined(__GLIBC__)
 #define INTERPOSED 1
+static atomic_long big_allocs, small_allocs;
+static atomic_long biggest;
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);

@@ -19,6 +19,14 @@ static float *host_values(kiln_tensor *t) {
     return v;
 }
 
+/* The values of t's gradient (kiln_grad returns a new reference). */
+static float *grad_values(kiln_tensor *t) {
+    kiln_tensor *g = kiln_grad(t);
+    float *v = g ? host_values(g) : NULL;
+    kiln_release(g);
+    return v;
+}
+
 /* Deterministic values with ties and signs. */
 static kiln_tensor *pattern(kiln_shape s, int salt) {
     int64_t n = 1;
@@ -92,7 +100,7 @@ static void pool_case(kiln_shape s, bool grad_strided) {
     CHECK_OK(kiln_backward(l, NULL, false));
     CHECK_OK(kiln_backward(lb, NULL, false));
     int64_t n = kiln_numel(y), nx = kiln_numel(x);
-    float *a = host_values(y), *b = host_values(yb), *ga = host_values(kiln_grad(x)), *gb = host_values(kiln_grad(xb));
+    float *a = host_values(y), *b = host_values(yb), *ga = grad_values(x), *gb = grad_values(xb);
     CHECK_MSG(!memcmp(a, b, sizeof(float) * (size_t)n), "pool forward differs on blocked input");
     CHECK_MSG(!memcmp(ga, gb, sizeof(float) * (size_t)nx), "pool/relu gradient differs on blocked input (%s grad)",
               grad_strided ? "strided" : "blocked");
@@ -227,8 +235,8 @@ static void run_chain(chain_out *o) {
     CHECK_OK(kiln_backward(loss, NULL, false));
     o->loss = host_values(loss);
     CHECK_OK(kiln_scope_end());
-    o->gw1 = host_values(kiln_grad(w1)), o->gw2 = host_values(kiln_grad(w2));
-    o->gb2 = host_values(kiln_grad(b2)), o->gx = host_values(kiln_grad(x));
+    o->gw1 = grad_values(w1), o->gw2 = grad_values(w2);
+    o->gb2 = grad_values(b2), o->gx = grad_values(x);
     for (int i = 0; i < 4; i++) kiln_release(ps[i]);
 }
 
