@@ -97,7 +97,10 @@ KILN_SIMD_CLONES static void pool_row_2x2(const float *restrict r0, const float 
             best = t ? c[l] : best, bi = t ? 2 : bi;
             t = (d[l] > best) | (d[l] != d[l]);
             best = t ? d[l] : best, bi = t ? 3 : bi;
-            if (relu) best = best > 0.0f || best != best ? best : 0.0f;
+            if (relu) { /* relu(x) then max: a window with nothing positive is all zeros, the first wins */
+                bool keep = best > 0.0f || best != best;
+                best = keep ? best : 0.0f, bi = keep ? bi : 0;
+            }
             y[ow * L + l] = best;
             ix[ow * L + l] = i0 + (bi & 1) + (int64_t)(bi >> 1) * W;
         }
@@ -149,8 +152,9 @@ static kiln_status blocked_pool(const kiln_op_args *a, bool relu) {
                     }
                 for (int l = 0; l < L; l++) {
                     float b = best[l];
-                    if (relu) b = b > 0.0f || b != b ? b : 0.0f;
-                    yp[ow * L + l] = b, ip[ow * L + l] = bi[l];
+                    int64_t k = bi[l];
+                    if (relu && !(b > 0.0f || b != b)) b = 0.0f, k = h0 * W + w0; /* all zeros after relu: the first */
+                    yp[ow * L + l] = b, ip[ow * L + l] = k;
                 }
             }
         }
@@ -158,8 +162,9 @@ static kiln_status blocked_pool(const kiln_op_args *a, bool relu) {
 }
 
 kiln_status kiln_blocked_max_pool2d(const kiln_op_args *a) { return blocked_pool(a, false); }
-/* relu_max_pool2d: max pooling, then ReLU on the maxima (the two commute;
- * the indices are max pooling's). */
+/* relu_max_pool2d: max pooling, then ReLU on the maxima (the two commute);
+ * the indices are those max pooling gives for relu(x): where no value of a
+ * window is positive, its first element. */
 kiln_status kiln_blocked_relu_max_pool2d(const kiln_op_args *a) { return blocked_pool(a, true); }
 
 /* grad_out in either layout, indices blocked (as the forward wrote them),
