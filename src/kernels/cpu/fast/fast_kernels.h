@@ -23,6 +23,12 @@ bool kiln_fast_max_pool2d_supports(const kiln_op_args *a);
 kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a);
 bool kiln_fast_max_pool2d_backward_supports(const kiln_op_args *a);
 
+/* relu_max_pool2d and its backward on contiguous NCHW (supports: the
+ * max_pool2d one for the forward). */
+kiln_status kiln_fast_relu_max_pool2d(const kiln_op_args *a);
+kiln_status kiln_fast_relu_max_pool2d_backward(const kiln_op_args *a);
+bool kiln_fast_relu_max_pool2d_backward_supports(const kiln_op_args *a);
+
 kiln_status kiln_fast_relu(const kiln_op_args *a);
 bool kiln_fast_relu_supports(const kiln_op_args *a);
 kiln_status kiln_fast_relu_backward(const kiln_op_args *a);

@@ -152,3 +152,80 @@ kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a) {
                           (long long)bad_index, (long long)HW);
     return KILN_OK;
 }
+
+/* ---- relu_max_pool2d on contiguous NCHW ------------------------------------------------ */
+
+/* max_pool2d, then ReLU on the maxima; where nothing in a window is
+ * positive (after relu all zeros) the index is the window's first element,
+ * as max pooling of relu(x) gives. */
+kiln_status kiln_fast_relu_max_pool2d(const kiln_op_args *a) {
+    KILN_TRY(kiln_fast_max_pool2d(a));
+    float *y = a->out[0].data;
+    int64_t *ix = a->out[1].data;
+    kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
+    int64_t P, H, W, OH, OW;
+    planes_of(&a->in[0], &P, &H, &W);
+    planes_of(&a->out[0], &P, &OH, &OW);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (P * OH * OW > 4096)
+#endif
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t oh = 0; oh < OH; oh++) {
+            int64_t h0 = oh * g.stride[0] - g.padding[0];
+            if (h0 < 0) h0 = 0;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                int64_t o = (p * OH + oh) * OW + ow, w0 = ow * g.stride[1] - g.padding[1];
+                if (w0 < 0) w0 = 0;
+                if (!(y[o] > 0.0f || y[o] != y[o])) y[o] = 0.0f, ix[o] = h0 * W + w0;
+            }
+        }
+    return KILN_OK;
+}
+
+/* (grad_out, y, indices): max_pool2d_backward's scatter of the gradients
+ * whose y > 0. Non-overlapping windows (as kiln_fast_max_pool2d_backward). */
+bool kiln_fast_relu_max_pool2d_backward_supports(const kiln_op_args *a) {
+    if (a->n_in < 3 || !contiguous(&a->in[1]) || a->in[1].dtype != KILN_F32) return false;
+    kiln_op_args b = *a;
+    b.n_in = 2, b.in[1] = a->in[2];
+    return kiln_fast_max_pool2d_backward_supports(&b);
+}
+
+kiln_status kiln_fast_relu_max_pool2d_backward(const kiln_op_args *a) {
+    const float *go = a->in[0].data, *yv = a->in[1].data;
+    const int64_t *ix = a->in[2].data;
+    float *dx = a->out[0].data;
+    int64_t P, H, W, OH, OW, unused;
+    planes_of(&a->out[0], &P, &H, &W);
+    planes_of(&a->in[0], &unused, &OH, &OW);
+    const int64_t HW = H * W, OHW = OH * OW;
+    int bad = 0;
+    int64_t bad_index = 0;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (P * HW > 4096)
+#endif
+    for (int64_t p = 0; p < P; p++) {
+        float *dp = dx + p * HW;
+        memset(dp, 0, sizeof(float) * (size_t)HW);
+        for (int64_t i = 0; i < OHW; i++) {
+            if (!(yv[p * OHW + i] > 0.0f)) continue;
+            int64_t k = ix[p * OHW + i];
+            if (k < 0 || k >= HW) {
+#ifdef _OPENMP
+#pragma omp critical(kiln_fast_relu_pool_bad)
+#endif
+                {
+                    bad = 1;
+                    bad_index = k;
+                }
+                continue;
+            }
+            dp[k] += go[p * OHW + i];
+        }
+    }
+    if (bad)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_relu_max_pool2d returned",
+                          "kiln_relu_max_pool2d_backward: index %lld is outside the %lld-element plane",
+                          (long long)bad_index, (long long)HW);
+    return KILN_OK;
+}
