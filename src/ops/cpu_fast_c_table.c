@@ -26,6 +26,16 @@ static bool max_pool2d_backward_supports(const kiln_op_args *a) {
     if (blocked_in(a, 1)) return kiln_blocked_max_pool2d_backward_supports(a);
     return !blocked_in(a, 0) && kiln_fast_max_pool2d_backward_supports(a);
 }
+static kiln_status relu_max_pool2d(const kiln_op_args *a) {
+    return blocked_in(a, 0) ? kiln_blocked_relu_max_pool2d(a) : kiln_fast_relu_max_pool2d(a);
+}
+static kiln_status relu_max_pool2d_backward(const kiln_op_args *a) {
+    return blocked_in(a, 2) ? kiln_blocked_relu_max_pool2d_backward(a) : kiln_fast_relu_max_pool2d_backward(a);
+}
+static bool relu_max_pool2d_backward_supports(const kiln_op_args *a) {
+    if (a->n_in >= 3 && blocked_in(a, 2)) return kiln_blocked_relu_max_pool2d_backward_supports(a);
+    return !blocked_in(a, 0) && !blocked_in(a, 1) && kiln_fast_relu_max_pool2d_backward_supports(a);
+}
 static kiln_status sum(const kiln_op_args *a) { return blocked_in(a, 0) ? kiln_blocked_sum(a) : kiln_fast_sum(a); }
 static bool sum_supports(const kiln_op_args *a) {
     return blocked_in(a, 0) ? kiln_blocked_sum_supports(a) : kiln_fast_sum_supports(a);
@@ -40,6 +50,11 @@ static void build_fast_c_table(void) {
         (kiln_op_kernel){max_pool2d, NULL, F32, max_pool2d_supports, kiln_blocked_same_as_input};
     fast_c_table[KILN_OP_MAX_POOL2D_BACKWARD] = (kiln_op_kernel){
         max_pool2d_backward, NULL, F32, max_pool2d_backward_supports, kiln_blocked_pool_backward_layout};
+    fast_c_table[KILN_OP_RELU_MAX_POOL2D] =
+        (kiln_op_kernel){relu_max_pool2d, NULL, F32, max_pool2d_supports, kiln_blocked_same_as_input};
+    fast_c_table[KILN_OP_RELU_MAX_POOL2D_BACKWARD] =
+        (kiln_op_kernel){relu_max_pool2d_backward, NULL, F32, relu_max_pool2d_backward_supports,
+                         kiln_blocked_relu_pool_backward_layout};
     fast_c_table[KILN_OP_RELU] =
         (kiln_op_kernel){kiln_fast_relu, NULL, F32, kiln_fast_relu_supports, kiln_blocked_relu_layout};
     fast_c_table[KILN_OP_RELU_BACKWARD] = (kiln_op_kernel){kiln_fast_relu_backward, NULL, F32,

@@ -25,6 +25,11 @@ static void build_fast_table(void) {
     fast_table[KILN_OP_CONV2D_GRAD_WEIGHT] =
         (kiln_op_kernel){kiln_onednn_conv2d_grad_weight, kiln_onednn_conv2d_grad_weight_workspace, F32,
                          kiln_onednn_conv2d_grad_weight_supports, kiln_onednn_conv2d_grad_weight_layout};
+    fast_table[KILN_OP_CONV2D_RELU] =
+        (kiln_op_kernel){kiln_onednn_conv2d_relu, kiln_onednn_conv2d_relu_workspace, F32,
+                         kiln_onednn_conv2d_relu_supports, kiln_onednn_conv2d_relu_layout};
+    fast_table[KILN_OP_LINEAR_ACT] = (kiln_op_kernel){kiln_onednn_linear_act, kiln_onednn_linear_act_workspace, F32,
+                                                      kiln_onednn_linear_act_supports, kiln_onednn_linear_act_layout};
     fast_table[KILN_OP_MM] =
         (kiln_op_kernel){kiln_onednn_mm, kiln_onednn_mm_workspace, F32, kiln_onednn_mm_supports};
     fast_table[KILN_OP_BMM] =
