@@ -85,9 +85,32 @@ static double now_s(void) {
 
 /* ---- The model ----------------------------------------------------------------------- */
 
-/* x = pool(relu(conv_i(x))) three times; view(-1, 2048); relu(fc1); fc2. */
+/* x = pool(relu(conv_i(x))) three times; view(-1, 2048); relu(fc1); fc2.
+ * With layer fusion on (kiln_nn_set_fusion, the default) it calls what the
+ * Sequential fuses the same chain into: conv, then relu_max_pool2d; the
+ * flatten, fc1 and its ReLU as one linear_act. */
+static kiln_tensor *fused_forward(kiln_module *m, kiln_tensor *x) {
+    static const char *const convs[3] = {"conv1", "conv2", "conv3"};
+    kiln_pool2d_opts po = kiln_pool2d_defaults(2);
+    kiln_tensor *h = kiln_retain(x);
+    for (int i = 0; i < 3 && h; i++) {
+        kiln_tensor *c = kiln_module_forward(kiln_module_child(m, convs[i]), h);
+        kiln_release(h);
+        h = c ? kiln_relu_max_pool2d(c, &po, NULL) : NULL;
+        kiln_release(c);
+    }
+    if (!h) return NULL;
+    kiln_tensor *w = kiln_module_state_get(m, "fc1.weight"), *b = kiln_module_state_get(m, "fc1.bias");
+    kiln_tensor *r1 = w && b ? kiln_linear_act(h, w, b, KILN_ACT_RELU) : NULL;
+    kiln_release(h), kiln_release(w), kiln_release(b);
+    kiln_tensor *out = r1 ? kiln_module_forward(kiln_module_child(m, "fc2"), r1) : NULL;
+    kiln_release(r1);
+    return out;
+}
+
 static kiln_tensor *cnn_forward(kiln_module *m, kiln_tensor *x, void *user) {
     (void)user;
+    if (kiln_nn_fusion_enabled()) return fused_forward(m, x);
     static const char *const convs[3] = {"conv1", "conv2", "conv3"};
     kiln_module *pool = kiln_module_child(m, "pool"), *relu = kiln_module_child(m, "relu");
     kiln_tensor *h = kiln_retain(x);

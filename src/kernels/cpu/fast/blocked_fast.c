@@ -185,27 +185,51 @@ void kiln_blocked_pool_backward_layout(const kiln_op_args *a, kiln_layout *out) 
 
 /* The input gradient of two input rows under one output row of a 2x2,
  * stride-2 window, written densely: each input element gets its window's
- * gradient where the window's index names it, else 0. go_row: the output
- * row's gradients (blocked: element (ow, l) at ow * 16 + l; plain: plane l
- * at l * go_plane + ow). */
-KILN_SIMD_CLONES static int64_t pool_backward_rows_2x2(const float *restrict go_row, bool go_blocked, int64_t go_plane,
-                                                    const int64_t *restrict ix_row, const float *restrict y_row,
-                                                    float *restrict d0, float *restrict d1, int64_t OW, int64_t index0,
-                                                    int64_t W) {
-    int64_t stray = 0; /* indices outside their own window */
-    for (int64_t ow = 0; ow < OW; ow++) {
-        const int64_t i0 = index0 + 2 * ow;
-        for (int l = 0; l < L; l++) {
-            float g = go_blocked ? go_row[ow * L + l] : go_row[l * go_plane + ow];
-            if (y_row) g = y_row[ow * L + l] > 0.0f ? g : 0.0f; /* ReLU backward, fused */
-            int64_t k = ix_row[ow * L + l];
-            bool m0 = k == i0, m1 = k == i0 + 1, m2 = k == i0 + W, m3 = k == i0 + W + 1;
-            d0[(2 * ow) * L + l] = m0 ? g : 0.0f;
-            d0[(2 * ow + 1) * L + l] = m1 ? g : 0.0f;
-            d1[(2 * ow) * L + l] = m2 ? g : 0.0f;
-            d1[(2 * ow + 1) * L + l] = m3 ? g : 0.0f;
-            stray += !(m0 | m1 | m2 | m3);
+ * gradient where the window's index names it, else 0; with y (the fused
+ * relu_max_pool2d_backward) only where y > 0. All blocked: go, ix, y hold
+ * OW * 16 values. Returns how many indices lie outside their own window. */
+#define POOL_BWD_ROW(NAME, RELU)                                                                             \
+    KILN_SIMD_CLONES static int64_t NAME(const float *restrict go, const int64_t *restrict ix,               \
+                                         const float *restrict y, float *restrict d0, float *restrict d1,    \
+                                         int64_t OW, int64_t index0, int64_t W) {                            \
+        int64_t stray = 0;                                                                                   \
+        for (int64_t ow = 0; ow < OW; ow++) {                                                                \
+            const int32_t w32 = (int32_t)W;                                                                  \
+            for (int l = 0; l < L; l++) {                                                                    \
+                float g = go[ow * L + l];                                                                    \
+                if (RELU) g = y[ow * L + l] > 0.0f ? g : 0.0f;                                               \
+                int32_t rel = (int32_t)(ix[ow * L + l] - (index0 + 2 * ow));                                 \
+                d0[(2 * ow) * L + l] = rel == 0 ? g : 0.0f;                                                  \
+                d0[(2 * ow + 1) * L + l] = rel == 1 ? g : 0.0f;                                              \
+                d1[(2 * ow) * L + l] = rel == w32 ? g : 0.0f;                                                \
+                d1[(2 * ow + 1) * L + l] = rel == w32 + 1 ? g : 0.0f;                                        \
+                stray += (rel != 0) & (rel != 1) & (rel != w32) & (rel != w32 + 1);                          \
+            }                                                                                                \
+        }                                                                                                    \
+        return stray;                                                                                        \
+    }
+POOL_BWD_ROW(pool_bwd_row, 0)
+POOL_BWD_ROW(pool_bwd_row_relu, 1)
+
+/* One output row: a plain grad_out row (plane stride go_plane) is first
+ * gathered into blocked order in chunks on the stack. */
+#define ROW_CHUNK 64
+static int64_t pool_backward_rows_2x2(const float *go_row, bool go_blocked, int64_t go_plane, const int64_t *ix_row,
+                                      const float *y_row, float *d0, float *d1, int64_t OW, int64_t index0, int64_t W) {
+    int64_t stray = 0;
+    for (int64_t c0 = 0; c0 < OW; c0 += ROW_CHUNK) {
+        int64_t n = OW - c0 < ROW_CHUNK ? OW - c0 : ROW_CHUNK;
+        float buf[ROW_CHUNK * L];
+        const float *g = go_row + c0 * L;
+        if (!go_blocked) {
+            for (int l = 0; l < L; l++)
+                for (int64_t i = 0; i < n; i++) buf[i * L + l] = go_row[l * go_plane + c0 + i];
+            g = buf;
         }
+        const int64_t *ix = ix_row + c0 * L;
+        float *e0 = d0 + 2 * c0 * L, *e1 = d1 + 2 * c0 * L;
+        stray += y_row ? pool_bwd_row_relu(g, ix, y_row + c0 * L, e0, e1, n, index0 + 2 * c0, W)
+                       : pool_bwd_row(g, ix, NULL, e0, e1, n, index0 + 2 * c0, W);
     }
     return stray;
 }
@@ -304,6 +328,15 @@ void kiln_blocked_relu_pool_backward_layout(const kiln_op_args *a, kiln_layout *
 
 /* ---- the bias gradient: sum over (N, H, W) of a blocked tensor ----------------------- */
 
+/* acc[l] += x[i * 16 + l] over i, in order (16 double lanes). */
+KILN_SIMD_CLONES static void sum_block(const float *restrict x, int64_t HW, double *restrict acc) {
+    double a[L];
+    for (int l = 0; l < L; l++) a[l] = acc[l];
+    for (int64_t i = 0; i < HW; i++)
+        for (int l = 0; l < L; l++) a[l] += (double)x[i * L + l];
+    for (int l = 0; l < L; l++) acc[l] = a[l];
+}
+
 bool kiln_blocked_sum_supports(const kiln_op_args *a) {
     const kiln_strided *x = &a->in[0];
     const kiln_op_attrs *at = a->attrs;
@@ -329,11 +362,7 @@ kiln_status kiln_blocked_sum(const kiln_op_args *a) {
     for (int64_t cb = 0; cb < CB; cb++) {
         double acc[L];
         for (int l = 0; l < L; l++) acc[l] = 0;
-        for (int64_t n = 0; n < N; n++) {
-            const float *xp = x + (n * CB + cb) * HW * L;
-            for (int64_t i = 0; i < HW; i++)
-                for (int l = 0; l < L; l++) acc[l] += (double)xp[i * L + l];
-        }
+        for (int64_t n = 0; n < N; n++) sum_block(x + (n * CB + cb) * HW * L, HW, acc);
         for (int l = 0; l < L; l++) y[cb * L + l] = (float)acc[l];
     }
     return KILN_OK;
