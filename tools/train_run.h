@@ -23,6 +23,8 @@ typedef struct train_args {
     int checkpoint;        /* --checkpoint N (0: off) */
     bool checkpoint_auto;  /* --checkpoint auto */
     int64_t memory_budget; /* --memory-budget, bytes */
+    bool onecycle;          /* --schedule onecycle (default) | constant */
+    double label_smoothing; /* --label-smoothing (default 0.1) */
 } train_args;
 
 typedef struct train_run {
@@ -36,6 +38,9 @@ typedef struct train_run {
     char *spec_text;
     kiln_sample_info info;
     kiln_optimizer *opt;
+    kiln_lr_scheduler *sched;   /* one-cycle over every step of the run, or NULL */
+    int64_t sched_total;        /* its total steps */
+    kiln_loss_opts loss_opts;   /* the training loss (label smoothing) */
     kiln_dataset *train_ds, *test_ds;
     kiln_loader *train_ld, *test_ld;
     bool tty, monitoring, profiling, trace_ready;
