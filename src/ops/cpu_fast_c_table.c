@@ -55,6 +55,11 @@ static void build_fast_c_table(void) {
     fast_c_table[KILN_OP_RELU_MAX_POOL2D_BACKWARD] =
         (kiln_op_kernel){relu_max_pool2d_backward, NULL, F32, relu_max_pool2d_backward_supports,
                          kiln_blocked_relu_pool_backward_layout};
+    fast_c_table[KILN_OP_BATCH_NORM] = (kiln_op_kernel){kiln_fast_batch_norm, NULL, F32, kiln_fast_batch_norm_supports,
+                                                        kiln_fast_bn_layout};
+    fast_c_table[KILN_OP_BATCH_NORM_BACKWARD] =
+        (kiln_op_kernel){kiln_fast_batch_norm_backward, NULL, F32, kiln_fast_batch_norm_backward_supports,
+                         kiln_fast_bn_backward_layout};
     fast_c_table[KILN_OP_RELU] =
         (kiln_op_kernel){kiln_fast_relu, NULL, F32, kiln_fast_relu_supports, kiln_blocked_relu_layout};
     fast_c_table[KILN_OP_RELU_BACKWARD] = (kiln_op_kernel){kiln_fast_relu_backward, NULL, F32,

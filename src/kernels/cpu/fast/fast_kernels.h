@@ -38,6 +38,15 @@ kiln_status kiln_fast_sum(const kiln_op_args *a);
 bool kiln_fast_sum_supports(const kiln_op_args *a);
 size_t kiln_fast_sum_workspace(const kiln_op_args *a);
 
+/* Batch norm and its backward, f32 NCHW or nChw16c (bn_fast.c); layout
+ * fns: y / dx as x. */
+kiln_status kiln_fast_batch_norm(const kiln_op_args *a);
+bool kiln_fast_batch_norm_supports(const kiln_op_args *a);
+void kiln_fast_bn_layout(const kiln_op_args *a, kiln_layout *out);
+kiln_status kiln_fast_batch_norm_backward(const kiln_op_args *a);
+bool kiln_fast_batch_norm_backward_supports(const kiln_op_args *a);
+void kiln_fast_bn_backward_layout(const kiln_op_args *a, kiln_layout *out);
+
 /* On oneDNN's nChw16c layout (blocked_fast.c); entries with a layout fn. */
 kiln_status kiln_blocked_max_pool2d(const kiln_op_args *a);
 bool kiln_blocked_max_pool2d_supports(const kiln_op_args *a);
