@@ -9,6 +9,12 @@ int kiln_bench_alloc(int argc, char **argv);
 int kiln_bench_cnn(int argc, char **argv);
 int kiln_bench_loader(int argc, char **argv);
 int kiln_bench_profiler(int argc, char **argv);
+int kiln_bench_checkpoint(int argc, char **argv);
+/* gpu.c: GPU benchmarks (exit 77 with the reason without a CUDA device).
+ * kiln_bench_cnn runs kiln_bench_cnn_device for --device cuda:N. */
+int kiln_bench_cnn_device(int argc, char **argv);
+int kiln_bench_copy(int argc, char **argv);
+int kiln_bench_gemm(int argc, char **argv);
 /* bench_data.c: a CIFAR-sized synthetic u8 dataset (N, 3, 32, 32). */
 kiln_dataset *kiln_bench_synthetic_cifar(int64_t n);
 #endif

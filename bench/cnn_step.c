@@ -30,7 +30,8 @@
  *
  *   kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]
  *                  [--mode train|infer|both] [--no-peer] [--data [host|device]]
- *                  [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH] */
+ *                  [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]
+ *                  [--device cpu|cuda:N]   (cuda:N: bench/gpu.c, autotuning off and on) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -403,7 +404,8 @@ static void print_json(const cnn_config *cfg, const cnn_results *r) {
 static void usage(void) {
     fprintf(stderr, "usage: kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]\n"
                     "                      [--mode train|infer|both] [--no-peer] [--data [host|device]]\n"
-                    "                      [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]\n");
+                    "                      [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]\n"
+                    "                      [--device cpu|cuda:N]\n");
 }
 
 /* 0 on success, 2 on a usage error. */
@@ -437,6 +439,8 @@ static int parse_args(int argc, char **argv, cnn_config *c) {
             c->python = argv[++i];
         else if (strcmp(a, "--peer-script") == 0 && has_value)
             c->peer_script = argv[++i];
+        else if (strcmp(a, "--device") == 0 && has_value)
+            i++; /* cpu: any other device went to kiln_bench_cnn_device */
         else if (strcmp(a, "--no-peer") == 0)
             c->peer = false;
         else if (strcmp(a, "--data") == 0) {
@@ -604,6 +608,10 @@ static void print_table(const cnn_config *cfg, const cnn_results *r) {
 }
 
 int kiln_bench_cnn(int argc, char **argv) {
+    /* --device cuda:N: the GPU variant (bench/gpu.c); --device cpu is this one. */
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--device") == 0 && strcmp(argv[i + 1], "cpu") != 0)
+            return kiln_bench_cnn_device(argc, argv);
     cnn_config cfg;
     int rc = parse_args(argc, argv, &cfg);
     if (rc) return rc;

@@ -33,10 +33,19 @@ echo "=== CUDA-only tests, verbose"
 ctest --test-dir "$d" --output-on-failure -R "cuda|counters_cuda|loader_cuda|fused_optim|nn_cuda|stream_destroy" -V \
   | grep -E "passed|failed|SKIPPED|cuda:0" || true
 
+echo "=== CUDA library fast paths (cuBLASLt, cuDNN) vs the hand-written kernels: forward and backward,"
+echo "=== f32/f16/bf16, every autotuner mode; then the autotuner's picks and the cache file read back"
+ctest --test-dir "$d" --output-on-failure -R "cuda_fast_paths" -V | grep -vE "^(UpdateCTestConfiguration|Test project|Constructing|Checking|Parse|Updating|Add test|Test command|Environment variables|    [A-Z_]+=)" \
+  || status=1
+
 echo "=== benchmarks"
 "$d/bin/kiln" bench alloc || true
 "$d/bin/kiln" bench loader || true
 "$d/bin/kiln" bench cnn --profile-rows 20 || true
+echo "=== GPU benchmarks: the CNN on cuda:0 (cuDNN autotuning off, then on), H2D copies, cuBLASLt GEMM"
+"$d/bin/kiln" bench cnn --device cuda:0 || true
+"$d/bin/kiln" bench copy --device cuda:0 || true
+"$d/bin/kiln" bench gemm --device cuda:0 || true
 if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   "$d/bin/kiln" train --out "$d/gpu-check-run" || true
 fi

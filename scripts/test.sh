@@ -99,12 +99,21 @@ tier_nvcc() {
   cmake -S "$top" -B "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=ON -DKILN_WERROR=ON \
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DKILN_BUILD_TESTS=ON >"$d.configure.log" 2>&1 \
     || { cat "$d.configure.log"; return 1; }
-  cmake --build "$d" -j"$jobs" --target kiln kiln_cli test_cuda_device || return 1
+  cmake --build "$d" -j"$jobs" --target kiln kiln_cli test_cuda_device test_cuda_fast_paths \
+    test_cublaslt_geometry || return 1
   grep -q "cuda=on" "$d/generated/kiln_config.h" || { echo "tier nvcc: CUDA backend was not enabled"; return 1; }
+  # The library fast paths link: cuBLASLt always, cuDNN when the build found it.
+  ldd "$d/libkiln.so" | grep -q libcublasLt || { echo "tier nvcc: libkiln does not link cuBLASLt"; return 1; }
+  if grep -q "cudnn=on" "$d/generated/kiln_config.h"; then
+    ldd "$d/libkiln.so" | grep -q libcudnn || { echo "tier nvcc: libkiln does not link cuDNN"; return 1; }
+  fi
   # Without a driver the CUDA build must still run and list zero CUDA devices,
-  # and the real-GPU test must report itself skipped (CTest's code 77).
+  # and the real-GPU tests must report themselves skipped (CTest's code 77):
+  # the device test and the cuBLASLt/cuDNN fast-path comparison (docs/cuda.md);
+  # the cuBLASLt GEMM mapping is checked on the host (test_cublaslt_geometry).
   "$d/bin/kiln" info || return 1
-  run_ctest --test-dir "$d" -R test_cuda_device --no-tests=error "${ctest_args[@]}" || return 1
+  run_ctest --test-dir "$d" -R "test_cuda_device|test_cuda_fast_paths|test_cublaslt_geometry" --no-tests=error \
+    "${ctest_args[@]}" || return 1
 }
 
 # The CUDA emulation build (docs/cuda.md): the CUDA backend and every .cu

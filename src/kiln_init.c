@@ -17,6 +17,11 @@
 #ifdef KILN_WITH_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #endif
+#if defined(KILN_WITH_CUDA) && !defined(KILN_CUDA_EMULATION)
+#include "kernels/cuda/cuda_fast.h"
+#define KILN_CUDA_FAST_TABLE 1
+#endif
+#include "ops/autocast.h"
 #include "ops/op_registry.h"
 #include "tensor/tensor_internal.h"
 
@@ -39,6 +44,23 @@ static kiln_status register_fast_cpu_kernels(void) {
     return KILN_OK;
 }
 
+/* KILN_CUDA_KERNELS picks the CUDA kernels of the real CUDA build: unset,
+ * empty or "fast" puts the library fast table (cuBLASLt, cuDNN: docs/cuda.md)
+ * before the hand-written kernels; "reference" runs the hand-written ones
+ * only. The emulation build has no library and registers none. */
+static kiln_status register_fast_cuda_kernels(void) {
+#ifdef KILN_CUDA_FAST_TABLE
+    kiln_ops_clear_fast_kernels(KILN_DEVICE_CUDA);
+    const char *choice = getenv("KILN_CUDA_KERNELS");
+    if (choice && !strcmp(choice, "reference")) return KILN_OK;
+    if (choice && *choice && strcmp(choice, "fast"))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "set it to fast or reference, or unset it",
+                          "KILN_CUDA_KERNELS='%s' is not a kernel choice (fast or reference)", choice);
+    kiln_ops_register_fast_kernels(KILN_DEVICE_CUDA, kiln_cuda_fast_op_kernels());
+#endif
+    return KILN_OK;
+}
+
 kiln_status kiln_init(void) {
     pthread_mutex_lock(&init_mutex);
     kiln_status st = KILN_OK;
@@ -54,7 +76,9 @@ kiln_status kiln_init(void) {
         kiln_ops_register_kernels(KILN_DEVICE_CUDA, kiln_cuda_op_kernels());
 #endif
         st = register_fast_cpu_kernels();
+        if (!st) st = register_fast_cuda_kernels();
         kiln_autograd_init();
+        kiln_autocast_init();
         kiln_profiler_init();
         kiln_anomaly_init();
         kiln_memory_context_register();
@@ -69,6 +93,9 @@ void kiln_shutdown(void) {
     pthread_mutex_lock(&init_mutex);
     if (initialised) {
         kiln_tensor_layer_shutdown(); /* reports tensors still alive, before their memory goes */
+#ifdef KILN_CUDA_FAST_TABLE
+        kiln_cuda_fast_kernels_shutdown(); /* its persistent workspaces go back before the allocators */
+#endif
         kiln_runtime_shutdown();
         kiln_cpu_fast_kernels_shutdown();
         initialised = false;

@@ -75,6 +75,9 @@ static const bench_entry benches[] = {
     {"cnn", kiln_bench_cnn, "tutorial CNN 3x32x32: train/infer images/s vs PyTorch (interleaved)"},
     {"loader", kiln_bench_loader, "data loader pipeline: batches/s and MB/s for 0, 1, 2 workers"},
     {"profiler", kiln_bench_profiler, "profiler cost per op: unregistered, off, on"},
+    {"copy", kiln_bench_copy, "host-to-device copy GB/s, pageable vs pinned (needs a CUDA device)"},
+    {"gemm", kiln_bench_gemm, "cuBLASLt mm TFLOP/s in f32/tf32/f16/bf16 vs the GPU's peak (needs a CUDA device)"},
+    {"checkpoint", kiln_bench_checkpoint, "gradient checkpointing: activation memory saved, step time cost"},
 };
 
 static int cmd_bench(int argc, char **argv) {

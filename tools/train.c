@@ -147,6 +147,12 @@ static void usage(FILE *f) {
                "  --detect-anomaly   check every op's outputs for NaN/inf (slow: a debugging switch)\n"
                "  --memory-history   record every allocator event; memory_snapshot.json at the end\n"
                "                     (kiln report draws the memory timeline from it)\n"
+               "  --amp MODE         mixed precision: auto (default: on for CUDA with tensor cores, off on\n"
+               "                     CPUs without native bf16), off, f16 (with loss scaling) or bf16\n"
+               "  --checkpoint N|auto  gradient checkpointing: recompute the model's activations in backward,\n"
+               "                     in N segments of its layers; auto: the fewest segments whose measured\n"
+               "                     step peak fits --memory-budget\n"
+               "  --memory-budget SIZE  the step's memory budget for --checkpoint auto (2GiB, 512MiB, bytes)\n"
                "Ctrl-C finishes the step, writes a checkpoint and exits 130.\n");
 }
 
@@ -198,6 +204,12 @@ static int parse_args(int argc, char **argv, train_args *a) {
             else if (strcmp(o, "--batch") == 0) ok = parse_i64(v, 1, &a->batch);
             else if (strcmp(o, "--limit") == 0) ok = parse_i64(v, 1, &a->limit);
             else if (strcmp(o, "--max-steps") == 0) ok = parse_i64(v, 1, &a->max_steps);
+            else if (strcmp(o, "--amp") == 0) ok = train_amp_parse(v, &a->amp);
+            else if (strcmp(o, "--checkpoint") == 0)
+                ok = !strcmp(v, "auto") ? (a->checkpoint_auto = true)
+                                        : parse_i64(v, 0, &n) && n <= KILN_NN_MAX_CHECKPOINT_SEGMENTS &&
+                                              ((a->checkpoint = (int)n), 1);
+            else if (strcmp(o, "--memory-budget") == 0) ok = train_parse_size(v, &a->memory_budget);
             else if (strcmp(o, "--seed") == 0) ok = parse_i64(v, 0, &n) && ((a->seed = (uint64_t)n), a->seed_given = 1);
             else if (strcmp(o, "--lr") == 0) {
                 char *end;
@@ -212,6 +224,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
                 return 2;
             }
         }
+    }
+    if (a->checkpoint_auto != (a->memory_budget > 0)) {
+        fprintf(stderr, a->checkpoint_auto ? "kiln train: --checkpoint auto needs --memory-budget SIZE (e.g. 2GiB)\n"
+                                           : "kiln train: --memory-budget is for --checkpoint auto\n");
+        return 2;
     }
     if (a->accum > a->batch) {
         fprintf(stderr, "kiln train: --accum %d is larger than --batch %lld\n", a->accum, (long long)a->batch);
@@ -464,6 +481,7 @@ static kiln_status save_checkpoint(train_run *r, int epoch, int64_t batch_in_epo
                           .input_h = r->info.height,
                           .input_w = r->info.width,
                           .model_spec = r->spec_text};
+    train_amp_save(r, &s);
     kiln_status st = kiln_checkpoint_save(r->ckpt_path, r->model, r->opt, &s);
     if (st != KILN_OK) return st;
     /* The epoch's partial loss sum, for an exact epoch record after resume. */
@@ -566,8 +584,8 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
         if (!done) {
             kiln_range_push("step");
             st = kiln_optimizer_zero_grad(r->opt, true);
-            if (st == KILN_OK) st = kiln_accumulate_backward(r->model, x, y, r->a.accum, NULL, &loss, &hits);
-            if (st == KILN_OK) st = kiln_optimizer_step(r->opt);
+            if (st == KILN_OK) st = train_amp_backward(r, x, y, &loss, &hits);
+            if (st == KILN_OK) st = train_amp_step(r);
             if (st == KILN_OK) st = accumulate(&win_loss, loss);
             if (st == KILN_OK) st = accumulate(&win_hits, hits);
             kiln_range_pop();
@@ -593,11 +611,11 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
             train_metric(r,
                    "{\"event\":\"step\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"train_acc\":%.6f,\"lr\":%g,"
                    "\"img_s\":%.1f,\"data_wait_s\":%.4f,\"window_s\":%.4f,\"mem_allocated\":%lld,"
-                   "\"mem_reserved\":%lld,\"mem_peak\":%lld}\n",
+                   "\"mem_reserved\":%lld,\"mem_peak\":%lld,\"amp_scale\":%g}\n",
                    (long long)r->step, epoch + 1, shown_loss, wh / (double)win_img, kiln_optimizer_get_lr(r->opt),
                    img_s, ls.wait_s - win_wait0, t - win_t0, (long long)ms.allocated_bytes[KILN_POOL_ALL].current,
                    (long long)ms.reserved_bytes[KILN_POOL_ALL].current,
-                   (long long)ms.allocated_bytes[KILN_POOL_ALL].peak);
+                   (long long)ms.allocated_bytes[KILN_POOL_ALL].peak, train_amp_scale(r));
             double wait_pct = ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0;
             if (!r->tty) progress(r, epoch, i, nb, shown_loss, (double)(ep_img) / (t - ep_t0), ep_t0, wait_pct, false);
             win_n = 0, win_img = 0, win_t0 = t, win_wait0 = ls.wait_s;
@@ -682,6 +700,10 @@ static int resume_path(train_run *r) {
 static int resume(train_run *r, char *resume_from) {
     kiln_train_state s;
     if (kiln_checkpoint_load(resume_from, r->model, r->opt, &s) != KILN_OK) return fail("resume");
+    if (train_amp_resume(r, &s) != KILN_OK) {
+        free(s.model_spec);
+        return fail("resume");
+    }
     free(s.model_spec);
     /* The CPU kernel table in force, as kiln_init chose it. */
     const char *env = getenv("KILN_CPU_KERNELS");
@@ -733,11 +755,13 @@ static int setup(train_run *r) {
     r->opt = kiln_adam(params, np, &ao);
     free(params);
     if (!r->opt) return fail("optimizer");
+    if (train_amp_setup(r) != KILN_OK) return fail("mixed precision");
     if (r->a.resume && (rc = resume(r, resume_from))) return rc;
     if (train_make_loader(r->train_ds, r->dev, r->a.batch, true, r->a.seed, r->a.workers, &r->train_ld) != KILN_OK)
         return fail("loader");
     if (train_make_loader(r->test_ds, r->dev, r->a.batch, false, r->a.seed, r->a.workers, &r->test_ld) != KILN_OK)
         return fail("loader");
+    if ((rc = train_checkpoint_setup(r))) return rc;
     char dev[32];
     fprintf(stderr, "kiln train: %s (%lld parameters) on %s, %lld training and %lld test images, %d epoch%s, "
                     "batch %lld, Adam lr %g%s; output in %s\n",
@@ -755,6 +779,7 @@ static void teardown(train_run *r) {
     kiln_loader_free(r->train_ld);
     kiln_loader_free(r->test_ld);
     kiln_optimizer_free(r->opt);
+    kiln_grad_scaler_free(r->scaler);
     kiln_module_free(r->model);
     kiln_dataset_free(r->train_ds);
     kiln_dataset_free(r->test_ds);
@@ -799,8 +824,9 @@ static int train_and_report(train_run *r) {
     char summary[512];
     snprintf(summary, sizeof summary,
              "{\"event\":\"summary\",\"test_acc\":%.6f,\"wall_s\":%.3f,\"train_img_s\":%.1f,\"peak_bytes\":%lld,"
-             "\"steps\":%lld,\"epochs\":%d}",
-             acc, wall, img_s, (long long)peak, (long long)r->step, r->a.epochs);
+             "\"steps\":%lld,\"epochs\":%d,\"amp\":\"%s\",\"amp_scale\":%g,\"amp_skipped_steps\":%lld}",
+             acc, wall, img_s, (long long)peak, (long long)r->step, r->a.epochs, train_amp_name(r), train_amp_scale(r),
+             (long long)train_amp_skipped(r));
     train_metric(r, "%s\n", summary);
     printf("%s\n", summary); /* the last stdout line */
     return 0;

@@ -9,6 +9,9 @@
 
 #include "kiln/kiln.h"
 
+/* --amp (train_amp.c). */
+typedef enum train_amp_mode { TRAIN_AMP_AUTO = 0, TRAIN_AMP_OFF, TRAIN_AMP_F16, TRAIN_AMP_BF16 } train_amp_mode;
+
 typedef struct train_args {
     int epochs, accum, log_every, workers, profile_steps;
     int64_t batch, limit, max_steps;
@@ -16,6 +19,10 @@ typedef struct train_args {
     uint64_t seed;
     bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly, memory_history;
     const char *model, *data, *out, *resume;
+    train_amp_mode amp; /* --amp (default auto) */
+    int checkpoint;        /* --checkpoint N (0: off) */
+    bool checkpoint_auto;  /* --checkpoint auto */
+    int64_t memory_budget; /* --memory-budget, bytes */
 } train_args;
 
 typedef struct train_run {
@@ -38,6 +45,8 @@ typedef struct train_run {
     double resume_loss_sum;   /* resume: the epoch's loss sum before the stop */
     int64_t resume_images;
     double t0;
+    kiln_dtype amp;           /* the autocast dtype, KILN_F32 when mixed precision is off */
+    kiln_grad_scaler *scaler; /* with amp (disabled for bf16, which needs no loss scaling) */
 } train_run;
 
 /* Seconds on the monotonic clock. */
@@ -46,11 +55,34 @@ double train_now_s(void);
  * thread writes too). */
 void train_metric(train_run *r, const char *fmt, ...);
 
+/* --checkpoint / --memory-budget (train_checkpoint.c): "2GiB", "512MiB",
+ * "1.5e9" into bytes; apply the segments to the model (auto: measure one
+ * step per candidate and take the fewest segments under the budget). The
+ * setup returns an exit code. */
+bool train_parse_size(const char *s, int64_t *out);
+int train_checkpoint_setup(train_run *r);
+
 /* The diagnostics switches (train_diag.c). */
 kiln_status train_diag_begin(train_run *r);
 /* After each optimizer step (its scope closed); *leak_reported is set once
  * a leak has been printed. */
 kiln_status train_diag_step(train_run *r, bool *leak_reported);
 void train_diag_end(train_run *r, bool leak_reported);
+
+/* Mixed precision (train_amp.c): parse --amp (1 ok, 0 bad value); choose
+ * the mode (auto: see docs/training.md) and print it; the forward/backward
+ * half of a step and the optimizer step with autocast and the loss scaler;
+ * the scaler's state into and out of a checkpoint; the mode's name, the
+ * current scale (1 when off; reads the device value: blocks) and the
+ * steps skipped on inf/NaN. */
+int train_amp_parse(const char *v, train_amp_mode *out);
+kiln_status train_amp_setup(train_run *r);
+kiln_status train_amp_backward(train_run *r, kiln_tensor *x, kiln_tensor *y, kiln_tensor **loss, kiln_tensor **hits);
+kiln_status train_amp_step(train_run *r);
+void train_amp_save(train_run *r, kiln_train_state *s);
+kiln_status train_amp_resume(train_run *r, const kiln_train_state *s);
+const char *train_amp_name(const train_run *r);
+double train_amp_scale(train_run *r);
+int64_t train_amp_skipped(const train_run *r);
 
 #endif

@@ -74,6 +74,42 @@ const char *kiln_grad_fn_name(const kiln_tensor *t);
  * did not go through the public headers' macros). */
 const char *kiln_grad_fn_site(const kiln_tensor *t, int *line);
 
+/* ---- Gradient checkpointing -----------------------------------------------------------
+ * kiln_checkpoint(fn, ctx, ...) computes fn(inputs) without keeping its
+ * intermediate activations (torch.utils.checkpoint): fn runs under no_grad;
+ * the inputs (by reference), the generator positions of the CPU, of the
+ * inputs' devices and of the current device, and the autocast state are
+ * saved; in backward fn runs again on detached copies of the inputs with
+ * grad mode on, replaying the same random draws (dropout masks are
+ * identical), and the gradient flows through that recomputed graph: into
+ * the inputs that require grad and into the parameters fn uses (their
+ * .grad accumulates during the recompute's backward). While it
+ * recomputes, kiln_checkpoint_recomputing() is true: BatchNorm does not
+ * update its running statistics a second time.
+ *
+ * fn gets ctx, the inputs (borrowed; entries may be NULL as given) and
+ * writes n_outputs new references into outputs; it runs inside the library
+ * (results of public calls it makes are not registered with scopes, so it
+ * releases its intermediates with kiln_release). It must compute the same
+ * thing each time it runs from the same inputs, must not write into its
+ * inputs in place (an error), and ctx must stay valid until the backward
+ * through the outputs is done (or the outputs are freed). It may call
+ * kiln_checkpoint itself (nesting). Inputs that do not require grad are
+ * fine; when neither an input nor anything fn uses requires grad, or
+ * grad mode is off, it is a plain call of fn.
+ *
+ * 0 to 16 inputs, 1 to 4 outputs (KILN_ERR_INVALID_ARGUMENT beyond). On
+ * success outputs[0..n_outputs) are new references (owned by the innermost
+ * scope when the user called), views of what fn returned; on failure they
+ * are NULL. Queues work on the current stream and blocks only where fn's
+ * ops do; the backward recomputes fn once per kiln_backward through it. */
+typedef kiln_status (*kiln_checkpoint_fn)(void *ctx, int n_inputs, kiln_tensor *const *inputs, int n_outputs,
+                                          kiln_tensor **outputs);
+kiln_status kiln_checkpoint(kiln_checkpoint_fn fn, void *ctx, int n_inputs, kiln_tensor *const *inputs,
+                            int n_outputs, kiln_tensor **outputs);
+/* True on this thread while a checkpoint's backward reruns its function. */
+bool kiln_checkpoint_recomputing(void);
+
 #ifdef __cplusplus
 }
 #endif

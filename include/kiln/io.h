@@ -46,7 +46,9 @@ kiln_status kiln_safetensors_load(const char *path, kiln_module *m);
  *     the CPU kernel table in force (fast or reference), the convolution
  *     autotuner switches (conv_autotune, cudnn_benchmark), the optimizer's
  *     kind, lr and step count, and the model spec text and input shape when
- *     given (kiln eval / kiln export rebuild the model from them).
+ *     given (kiln eval / kiln export rebuild the model from them), and with
+ *     mixed precision the AMP mode and the loss scaler's scale and growth
+ *     tracker (kiln.amp, kiln.amp.scale, kiln.amp.growth_tracker).
  * See docs/training.md, "Checkpoint format". */
 
 /* What a training loop needs, besides weights and optimizer, to continue
@@ -66,6 +68,11 @@ typedef struct kiln_train_state {
     /* Save: the model spec text to embed (may be NULL), borrowed. Load: a
      * malloc'd copy the caller frees (NULL when the file has none). */
     char *model_spec;
+    /* Mixed precision: "f16" or "bf16" (empty: off, nothing saved) and the
+     * grad scaler's state (kiln/amp.h) at save time. */
+    char amp[8];
+    double amp_scale;
+    int64_t amp_growth_tracker;
 } kiln_train_state;
 
 /* Write a checkpoint of m, opt (NULL: weights only) and *state (NULL:

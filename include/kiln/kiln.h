@@ -12,6 +12,7 @@
 #include "kiln/ops.h"
 #include "kiln/nn.h"
 #include "kiln/optim.h"
+#include "kiln/amp.h"
 #include "kiln/data.h"
 #include "kiln/diag.h"
 #include "kiln/io.h"

@@ -75,6 +75,31 @@ kiln_module *kiln_nn_flatten(int start_dim, int end_dim);
 kiln_module *kiln_nn_sequential(int n, kiln_module *const *modules);
 /* Append `child` to a Sequential under the next index; takes ownership. */
 kiln_status kiln_nn_sequential_append(kiln_module *seq, kiln_module *child);
+/* Layer fusion in Sequential forwards (on by default; environment
+ * KILN_NN_FUSION=0 starts it off): Conv2d, ReLU, MaxPool2d runs as conv2d
+ * + kiln_relu_max_pool2d; Conv2d, ReLU as kiln_conv2d_relu; [Flatten(1,
+ * -1),] Linear[, ReLU] as kiln_linear_act, when the layers are plain
+ * built-ins with nothing in between. Results and gradients are those of
+ * the layers run one by one. Process-wide; takes effect at the next
+ * forward. Neither call blocks. */
+void kiln_nn_set_fusion(bool enabled);
+bool kiln_nn_fusion_enabled(void);
+/* Gradient checkpointing of a Sequential (torch.utils.checkpoint.
+ * checkpoint_sequential, kept on the module): with segments >= 2 each
+ * forward with grad mode on splits the children into `segments` runs of
+ * nearly equal length (a boundary never splits layers the Sequential fuses
+ * into one op, so there may be fewer) and runs all but the last through
+ * kiln_checkpoint (kiln/autograd.h), keeping only the segments' inputs;
+ * their activations are recomputed in backward. Gradients, losses and
+ * running statistics are those of the plain forward (bit for bit with
+ * deterministic kernels). 0 or 1 turns it off. At most
+ * KILN_NN_MAX_CHECKPOINT_SEGMENTS and at most the number of children
+ * (KILN_ERR_INVALID_ARGUMENT naming both). Do not change it between a
+ * forward and the backward through it. Does not block. */
+#define KILN_NN_MAX_CHECKPOINT_SEGMENTS 64
+kiln_status kiln_nn_sequential_set_checkpoint(kiln_module *seq, int segments);
+/* The segments set (0 when off, or when m is not a Sequential). */
+int kiln_nn_sequential_checkpoint_segments(const kiln_module *seq);
 /* PyTorch's CIFAR BasicBlock: children conv1 (3x3, stride, no bias), bn1,
  * conv2 (3x3, no bias), bn2, shortcut (an empty Sequential, or a Sequential
  * of a 1x1 conv with `stride` and a BatchNorm2d when stride != 1 or

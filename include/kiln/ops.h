@@ -100,6 +100,16 @@ kiln_tensor *kiln_bmm(kiln_tensor *a, kiln_tensor *b);  /* (B, n, k) x (B, k, m)
 kiln_tensor *kiln_matmul(kiln_tensor *a, kiln_tensor *b);
 /* x (..., in) W^T + b; W (out, in), b (out) or NULL. */
 kiln_tensor *kiln_linear(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias);
+/* The activation a fused op applies to its result. */
+typedef enum kiln_activation {
+    KILN_ACT_NONE = 0,
+    KILN_ACT_RELU = 1,
+} kiln_activation;
+/* Fused flatten -> linear -> activation: x (N, d1, ...) is read as (N, K)
+ * with K = d1 * ... (kiln_flatten(x, 1, -1) without the copy), weight
+ * (out, K), bias (out) or NULL; returns (N, out) = act(x_flat W^T + b),
+ * the same values and gradients as the three ops in sequence. */
+kiln_tensor *kiln_linear_act(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, kiln_activation activation);
 
 /* ---- Convolution, pooling, normalisation ----------------------------------------------- */
 typedef struct kiln_conv2d_opts {
@@ -107,6 +117,10 @@ typedef struct kiln_conv2d_opts {
 } kiln_conv2d_opts;
 /* x (N, C, H, W), weight (O, C/groups, kH, kW), bias (O) or NULL. opts NULL = defaults. */
 kiln_tensor *kiln_conv2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias, const kiln_conv2d_opts *opts);
+/* Fused relu(conv2d(x, weight, bias, opts)): conv2d's arguments, one kernel,
+ * the same values and gradients as kiln_relu(kiln_conv2d(...)). */
+kiln_tensor *kiln_conv2d_relu(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                              const kiln_conv2d_opts *opts);
 typedef struct kiln_pool2d_opts {
     int64_t kernel[2], stride[2], padding[2]; /* stride 0 = kernel */
     bool ceil_mode;
@@ -115,6 +129,10 @@ typedef struct kiln_pool2d_opts {
 kiln_pool2d_opts kiln_pool2d_defaults(int64_t kernel);
 /* indices (optional out): i64 flat index h*W + w of each maximum, a new reference. */
 kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const kiln_pool2d_opts *opts, kiln_tensor **indices);
+/* Fused kiln_max_pool2d(kiln_relu(x), opts, indices): the same y, indices
+ * and gradient, one pass forward and one backward (the gradient scattered
+ * only where y > 0). indices as kiln_max_pool2d's (optional out, new ref). */
+kiln_tensor *kiln_relu_max_pool2d(kiln_tensor *x, const kiln_pool2d_opts *opts, kiln_tensor **indices);
 kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const kiln_pool2d_opts *opts);
 kiln_tensor *kiln_adaptive_avg_pool2d(kiln_tensor *x, int64_t out_h, int64_t out_w);
 /* Batch norm over (N, C, ...) per channel. weight/bias (C) or NULL;
@@ -195,8 +213,11 @@ kiln_tensor *kiln_mul_(kiln_tensor *a, kiln_tensor *b);
 #define kiln_bmm(...) KILN_SITE_CALL(kiln_bmm, __VA_ARGS__)
 #define kiln_matmul(...) KILN_SITE_CALL(kiln_matmul, __VA_ARGS__)
 #define kiln_linear(...) KILN_SITE_CALL(kiln_linear, __VA_ARGS__)
+#define kiln_linear_act(...) KILN_SITE_CALL(kiln_linear_act, __VA_ARGS__)
 #define kiln_conv2d(...) KILN_SITE_CALL(kiln_conv2d, __VA_ARGS__)
+#define kiln_conv2d_relu(...) KILN_SITE_CALL(kiln_conv2d_relu, __VA_ARGS__)
 #define kiln_max_pool2d(...) KILN_SITE_CALL(kiln_max_pool2d, __VA_ARGS__)
+#define kiln_relu_max_pool2d(...) KILN_SITE_CALL(kiln_relu_max_pool2d, __VA_ARGS__)
 #define kiln_avg_pool2d(...) KILN_SITE_CALL(kiln_avg_pool2d, __VA_ARGS__)
 #define kiln_adaptive_avg_pool2d(...) KILN_SITE_CALL(kiln_adaptive_avg_pool2d, __VA_ARGS__)
 #define kiln_batch_norm(...) KILN_SITE_CALL(kiln_batch_norm, __VA_ARGS__)

@@ -280,6 +280,17 @@ bool kiln_is_conv_autotune(void);
 void kiln_set_cudnn_benchmark(bool enabled);
 bool kiln_is_cudnn_benchmark(void);
 
+/* ---- TF32 (docs/cuda.md, "Fast paths") --------------------------------------
+ * enabled: f32 matrix multiplies (cuBLASLt) and convolutions (cuDNN) on CUDA
+ * devices may use TF32 tensor cores (10-bit mantissa inputs, f32
+ * accumulation), as torch.backends.cuda.matmul.allow_tf32. Off by default
+ * (f32 math stays f32), or on when the environment variable
+ * KILN_ALLOW_TF32 is 1 at first use. No effect on the CPU or on the
+ * hand-written CUDA kernels. Process-wide, thread-safe; a change applies to
+ * the next op call. */
+void kiln_set_allow_tf32(bool enabled);
+bool kiln_allow_tf32(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -34,6 +34,22 @@ typedef struct kiln_autograd_meta {
     int n_hooks, cap_hooks;
 } kiln_autograd_meta;
 
+/* A node whose backward is not an op's formula but a function of the node
+ * itself (gradient checkpointing: recompute, then backpropagate through the
+ * recomputed graph). Such a node's `op` is KILN_OP_COUNT: name it with
+ * kiln_node_name. */
+typedef struct kiln_node_fn {
+    const char *name;          /* "checkpoint" */
+    const char *backward_name; /* "checkpoint_backward" */
+    /* Like a kiln_backward_fn, with the node (saved_in, needs_grad, in_meta,
+     * out_meta, state): called even when no input needs a gradient, since
+     * it may deliver gradients to leaves it reaches itself. It may take
+     * the reference of a grad_out entry (setting it to NULL), to free that
+     * gradient as early as a plain backward would. */
+    kiln_status (*backward)(kiln_node *n, kiln_tensor **grad_out, kiln_tensor **grad_in);
+    void (*free_state)(void *state); /* when the node is freed (may be NULL) */
+} kiln_node_fn;
+
 struct kiln_node {
     atomic_int refcount;
     kiln_op_id op;
@@ -60,6 +76,8 @@ struct kiln_node {
     kiln_node *reg_prev, *reg_next;
     bool registered;
     _Atomic uint64_t saved_bytes;
+    const kiln_node_fn *fn; /* NULL for op nodes */
+    void *fn_state;         /* owned: fn->free_state releases it */
 };
 
 /* The autograd data of t, created on demand (NULL on allocation failure). */
@@ -68,6 +86,24 @@ void kiln_node_retain(kiln_node *n);
 void kiln_node_release(kiln_node *n);
 /* Drop the node's saved tensors. */
 void kiln_node_release_saved(kiln_node *n);
+/* The op's name ("mul"), or the function node's ("checkpoint"). */
+const char *kiln_node_name(const kiln_node *n);
+const char *kiln_node_backward_name(const kiln_node *n);
+/* Record a function node over inputs in[0..n_in) (n_in <= KILN_OP_MAX_IN,
+ * entries may be NULL; each non-NULL one is saved, with its version) and
+ * attach it to the floating outputs out[0..n_out) (n_out <=
+ * KILN_OP_MAX_OUT), which must be fresh tensors outside any graph. Takes
+ * `state` (freed with fn->free_state on failure too). The node carries a
+ * gradient even when no input requires one. */
+kiln_status kiln_node_record_fn(const kiln_node_fn *fn, void *state, int n_in, kiln_tensor *const *in, int n_out,
+                                kiln_tensor *const *out, kiln_device device);
+/* Ops that would have been recorded had grad mode been on: a checkpointed
+ * forward runs under no_grad and asks whether its function used a tensor
+ * that requires grad (a parameter). begin returns the previous probe state
+ * for end to restore (the probes nest); end returns whether an op with a
+ * tracked input ran since begin. */
+bool kiln_autograd_probe_begin(void);
+bool kiln_autograd_probe_end(bool previous);
 /* True when t takes part in autograd (a leaf requiring grad, or a grad_fn). */
 bool kiln_autograd_tracks(const kiln_tensor *t);
 
@@ -83,6 +119,11 @@ void kiln_node_live_stats(int64_t *nodes, uint64_t *saved_bytes);
 void kiln_node_registry_lock(void);
 void kiln_node_registry_unlock(void);
 kiln_node *kiln_node_registry_first(void);
+
+/* kiln_backward from output `output_nr` of `node` with gradient `grad`
+ * (taken, not NULL), without retain_graph: the tensor that output was
+ * need not be alive any more (a checkpoint's recompute drops it first). */
+kiln_status kiln_backward_node(kiln_node *node, int output_nr, kiln_tensor *grad);
 
 /* The node whose backward formula is running on this thread (NULL outside
  * backward): what the anomaly check names for ops run inside backward. */

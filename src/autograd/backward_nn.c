@@ -41,10 +41,9 @@ static void set_shape_attr(kiln_op_attrs *at, const kiln_meta *m) {
     at->n_ints = m->ndim;
 }
 
-kiln_status kiln_backward_conv2d(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
-                                 kiln_tensor **grad_in) {
-    kiln_tensor *g = grad_out[0];
-    if (!g) return all_zeros(ctx, grad_in);
+/* conv2d's gradients for grad_out g (not NULL): conv2d_grad_input only
+ * when x needs one (the first layer's input usually does not). */
+static kiln_status conv2d_grads(const kiln_backward_ctx *ctx, kiln_tensor *g, kiln_tensor **grad_in) {
     kiln_op_attrs at = *ctx->attrs;
     if (ctx->needs_grad[0]) {
         set_shape_attr(&at, &ctx->in_meta[0]);
@@ -65,6 +64,30 @@ kiln_status kiln_backward_conv2d(const kiln_backward_ctx *ctx, kiln_tensor *cons
     return KILN_OK;
 }
 
+kiln_status kiln_backward_conv2d(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
+                                 kiln_tensor **grad_in) {
+    kiln_tensor *g = grad_out[0];
+    if (!g) return all_zeros(ctx, grad_in);
+    return conv2d_grads(ctx, g, grad_in);
+}
+
+/* relu's backward of g through the saved output out[0]: g where out > 0. */
+static kiln_tensor *relu_grad(const kiln_backward_ctx *ctx, kiln_tensor *g) {
+    kiln_op_attrs at = {0};
+    return run1(KILN_OP_RELU_BACKWARD, 2, (kiln_tensor *[]){g, ctx->out[0]}, &at, ctx->device);
+}
+
+/* conv2d_relu: g' = relu_backward(g, out), then exactly conv2d's gradients. */
+kiln_status kiln_backward_conv2d_relu(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
+                                      kiln_tensor **grad_in) {
+    if (!grad_out[0]) return all_zeros(ctx, grad_in);
+    kiln_tensor *g = relu_grad(ctx, grad_out[0]);
+    if (!g) return kiln_error_last()->status;
+    kiln_status st = conv2d_grads(ctx, g, grad_in);
+    kiln_tensor_drop(g);
+    return st;
+}
+
 /* The three pooling backwards share one shape: grad_input from grad_out
  * (and the indices for max pooling), the input shape in attrs.ints. */
 static kiln_status pool_backward(kiln_op_id op, const kiln_backward_ctx *ctx, kiln_tensor *g,
@@ -80,6 +103,20 @@ static kiln_status pool_backward(kiln_op_id op, const kiln_backward_ctx *ctx, ki
 kiln_status kiln_backward_max_pool2d(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
                                      kiln_tensor **grad_in) {
     return pool_backward(KILN_OP_MAX_POOL2D_BACKWARD, ctx, grad_out[0], ctx->out[1], grad_in);
+}
+
+/* relu_max_pool2d: one op scatters the gradients whose y > 0 (relu's
+ * backward and max pooling's fused), from the saved y and indices. */
+kiln_status kiln_backward_relu_max_pool2d(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
+                                          kiln_tensor **grad_in) {
+    if (!ctx->needs_grad[0]) return KILN_OK;
+    kiln_tensor *g = grad_out[0];
+    if (!g) return all_zeros(ctx, grad_in);
+    kiln_op_attrs at = *ctx->attrs;
+    set_shape_attr(&at, &ctx->in_meta[0]);
+    kiln_tensor *in[3] = {g, ctx->out[0], ctx->out[1]};
+    return finish(run1(KILN_OP_RELU_MAX_POOL2D_BACKWARD, 3, in, &at, ctx->device), &ctx->in_meta[0],
+                  &grad_in[0]);
 }
 
 kiln_status kiln_backward_avg_pool2d(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,

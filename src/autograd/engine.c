@@ -8,6 +8,7 @@
 #include "autograd/autograd_internal.h"
 #include "kiln/ops.h"
 #include "base/error.h"
+#include "ops/autocast.h"
 #include "tensor/scope.h"
 
 /* Per-node state of one backward run, in an open-addressing table keyed by
@@ -209,7 +210,7 @@ static kiln_status accumulate_leaf(kiln_tensor *leaf, kiln_tensor *g) {
 }
 
 static kiln_status check_saved(const kiln_node *n) {
-    const char *name = kiln_op_info_get(n->op)->name;
+    const char *name = kiln_node_name(n);
     if (n->released)
         return KILN_RAISE(KILN_ERR_STATE, "pass retain_graph=true to the first kiln_backward to go through it twice",
                           "kiln_backward: the graph of kiln_%s (%s:%d) was already freed by an earlier backward; "
@@ -235,7 +236,6 @@ const kiln_node *kiln_backward_running_node(void) { return running_node; }
 
 static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, bool retain_graph) {
     run_slot *slot = table_find(tab, n, false);
-    const kiln_op_info *info = kiln_op_info_get(n->op);
     kiln_tensor *grad_in[KILN_OP_MAX_IN] = {NULL};
     bool any = false;
     for (int i = 0; i < n->n_in; i++) any |= n->needs_grad[i];
@@ -249,7 +249,18 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
             *g = r;
         }
     }
-    if (any) {
+    if (n->fn) { /* a function node runs even when no input needs a gradient */
+        st = check_saved(n);
+        if (!st) {
+            const kiln_node *outer = running_node;
+            running_node = n;
+            kiln_dispatch_range_push(n->fn->backward_name);
+            st = n->fn->backward(n, slot->grads, grad_in);
+            kiln_dispatch_range_pop();
+            running_node = outer;
+        }
+    } else if (any) {
+        const kiln_op_info *info = kiln_op_info_get(n->op);
         st = check_saved(n);
         kiln_backward_ctx ctx = {.op = n->op, .attrs = &n->attrs, .n_in = n->n_in, .n_out = n->n_out,
                                  .in = n->saved_in, .out = n->saved_out, .in_meta = n->in_meta,
@@ -296,6 +307,25 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
     return st;
 }
 
+/* The graph walk from one node output, taking grad. */
+static kiln_status backward_from(kiln_node *node, int output_nr, kiln_tensor *g, bool retain_graph) {
+    run_table tab = {0};
+    ready_heap ready = {0};
+    kiln_status st = table_grow(&tab);
+    if (!st) st = discover(&tab, node);
+    if (!st) {
+        run_slot *s = table_find(&tab, node, false);
+        s->grads[output_nr] = g;
+        g = NULL;
+        st = heap_push(&ready, node);
+    }
+    while (!st && ready.count) st = run_node(&tab, &ready, heap_pop(&ready), retain_graph);
+    if (g) kiln_tensor_drop(g);
+    table_free(&tab);
+    free(ready.items);
+    return st;
+}
+
 static kiln_status backward_body(kiln_tensor *root, kiln_tensor *grad_output, bool retain_graph) {
     KILN_TRY(kiln_tensor_check(root, "kiln_backward"));
     if (!kiln_autograd_tracks(root))
@@ -319,27 +349,26 @@ static kiln_status backward_body(kiln_tensor *root, kiln_tensor *grad_output, bo
     }
     kiln_autograd_meta *m = root->autograd;
     if (!(m && m->grad_fn)) return accumulate_leaf(root, g);
-    run_table tab = {0};
-    ready_heap ready = {0};
-    kiln_status st = table_grow(&tab);
-    if (!st) st = discover(&tab, m->grad_fn);
-    if (!st) {
-        run_slot *s = table_find(&tab, m->grad_fn, false);
-        s->grads[m->output_nr] = g;
-        g = NULL;
-        st = heap_push(&ready, m->grad_fn);
-    }
-    while (!st && ready.count) st = run_node(&tab, &ready, heap_pop(&ready), retain_graph);
-    if (g) kiln_tensor_drop(g);
-    table_free(&tab);
-    free(ready.items);
+    return backward_from(m->grad_fn, m->output_nr, g, retain_graph);
+}
+
+kiln_status kiln_backward_node(kiln_node *node, int output_nr, kiln_tensor *grad) {
+    kiln_api_enter();
+    kiln_no_grad_begin();
+    kiln_autocast_suspend();
+    kiln_status st = backward_from(node, output_nr, grad, false);
+    kiln_autocast_resume();
+    kiln_grad_mode_end();
+    kiln_api_leave();
     return st;
 }
 
 kiln_status kiln_backward(kiln_tensor *root, kiln_tensor *grad_output, bool retain_graph) {
     kiln_api_enter();
     kiln_no_grad_begin();
+    kiln_autocast_suspend(); /* formulas run in their inputs' dtypes */
     kiln_status st = backward_body(root, grad_output, retain_graph);
+    kiln_autocast_resume();
     kiln_grad_mode_end();
     kiln_api_leave();
     return st;

@@ -111,6 +111,7 @@ void kiln_node_release(kiln_node *n) {
             }
             free(cur->hooks);
             free(cur->hook_output);
+            if (cur->fn && cur->fn->free_state) cur->fn->free_state(cur->fn_state);
             free(cur);
         }
         if (count == 0) break;
@@ -144,12 +145,18 @@ static kiln_edge edge_to(kiln_tensor *t) {
 }
 
 /* Build a node for an op whose inputs (some) need grad, and attach it to
- * the outputs. `save` is the op's mask. */
+ * the outputs. `save` is the op's mask. A function node (fn) takes
+ * `state`, also on failure. */
 static kiln_status record(kiln_op_id op, const kiln_op_attrs *attrs, int n_in, kiln_tensor *const *in, int n_out,
-                          kiln_tensor *const *out, uint32_t save, kiln_device device, bool is_view) {
+                          kiln_tensor *const *out, uint32_t save, kiln_device device, bool is_view,
+                          const kiln_node_fn *fn, void *state) {
     kiln_node *n = KILN_CALLOC(1, sizeof *n);
-    if (!n) return KILN_ERR_OUT_OF_MEMORY;
+    if (!n) {
+        if (fn && fn->free_state) fn->free_state(state);
+        return KILN_ERR_OUT_OF_MEMORY;
+    }
     atomic_init(&n->refcount, 0);
+    n->fn = fn, n->fn_state = state;
     n->op = op;
     n->attrs = *attrs;
     n->seq = atomic_fetch_add(&next_seq, 1);
@@ -201,6 +208,28 @@ static bool any_input_tracked(int n_in, kiln_tensor *const *in) {
     return false;
 }
 
+/* The probe of a checkpointed forward (kiln_autograd_probe_begin). */
+static _Thread_local int probe_depth;
+static _Thread_local bool probe_hit;
+
+bool kiln_autograd_probe_begin(void) {
+    bool prev = probe_hit;
+    probe_hit = false;
+    probe_depth++;
+    return prev;
+}
+
+bool kiln_autograd_probe_end(bool previous) {
+    bool hit = probe_hit;
+    probe_depth--;
+    probe_hit = previous || hit; /* an inner hit is a hit of the outer function too */
+    return hit;
+}
+
+static void probe(int n_in, kiln_tensor *const *in) {
+    if (probe_depth && !probe_hit && any_input_tracked(n_in, in)) probe_hit = true;
+}
+
 /* Refuse in-place writes that would corrupt a gradient before the kernel
  * runs (the data is still intact then). */
 static kiln_status autograd_begin(kiln_op_call *c) {
@@ -222,9 +251,28 @@ static kiln_status autograd_begin(kiln_op_call *c) {
 }
 
 static kiln_status autograd_end(kiln_op_call *c, kiln_status status) {
-    if (status || !kiln_is_grad_enabled() || (c->info->flags & OPF_NONDIFF)) return KILN_OK;
+    if (status || (c->info->flags & OPF_NONDIFF)) return KILN_OK;
+    if (!kiln_is_grad_enabled()) {
+        probe(c->n_in, c->in);
+        return KILN_OK;
+    }
     if (!any_input_tracked(c->n_in, c->in)) return KILN_OK;
-    return record(c->op, c->attrs, c->n_in, c->in, c->n_out, c->out, c->info->save, c->device, false);
+    return record(c->op, c->attrs, c->n_in, c->in, c->n_out, c->out, c->info->save, c->device, false, NULL, NULL);
+}
+
+kiln_status kiln_node_record_fn(const kiln_node_fn *fn, void *state, int n_in, kiln_tensor *const *in, int n_out,
+                                kiln_tensor *const *out, kiln_device device) {
+    KILN_ASSERT(n_in >= 0 && n_in <= KILN_OP_MAX_IN && n_out >= 1 && n_out <= KILN_OP_MAX_OUT);
+    uint32_t save = 0;
+    for (int i = 0; i < n_in; i++) save |= S_IN(i);
+    const kiln_op_attrs none = {0};
+    return record(KILN_OP_COUNT, &none, n_in, in, n_out, out, save, device, false, fn, state);
+}
+
+const char *kiln_node_name(const kiln_node *n) { return n->fn ? n->fn->name : kiln_op_info_get(n->op)->name; }
+
+const char *kiln_node_backward_name(const kiln_node *n) {
+    return n->fn ? n->fn->backward_name : kiln_op_info_get(n->op)->backward_name;
 }
 
 static const kiln_op_id view_ops[] = {
@@ -234,8 +282,10 @@ static const kiln_op_id view_ops[] = {
 };
 
 static kiln_tensor *view_hook(kiln_view_kind kind, kiln_tensor *in, kiln_tensor *out, const kiln_op_attrs *attrs) {
+    if (!kiln_is_grad_enabled()) probe(1, &in);
     if (!kiln_is_grad_enabled() || !input_wants_grad(in)) return out;
-    if (record(view_ops[kind], attrs, 1, &in, 1, &out, 0, kiln_get_device(in), kind != KILN_VIEW_KIND_COPY)) {
+    if (record(view_ops[kind], attrs, 1, &in, 1, &out, 0, kiln_get_device(in), kind != KILN_VIEW_KIND_COPY, NULL,
+               NULL)) {
         kiln_tensor_drop(out);
         return NULL;
     }
@@ -257,7 +307,7 @@ kiln_status kiln_set_requires_grad(kiln_tensor *t, bool requires_grad) {
     if (m && m->grad_fn)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "call it on a leaf, or use kiln_detach first",
                           "kiln_set_requires_grad: the tensor was produced by kiln_%s; only leaves can be marked",
-                          kiln_op_info_get(m->grad_fn->op)->name);
+                          kiln_node_name(m->grad_fn));
     if (requires_grad && !kiln_dtype_is_floating(t->dtype))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "convert it to a floating dtype with kiln_to",
                           "kiln_set_requires_grad: only floating tensors can require grad, this one is %s",
@@ -372,7 +422,7 @@ kiln_status kiln_register_post_accumulate_hook(kiln_tensor *leaf, kiln_post_accu
 
 const char *kiln_grad_fn_name(const kiln_tensor *t) {
     const kiln_autograd_meta *m = t ? t->autograd : NULL;
-    return m && m->grad_fn ? kiln_op_info_get(m->grad_fn->op)->name : NULL;
+    return m && m->grad_fn ? kiln_node_name(m->grad_fn) : NULL;
 }
 
 const char *kiln_grad_fn_site(const kiln_tensor *t, int *line) {

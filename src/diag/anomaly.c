@@ -183,7 +183,7 @@ static kiln_status report_anomaly(const kiln_op_call *c, int out_i, const value_
     r->found = true;
     r->file = call_site(&bn, &r->line);
     snprintf(r->op, sizeof r->op, "%s", c->info->name);
-    if (bn) snprintf(r->backward_of, sizeof r->backward_of, "%s", kiln_op_info_get(bn->op)->name);
+    if (bn) snprintf(r->backward_of, sizeof r->backward_of, "%s", kiln_node_name(bn));
     r->output = out_i;
     r->n_nan = vs->n_nan, r->n_pos_inf = vs->n_pos_inf, r->n_neg_inf = vs->n_neg_inf;
     r->f16_overflow = c->out[out_i]->dtype == KILN_F16 && (vs->n_pos_inf || vs->n_neg_inf);
@@ -191,7 +191,7 @@ static kiln_status report_anomaly(const kiln_op_call *c, int out_i, const value_
     if (bn)
         snprintf(where, sizeof where,
                  "kiln_%.31s in the backward of kiln_%.31s (%.40s), whose forward call is at %.200s:%d",
-                 r->op, r->backward_of, kiln_op_info_get(bn->op)->backward_name, r->file, r->line);
+                 r->op, r->backward_of, kiln_node_backward_name(bn), r->file, r->line);
     else
         snprintf(where, sizeof where, "kiln_%.31s at %.200s:%d", r->op, r->file, r->line);
     inputs[0] = '\0';

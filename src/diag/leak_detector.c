@@ -109,7 +109,7 @@ static kiln_status collect_groups_locked(kiln_node **all, size_t n, root_group *
             if (g < n_groups) continue;
             groups[g].file = all[i]->file;
             groups[g].line = all[i]->line;
-            groups[g].op = kiln_op_info_get(all[i]->op)->name;
+            groups[g].op = kiln_node_name(all[i]);
             n_groups++;
             st = measure_group(all, n, is_root, stamp, (int)g, &groups[g]);
         }

@@ -169,6 +169,9 @@ static bool add_state(ckpt_writer *w, kiln_module *m, const kiln_train_state *s)
     if (ok && s->input_c > 0)
         ok = add_meta(w, "kiln.input", "%" PRId64 "x%" PRId64 "x%" PRId64, s->input_c, s->input_h, s->input_w);
     if (ok && s->model_spec) ok = add_meta_str(w, "kiln.model_spec", s->model_spec);
+    if (ok && s->amp[0])
+        ok = add_meta_str(w, "kiln.amp", s->amp) && add_meta(w, "kiln.amp.scale", "%.17g", s->amp_scale) &&
+             add_meta(w, "kiln.amp.growth_tracker", "%" PRId64, s->amp_growth_tracker);
     return ok;
 }
 
@@ -348,6 +351,17 @@ static kiln_status load_state(const char *path, const kiln_st_index *idx, kiln_m
     long long c = 0, h = 0, w = 0;
     if (input && sscanf(input, "%lldx%lldx%lld", &c, &h, &w) == 3) s->input_c = c, s->input_h = h, s->input_w = w;
     const char *spec = kiln_st_meta_get(idx, "kiln.model_spec");
+    const char *amp = kiln_st_meta_get(idx, "kiln.amp");
+    if (amp) {
+        snprintf(s->amp, sizeof s->amp, "%s", amp);
+        const char *scale = kiln_st_meta_get(idx, "kiln.amp.scale");
+        char *end = NULL;
+        s->amp_scale = scale ? strtod(scale, &end) : 0;
+        if (!scale || *end || !(s->amp_scale > 0))
+            return KILN_RAISE(KILN_ERR_IO, NULL, "%s: metadata 'kiln.amp.scale' is missing or not a positive number",
+                              path);
+        KILN_TRY(meta_i64(path, idx, "kiln.amp.growth_tracker", &s->amp_growth_tracker));
+    }
     if (spec && !(s->model_spec = strdup(spec))) return KILN_ERR_OUT_OF_MEMORY;
     /* The generator: the same seed (so the same per-device subsequence),
      * then advanced to the saved offset. */

@@ -85,9 +85,13 @@ static kiln_tensor *batch_norm_forward(kiln_module *m, kiln_tensor *x) {
     /* PyTorch's bn_training: batch statistics in training, or always when
      * there are no running statistics. */
     bool use_batch = m->training || !rm;
-    kiln_tensor *y = kiln_batch_norm(x, kiln_module_own_tensor(m, "weight"), kiln_module_own_tensor(m, "bias"), rm,
-                                     rv, use_batch, m->cfg.momentum, m->cfg.eps);
-    if (y && m->training && rm) {
+    /* A checkpoint's recompute normalises with the batch statistics again
+     * but must not update the running ones a second time. */
+    bool update = m->training && rm && !kiln_checkpoint_recomputing();
+    kiln_tensor *y = kiln_batch_norm(x, kiln_module_own_tensor(m, "weight"), kiln_module_own_tensor(m, "bias"),
+                                     use_batch && !update ? NULL : rm, use_batch && !update ? NULL : rv, use_batch,
+                                     m->cfg.momentum, m->cfg.eps);
+    if (y && update) {
         kiln_tensor *nbt = kiln_module_own_tensor(m, "num_batches_tracked");
         kiln_no_grad_begin();
         kiln_tensor *inc = kiln_add_scalar(nbt, 1.0);
@@ -130,13 +134,8 @@ static kiln_tensor *flatten_forward(kiln_module *m, kiln_tensor *x) {
 }
 
 static kiln_tensor *sequential_forward(kiln_module *m, kiln_tensor *x) {
-    kiln_tensor *h = kiln_retain(x);
-    for (int i = 0; h && i < m->children.n; i++) {
-        kiln_tensor *next = kiln_module_forward(m->children.items[i].u.child, h);
-        kiln_tensor_drop(h);
-        h = next;
-    }
-    return h;
+    if (m->cfg.checkpoint_segments > 1 && kiln_is_grad_enabled()) return kiln_sequential_checkpoint_forward(m, x);
+    return kiln_nn_sequential_run(m, 0, m->children.n, x);
 }
 
 /* relu(a + b), dropping a and b. */

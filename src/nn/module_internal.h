@@ -28,6 +28,13 @@ typedef struct kiln_module_config {
     double eps, momentum;
     int start_dim, end_dim;
     bool approximate; /* gelu */
+    /* Sequential: kiln_nn_sequential_set_checkpoint's segments (0: off) and
+     * each segment's children [begin, end), the checkpoint's ctx. */
+    int checkpoint_segments;
+    struct kiln_checkpoint_segment {
+        kiln_module *seq;
+        int begin, end;
+    } segment[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
 } kiln_module_config;
 
 /* Runs the layer: x borrowed, result a new reference. Called inside an
@@ -45,6 +52,14 @@ struct kiln_module {
     kiln_module_forward_fn user_forward;
     void *user;
 };
+
+/* A Sequential's forward in its checkpoint segments (checkpoint_sequential.c). */
+kiln_tensor *kiln_sequential_checkpoint_forward(kiln_module *m, kiln_tensor *x);
+
+/* Children [begin, end) of a Sequential on x (borrowed; a new reference
+ * or NULL), with the fused ops in place of the layer runs they cover when
+ * fusion is on (fusion.c). */
+kiln_tensor *kiln_nn_sequential_run(kiln_module *seq, int begin, int end, kiln_tensor *x);
 
 /* A new empty module of `kind` (a static string) with `forward`. */
 kiln_module *kiln_module_new(const char *kind, kiln_layer_forward forward);

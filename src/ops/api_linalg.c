@@ -23,6 +23,12 @@ kiln_tensor *(kiln_linear)(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bia
     return kiln_dispatch_public(KILN_OP_LINEAR, 3, (kiln_tensor *[]){x, weight, bias}, NULL, NULL);
 }
 
+kiln_tensor *(kiln_linear_act)(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                               kiln_activation activation) {
+    kiln_op_attrs at = {.flag = (int)activation};
+    return kiln_dispatch_public(KILN_OP_LINEAR_ACT, 3, (kiln_tensor *[]){x, weight, bias}, &at, NULL);
+}
+
 /* Takes the reference to t; returns a new one (or NULL) for `next`. */
 static kiln_tensor *then(kiln_tensor *t, kiln_tensor *next) {
     kiln_tensor_drop(t);

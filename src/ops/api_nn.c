@@ -7,8 +7,7 @@
 #include "ops/op_registry.h"
 #include "tensor/scope.h"
 
-kiln_tensor *(kiln_conv2d)(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
-                           const kiln_conv2d_opts *opts) {
+static kiln_op_attrs conv_attrs(const kiln_conv2d_opts *opts) {
     kiln_op_attrs at = {.stride = {1, 1}, .dilation = {1, 1}, .groups = 1};
     if (opts) {
         for (int i = 0; i < 2; i++) {
@@ -18,7 +17,19 @@ kiln_tensor *(kiln_conv2d)(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bia
         }
         at.groups = opts->groups ? opts->groups : 1;
     }
+    return at;
+}
+
+kiln_tensor *(kiln_conv2d)(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                           const kiln_conv2d_opts *opts) {
+    kiln_op_attrs at = conv_attrs(opts);
     return kiln_dispatch_public(KILN_OP_CONV2D, 3, (kiln_tensor *[]){x, weight, bias}, &at, NULL);
+}
+
+kiln_tensor *(kiln_conv2d_relu)(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                                const kiln_conv2d_opts *opts) {
+    kiln_op_attrs at = conv_attrs(opts);
+    return kiln_dispatch_public(KILN_OP_CONV2D_RELU, 3, (kiln_tensor *[]){x, weight, bias}, &at, NULL);
 }
 
 kiln_pool2d_opts kiln_pool2d_defaults(int64_t kernel) {
@@ -46,6 +57,16 @@ kiln_tensor *(kiln_max_pool2d)(kiln_tensor *x, const kiln_pool2d_opts *opts, kil
     if (pool_attrs("kiln_max_pool2d", opts, &at)) return NULL;
     kiln_tensor *aux[1] = {NULL};
     kiln_tensor *y = kiln_dispatch_public(KILN_OP_MAX_POOL2D, 1, &x, &at, indices ? aux : NULL);
+    if (indices) *indices = aux[0];
+    return y;
+}
+
+kiln_tensor *(kiln_relu_max_pool2d)(kiln_tensor *x, const kiln_pool2d_opts *opts, kiln_tensor **indices) {
+    kiln_op_attrs at = {0};
+    if (indices) *indices = NULL;
+    if (pool_attrs("kiln_relu_max_pool2d", opts, &at)) return NULL;
+    kiln_tensor *aux[1] = {NULL};
+    kiln_tensor *y = kiln_dispatch_public(KILN_OP_RELU_MAX_POOL2D, 1, &x, &at, indices ? aux : NULL);
     if (indices) *indices = aux[0];
     return y;
 }

@@ -21,4 +21,5 @@ void kiln_cpu_fill_reduce(kiln_op_kernel *t) {
     t[KILN_OP_MM] = (kiln_op_kernel){kiln_cpu_mm, kiln_cpu_mm_workspace, fl};
     t[KILN_OP_BMM] = (kiln_op_kernel){kiln_cpu_bmm, kiln_cpu_mm_workspace, fl};
     t[KILN_OP_LINEAR] = (kiln_op_kernel){kiln_cpu_linear, NULL, fl};
+    t[KILN_OP_LINEAR_ACT] = (kiln_op_kernel){kiln_cpu_linear_act, kiln_cpu_linear_act_workspace, fl};
 }

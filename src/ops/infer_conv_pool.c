@@ -201,6 +201,31 @@ kiln_status kiln_infer_pool_backward(const char *op, const kiln_op_attrs *attrs,
     return KILN_OK;
 }
 
+/* (grad_out, y, indices) -> grad_input of relu_max_pool2d: y and indices
+ * as relu_max_pool2d returned them, shaped like grad_out; the input shape
+ * in attrs.ints as for the other pooling backwards. */
+kiln_status kiln_infer_relu_max_pool2d_backward(const char *op, const kiln_op_attrs *attrs, int n_in,
+                                                kiln_tensor *const *in, kiln_meta *out,
+                                                kiln_dtype *in_dtype) {
+    (void)n_in;
+    const kiln_tensor *go = in[0], *y = in[1], *ix = in[2];
+    char sg[96], sy[96];
+    if (y->ndim != go->ndim || memcmp(y->shape, go->shape, sizeof(int64_t) * (size_t)go->ndim))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the y kiln_relu_max_pool2d returned",
+                          "%s: y is %s but grad_out is %s; they must match", op, SHAPE_OF(y, sy),
+                          SHAPE_OF(go, sg));
+    KILN_TRY(need_float(op, "y", y));
+    if (ix->ndim != go->ndim || memcmp(ix->shape, go->shape, sizeof(int64_t) * (size_t)go->ndim))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_relu_max_pool2d returned",
+                          "%s: indices are %s but grad_out is %s; they must match", op, SHAPE_OF(ix, sy),
+                          SHAPE_OF(go, sg));
+    /* grad_out and the indices as the max pooling backward checks them */
+    KILN_TRY(kiln_infer_pool_backward(op, attrs, 2, (kiln_tensor *[]){in[0], in[2]}, out, in_dtype));
+    in_dtype[2] = in_dtype[1];
+    in_dtype[1] = go->dtype;
+    return KILN_OK;
+}
+
 /* ---- batch norm --------------------------------------------------------------------- */
 
 /* Batch norm keeps its parameters and statistics in f32 whatever x's

@@ -72,3 +72,27 @@ kiln_status kiln_infer_linear(const char *op, const kiln_op_attrs *attrs, int n_
     out[0].shape[x->ndim - 1] = w->shape[0];
     return KILN_OK;
 }
+
+/* x (N, d1, ...) read as (N, K) with K = d1 * ..., weight (O, K), bias (O)
+ * or NULL -> (N, O); attrs.flag the activation (0 none, 1 relu). */
+kiln_status kiln_infer_linear_act(const char *op, const kiln_op_attrs *attrs, int n_in,
+                                  kiln_tensor *const *in, kiln_meta *out, kiln_dtype *in_dtype) {
+    const kiln_tensor *x = in[0], *w = in[1], *b = n_in > 2 ? in[2] : NULL;
+    if (attrs->flag != 0 && attrs->flag != 1)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use activation 0 (none) or 1 (relu)",
+                          "%s: activation %d", op, attrs->flag);
+    int64_t K = 1;
+    for (int d = 1; d < x->ndim; d++) K *= x->shape[d];
+    if (x->ndim < 2 || w->ndim != 2 || K != w->shape[1])
+        return shape_error(op,
+                           "pass x as (N, ...) whose dims after the first multiply to weight's in "
+                           "features, and weight as (out, in)",
+                           x, w);
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return shape_error(op, "the bias has one value per output feature: (out)", w, b);
+    KILN_TRY(common_float(op, n_in, in, in_dtype, &out[0].dtype));
+    out[0].ndim = 2;
+    out[0].shape[0] = x->shape[0];
+    out[0].shape[1] = w->shape[0];
+    return KILN_OK;
+}

@@ -3,6 +3,7 @@
  * for `kiln train --accum` and for the tests that hold it to the
  * full-batch gradient. */
 #include "base/error.h"
+#include "kiln/amp.h"
 #include "kiln/autograd.h"
 #include "kiln/nn.h"
 #include "kiln/optim.h"
@@ -12,14 +13,18 @@
 /* Micro-batch [lo, hi): forward, weighted loss, backward. *sum (a detached
  * running total of the weighted losses, or NULL) is replaced. */
 static kiln_status micro_step(kiln_module *m, kiln_tensor *x, kiln_tensor *y, int64_t lo, int64_t hi, int64_t b,
-                              const kiln_loss_opts *opts, kiln_tensor **sum, kiln_tensor **correct) {
+                              const kiln_loss_opts *opts, kiln_grad_scaler *scaler, kiln_tensor **sum,
+                              kiln_tensor **correct) {
     bool whole = lo == 0 && hi == b;
     kiln_tensor *xs = whole ? kiln_retain(x) : kiln_narrow(x, 0, lo, hi - lo);
     kiln_tensor *ys = whole ? kiln_retain(y) : kiln_narrow(y, 0, lo, hi - lo);
     kiln_tensor *logits = xs && ys ? kiln_module_forward(m, xs) : NULL;
     kiln_tensor *l = logits ? kiln_cross_entropy(logits, ys, opts) : NULL;
     kiln_tensor *scaled = l && !whole ? kiln_mul_scalar(l, (double)(hi - lo) / (double)b) : l ? kiln_retain(l) : NULL;
-    kiln_status st = scaled ? kiln_backward(scaled, NULL, false) : kiln_error_last()->status;
+    /* With a loss scaler, backward starts from the scaled loss; the sum stays unscaled. */
+    kiln_tensor *root = scaled && scaler ? kiln_grad_scaler_scale(scaler, scaled) : scaled ? kiln_retain(scaled) : NULL;
+    kiln_status st = root ? kiln_backward(root, NULL, false) : kiln_error_last()->status;
+    if (root) kiln_tensor_drop(root);
     if (st == KILN_OK && sum) {
         kiln_tensor *d = kiln_detach(scaled);
         kiln_tensor *total = !d ? NULL : *sum ? kiln_add(*sum, d) : kiln_retain(d);
@@ -52,6 +57,12 @@ static kiln_status micro_step(kiln_module *m, kiln_tensor *x, kiln_tensor *y, in
 
 kiln_status kiln_accumulate_backward(kiln_module *m, kiln_tensor *x, kiln_tensor *y, int micro_batches,
                                      const kiln_loss_opts *opts, kiln_tensor **loss, kiln_tensor **correct) {
+    return kiln_accumulate_backward_scaled(m, x, y, micro_batches, opts, NULL, loss, correct);
+}
+
+kiln_status kiln_accumulate_backward_scaled(kiln_module *m, kiln_tensor *x, kiln_tensor *y, int micro_batches,
+                                            const kiln_loss_opts *opts, kiln_grad_scaler *scaler, kiln_tensor **loss,
+                                            kiln_tensor **correct) {
     if (loss) *loss = NULL;
     if (correct) *correct = NULL;
     if (!m || !x || !y)
@@ -70,7 +81,7 @@ kiln_status kiln_accumulate_backward(kiln_module *m, kiln_tensor *x, kiln_tensor
     kiln_tensor *sum = NULL, *hits = NULL;
     kiln_status st = KILN_OK;
     for (int64_t k = 0; k < parts && st == KILN_OK; k++)
-        st = micro_step(m, x, y, b * k / parts, b * (k + 1) / parts, b, &lo, loss ? &sum : NULL,
+        st = micro_step(m, x, y, b * k / parts, b * (k + 1) / parts, b, &lo, scaler, loss ? &sum : NULL,
                         correct ? &hits : NULL);
     if (st != KILN_OK) {
         kiln_tensor_drop(sum);

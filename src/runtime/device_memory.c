@@ -346,6 +346,15 @@ kiln_rng kiln_device_rng_reserve(kiln_device device, uint64_t n_words) {
     return draw;
 }
 
+void kiln_device_rng_set(kiln_device device, kiln_rng state) {
+    int t = device.type == KILN_DEVICE_META ? KILN_DEVICE_CPU : device.type;
+    int i = device.type == KILN_DEVICE_CUDA ? device.index : 0;
+    pthread_mutex_lock(&rng_mutex);
+    rngs[t][i] = state;
+    rng_ready[t][i] = true;
+    pthread_mutex_unlock(&rng_mutex);
+}
+
 /* ---- Init and shutdown -------------------------------------------------------------- */
 
 kiln_status kiln_runtime_init(void) {

@@ -28,6 +28,10 @@ kiln_caching_allocator *kiln_pinned_allocator(void);
  * lock-protected helper below. */
 kiln_rng kiln_device_rng_reserve(kiln_device device, uint64_t n_words);
 void kiln_device_rng_seed_all(uint64_t seed);
+/* Put `device`'s generator back at `state` (a value kiln_device_rng_reserve
+ * returned with n_words 0): gradient checkpointing replays a forward's
+ * draws. */
+void kiln_device_rng_set(kiln_device device, kiln_rng state);
 
 /* Free the default stream records (kiln_shutdown). */
 void kiln_streams_shutdown(void);

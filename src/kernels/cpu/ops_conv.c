@@ -1,4 +1,4 @@
-/* CPU reference kernels of conv2d and its two gradients (im2col + blocked
+/* CPU reference kernels of conv2d (and conv2d_relu) and its two gradients (im2col + blocked
  * GEMM, ops_conv_tmpl.h). f32, f16 and bf16 data are computed in float,
  * f64 in double; the weight gradient is summed over the batch in double.
  * Scratch (converted weight, one image's planes, the column matrix, one
@@ -49,7 +49,13 @@ size_t kiln_cpu_conv2d_grad_weight_workspace(const kiln_op_args *a) {
 }
 
 kiln_status kiln_cpu_conv2d(const kiln_op_args *a) {
-    return a->out[0].dtype == KILN_F64 ? conv_forward_d(a) : conv_forward_f(a);
+    return a->out[0].dtype == KILN_F64 ? conv_forward_d(a, false) : conv_forward_f(a, false);
+}
+
+/* conv2d_relu: conv2d's kernel with relu applied as each result is stored
+ * (the same workspace as conv2d). */
+kiln_status kiln_cpu_conv2d_relu(const kiln_op_args *a) {
+    return a->out[0].dtype == KILN_F64 ? conv_forward_d(a, true) : conv_forward_f(a, true);
 }
 
 kiln_status kiln_cpu_conv2d_grad_input(const kiln_op_args *a) {

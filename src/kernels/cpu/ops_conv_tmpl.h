@@ -135,7 +135,9 @@ static void NN_FN(gemm_nt_acc)(int64_t M, int64_t K, int64_t P, const NN_T *G, c
     }
 }
 
-static kiln_status NN_FN(conv_forward)(const kiln_op_args *a) {
+/* relu: conv2d_relu, relu applied to each result (NaN kept, as relu does)
+ * before it is stored; rounding to the output dtype commutes with it. */
+static kiln_status NN_FN(conv_forward)(const kiln_op_args *a, bool relu) {
     const kiln_strided *x = &a->in[0], *w = &a->in[1], *b = &a->in[2], *y = &a->out[0];
     kiln_conv_geom g = kiln_conv_geom_of(a->attrs);
     int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
@@ -156,11 +158,14 @@ static kiln_status NN_FN(conv_forward)(const kiln_op_args *a) {
                 int64_t oc = gi * Og + o;
                 NN_T bias = b->ndim >= 0 ? (NN_T)nn_ld(b->data, b->dtype, oc * b->strides[0]) : (NN_T)0;
                 for (int64_t oh = 0; oh < Ho; oh++)
-                    for (int64_t ow = 0; ow < Wo; ow++)
+                    for (int64_t ow = 0; ow < Wo; ow++) {
+                        NN_T v = ob[o * P + oh * Wo + ow] + bias;
+                        if (relu && !(v > 0 || v != v)) v = 0;
                         nn_st(y->data, y->dtype,
                               n * y->strides[0] + oc * y->strides[1] + oh * y->strides[2] +
                                   ow * y->strides[3],
-                              (double)(ob[o * P + oh * Wo + ow] + bias));
+                              (double)v);
+                    }
             }
         }
     return KILN_OK;

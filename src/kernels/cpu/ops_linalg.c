@@ -4,7 +4,9 @@
  * double workspace row (m doubles), so the innermost loop walks rows of b
  * and of the accumulator; f32 and f64 have typed loops, f16/bf16 go
  * through the generic element loads. linear is a dot product per output
- * element: x's rows and W's rows both run along `in`. */
+ * element: x's rows and W's rows both run along `in`. linear_act is the
+ * same dot product with x (N, d1, ...) read as (N, K) through a table of
+ * the K inner offsets (its workspace), then its activation. */
 #include "kernels/cpu/reduce_access.h"
 #include "kernels/cpu/reduce_kernels.h"
 
@@ -102,6 +104,62 @@ kiln_status kiln_cpu_linear(const kiln_op_args *a) {
                          kiln_cpu_ld_f(w->data, w->dtype, o * w0 + i * w1);
             }
             kiln_cpu_st_f(y->data, y->dtype, it.off[1] + o * ys, s);
+        }
+    }
+    return KILN_OK;
+}
+
+size_t kiln_cpu_linear_act_workspace(const kiln_op_args *a) {
+    return (size_t)(a->in[1].shape[1] > 0 ? a->in[1].shape[1] : 1) * sizeof(int64_t);
+}
+
+/* y[n, o] = act(b[o] + sum_k x_flat[n, k] * W[o, k]), summed as linear's
+ * kernel sums (so relu(linear(flatten(x))) gives these bits); relu keeps
+ * NaN, and rounding to y's dtype commutes with it. */
+kiln_status kiln_cpu_linear_act(const kiln_op_args *a) {
+    const kiln_strided *x = &a->in[0], *w = &a->in[1], *b = &a->in[2], *y = &a->out[0];
+    int64_t N = x->shape[0], K = w->shape[1], O = w->shape[0];
+    int64_t w0 = w->strides[0], w1 = w->strides[1];
+    int64_t *koff = a->workspace; /* x's offset of flat inner index k */
+    {
+        int64_t idx[KILN_MAX_DIMS] = {0};
+        int inner = x->ndim - 1;
+        for (int64_t k = 0; k < K; k++) {
+            int64_t off = 0;
+            for (int d = 0; d < inner; d++) off += idx[d] * x->strides[d + 1];
+            koff[k] = off;
+            for (int d = inner - 1; d >= 0; d--) {
+                if (++idx[d] < x->shape[d + 1]) break;
+                idx[d] = 0;
+            }
+        }
+    }
+    /* x's dims 1.. with one stride (a contiguous x): k * ks, as linear reads it */
+    int64_t ks = K > 1 ? koff[1] : 1;
+    bool affine = true;
+    for (int64_t k = 0; k < K && affine; k++) affine = koff[k] == k * ks;
+    bool relu = a->attrs->flag == 1;
+    bool f32 = x->dtype == KILN_F32, f64 = x->dtype == KILN_F64;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t xr = n * x->strides[0];
+        for (int64_t o = 0; o < O; o++) {
+            double s = b->ndim < 0 ? 0 : kiln_cpu_ld_f(b->data, b->dtype, o * b->strides[0]);
+            if (f32 && affine) {
+                const float *xp = (const float *)x->data + xr, *wp = (const float *)w->data + o * w0;
+                for (int64_t k = 0; k < K; k++) s += (double)xp[k * ks] * wp[k * w1];
+            } else if (f32) {
+                const float *xp = (const float *)x->data + xr, *wp = (const float *)w->data + o * w0;
+                for (int64_t k = 0; k < K; k++) s += (double)xp[koff[k]] * wp[k * w1];
+            } else if (f64) {
+                const double *xp = (const double *)x->data + xr, *wp = (const double *)w->data + o * w0;
+                for (int64_t k = 0; k < K; k++) s += xp[koff[k]] * wp[k * w1];
+            } else {
+                for (int64_t k = 0; k < K; k++)
+                    s += kiln_cpu_ld_f(x->data, x->dtype, xr + koff[k]) *
+                         kiln_cpu_ld_f(w->data, w->dtype, o * w0 + k * w1);
+            }
+            if (relu && !(s > 0 || s != s)) s = 0;
+            kiln_cpu_st_f(y->data, y->dtype, n * y->strides[0] + o * y->strides[1], s);
         }
     }
     return KILN_OK;

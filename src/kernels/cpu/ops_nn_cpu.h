@@ -7,6 +7,7 @@
 #include "kernels/op_args.h"
 
 kiln_status kiln_cpu_conv2d(const kiln_op_args *a);
+kiln_status kiln_cpu_conv2d_relu(const kiln_op_args *a); /* conv2d's workspace fn */
 kiln_status kiln_cpu_conv2d_grad_input(const kiln_op_args *a);
 kiln_status kiln_cpu_conv2d_grad_weight(const kiln_op_args *a);
 size_t kiln_cpu_conv2d_workspace(const kiln_op_args *a);
@@ -15,6 +16,8 @@ size_t kiln_cpu_conv2d_grad_weight_workspace(const kiln_op_args *a);
 
 kiln_status kiln_cpu_max_pool2d(const kiln_op_args *a);
 kiln_status kiln_cpu_max_pool2d_backward(const kiln_op_args *a);
+kiln_status kiln_cpu_relu_max_pool2d(const kiln_op_args *a);
+kiln_status kiln_cpu_relu_max_pool2d_backward(const kiln_op_args *a); /* pool backward workspace */
 kiln_status kiln_cpu_avg_pool2d(const kiln_op_args *a);
 kiln_status kiln_cpu_avg_pool2d_backward(const kiln_op_args *a);
 kiln_status kiln_cpu_adaptive_avg_pool2d(const kiln_op_args *a);

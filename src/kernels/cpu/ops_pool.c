@@ -1,8 +1,9 @@
 /* CPU reference kernels of 2-d pooling (max with indices, average,
- * adaptive average) and their backwards. Inputs are (N, C, H, W) or
- * (C, H, W); a 3-d tensor is read as N = 1. Values are computed in double;
- * the backwards sum each plane into a double workspace plane (H, W)
- * before storing, so f16/bf16 gradients round once. */
+ * adaptive average, relu_max_pool2d) and their backwards. Inputs are
+ * (N, C, H, W) or (C, H, W); a 3-d tensor is read as N = 1. Values are
+ * computed in double; the backwards sum each plane into a double
+ * workspace plane (H, W) before storing, so f16/bf16 gradients round
+ * once. */
 #include <math.h>
 
 #include "base/error.h"
@@ -29,7 +30,9 @@ static int64_t off4(const plane4 *p, int64_t n, int64_t c, int64_t h, int64_t w)
     return n * p->strides[0] + c * p->strides[1] + h * p->strides[2] + w * p->strides[3];
 }
 
-kiln_status kiln_cpu_max_pool2d(const kiln_op_args *a) {
+/* relu: relu_max_pool2d, the windows read through relu (NaN kept, as relu
+ * does), so values and indices are max_pool2d's of relu(x). */
+static kiln_status max_pool_run(const kiln_op_args *a, bool relu) {
     const kiln_strided *x = &a->in[0], *y = &a->out[0], *ix = &a->out[1];
     kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
     plane4 xp = as4(x), yp = as4(y), ip = as4(ix);
@@ -49,6 +52,7 @@ kiln_status kiln_cpu_max_pool2d(const kiln_op_args *a) {
                     for (int64_t h = h0; h < h1; h++)
                         for (int64_t w = w0; w < w1; w++) {
                             double v = nn_ld(x->data, x->dtype, off4(&xp, n, c, h, w));
+                            if (relu && !(v > 0 || isnan(v))) v = 0;
                             if (v > best || isnan(v)) best = v, best_i = h * W + w;
                         }
                     nn_st(y->data, y->dtype, off4(&yp, n, c, oh, ow), best);
@@ -56,6 +60,10 @@ kiln_status kiln_cpu_max_pool2d(const kiln_op_args *a) {
                 }
     return KILN_OK;
 }
+
+kiln_status kiln_cpu_max_pool2d(const kiln_op_args *a) { return max_pool_run(a, false); }
+
+kiln_status kiln_cpu_relu_max_pool2d(const kiln_op_args *a) { return max_pool_run(a, true); }
 
 size_t kiln_cpu_pool_backward_workspace(const kiln_op_args *a) {
     const kiln_strided *dx = &a->out[0];
@@ -68,9 +76,12 @@ static void store_plane(const kiln_strided *dx, const plane4 *dp, int64_t n, int
             nn_st(dx->data, dx->dtype, off4(dp, n, c, h, w), acc[h * dp->shape[3] + w]);
 }
 
-kiln_status kiln_cpu_max_pool2d_backward(const kiln_op_args *a) {
-    const kiln_strided *go = &a->in[0], *ix = &a->in[1], *dx = &a->out[0];
-    plane4 gp = as4(go), ip = as4(ix), dp = as4(dx);
+/* y: relu_max_pool2d's output (its backward: only gradients with y > 0
+ * are scattered), or NULL (max_pool2d's). */
+static kiln_status max_pool_backward_run(const kiln_op_args *a, const kiln_strided *go, const kiln_strided *y,
+                                         const kiln_strided *ix, const char *fn, const char *hint) {
+    const kiln_strided *dx = &a->out[0];
+    plane4 gp = as4(go), ip = as4(ix), dp = as4(dx), yp = y ? as4(y) : gp;
     int64_t HW = dp.shape[2] * dp.shape[3];
     double *acc = a->workspace; /* (H, W) */
     for (int64_t n = 0; n < dp.shape[0]; n++)
@@ -80,15 +91,27 @@ kiln_status kiln_cpu_max_pool2d_backward(const kiln_op_args *a) {
                 for (int64_t ow = 0; ow < gp.shape[3]; ow++) {
                     int64_t k = nn_ldi(ix->data, ix->dtype, off4(&ip, n, c, oh, ow));
                     if (k < 0 || k >= HW)
-                        return KILN_RAISE(
-                            KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_max_pool2d returned",
-                            "kiln_max_pool2d_backward: index %lld is outside the %lld-element plane",
-                            (long long)k, (long long)HW);
+                        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, hint,
+                                          "%s: index %lld is outside the %lld-element plane", fn,
+                                          (long long)k, (long long)HW);
+                    if (y && !(nn_ld(y->data, y->dtype, off4(&yp, n, c, oh, ow)) > 0)) continue;
                     acc[k] += nn_ld(go->data, go->dtype, off4(&gp, n, c, oh, ow));
                 }
             store_plane(dx, &dp, n, c, acc);
         }
     return KILN_OK;
+}
+
+kiln_status kiln_cpu_max_pool2d_backward(const kiln_op_args *a) {
+    return max_pool_backward_run(a, &a->in[0], NULL, &a->in[1], "kiln_max_pool2d_backward",
+                                 "pass the indices kiln_max_pool2d returned");
+}
+
+/* (grad_out, y, indices): max_pool2d_backward's scatter of the gradients
+ * whose y > 0, relu's backward in the same pass. */
+kiln_status kiln_cpu_relu_max_pool2d_backward(const kiln_op_args *a) {
+    return max_pool_backward_run(a, &a->in[0], &a->in[1], &a->in[2], "relu_max_pool2d_backward",
+                                 "pass the indices kiln_relu_max_pool2d returned");
 }
 
 /* One average-pooling window: clipped bounds and PyTorch's divisor. */

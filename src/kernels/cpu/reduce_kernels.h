@@ -28,6 +28,8 @@ kiln_status kiln_cpu_mse_loss(const kiln_op_args *a);
 kiln_status kiln_cpu_mm(const kiln_op_args *a);
 kiln_status kiln_cpu_bmm(const kiln_op_args *a);
 kiln_status kiln_cpu_linear(const kiln_op_args *a);
+kiln_status kiln_cpu_linear_act(const kiln_op_args *a);
+size_t kiln_cpu_linear_act_workspace(const kiln_op_args *a);
 size_t kiln_cpu_mm_workspace(const kiln_op_args *a);
 
 #endif

@@ -1,9 +1,9 @@
 /* The cuDNN 9 convolution provider of the autotuner (kernels/autotune.h),
- * compiled only with KILN_WITH_CUDNN (cudnn_provider_cudnn.c). Not yet
- * wired into the CUDA kernel table: a conv kernel that wants cuDNN fills a
- * kiln_cudnn_conv_call, asks kiln_autotune_choose (with this provider, the
+ * compiled only with KILN_WITH_CUDNN (cudnn_provider_cudnn.c). Used by the
+ * CUDA fast table's conv entries (cudnn_ops_cudnn.c), which do this: fill a
+ * kiln_cudnn_conv_call, ask kiln_autotune_choose (with this provider, the
  * call as ctx and kiln_autotune_mode_current(KILN_DEVICE_CUDA)) for an
- * algorithm, then runs it with kiln_cudnn_conv_run and a workspace of
+ * algorithm, then run it with kiln_cudnn_conv_run and a workspace of
  * kiln_cudnn_conv_workspace bytes from the caching allocator, falling back
  * to the hand-written kernel when the tuner fails.
  *
@@ -61,6 +61,9 @@ kiln_status kiln_cudnn_conv_run(kiln_cudnn_conv_call *call, int index, void *wor
 size_t kiln_cudnn_conv_workspace(kiln_cudnn_conv_call *call, int index);
 /* Destroys the call's timing events (if any). */
 void kiln_cudnn_conv_call_release(kiln_cudnn_conv_call *call);
+/* Frees the per-shape plans (descriptors and the heuristics' list, cached
+ * by configuration and device) and the cuDNN handles (kiln_shutdown). */
+void kiln_cudnn_conv_provider_shutdown(void);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -133,7 +134,25 @@ static const char *math_name(int math) {
                                                            : "default";
 }
 
-/* The heuristics' list for the pass, into call. */
+/* Descriptors and the heuristics' list of one configuration on one device,
+ * cached by shape (the key of kiln_autotune_key_format), so an op call
+ * neither creates descriptors nor queries the heuristics again. Guarded by
+ * handle_mutex; a run sets the conv descriptor's math type under it. */
+#define MAX_PLANS 1024
+typedef struct conv_plan {
+    char key[512];
+    int device;
+    descs d;
+    int n_algos;
+    int algos[KILN_CUDNN_MAX_ALGOS], math[KILN_CUDNN_MAX_ALGOS], status[KILN_CUDNN_MAX_ALGOS];
+    size_t memory[KILN_CUDNN_MAX_ALGOS];
+    bool deterministic[KILN_CUDNN_MAX_ALGOS];
+    struct conv_plan *next;
+} conv_plan;
+static conv_plan *plans;
+static int n_plans;
+
+/* The heuristics' list for the pass, into a call-shaped scratch. */
 static kiln_status list_algos(kiln_cudnn_conv_call *call, cudnnHandle_t h, const descs *d,
                               kiln_autotune_candidate *cand, int max, int *n) {
     const kiln_autotune_conv *c = &call->cfg;
@@ -177,12 +196,27 @@ static kiln_status list_algos(kiln_cudnn_conv_call *call, cudnnHandle_t h, const
     return KILN_OK;
 }
 
+/* The key's device and versions, computed once per device (the tuner asks
+ * at every choice; cudaGetDeviceProperties is slow). */
+static char identity_device[MAX_DEVICES][160], identity_versions[MAX_DEVICES][64];
+
 static void cudnn_identity(void *self, void *ctx, char *device, size_t device_size, char *versions,
                            size_t versions_size) {
     (void)self;
+    int dev = ((kiln_cudnn_conv_call *)ctx)->device;
+    bool cacheable = dev >= 0 && dev < MAX_DEVICES;
+    pthread_mutex_lock(&handle_mutex);
+    if (cacheable && identity_device[dev][0]) {
+        snprintf(device, device_size, "%s", identity_device[dev]);
+        snprintf(versions, versions_size, "%s", identity_versions[dev]);
+        pthread_mutex_unlock(&handle_mutex);
+        return;
+    }
+    pthread_mutex_unlock(&handle_mutex);
     int runtime = 0;
     struct cudaDeviceProp prop;
-    if (cudaGetDeviceProperties(&prop, ((kiln_cudnn_conv_call *)ctx)->device) != cudaSuccess) {
+    bool known = cudaGetDeviceProperties(&prop, dev) == cudaSuccess;
+    if (!known) {
         (void)cudaGetLastError();
         snprintf(device, device_size, "unknown GPU");
     } else {
@@ -190,6 +224,73 @@ static void cudnn_identity(void *self, void *ctx, char *device, size_t device_si
     }
     if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) (void)cudaGetLastError();
     snprintf(versions, versions_size, "cudnn %zu cudart %d", cudnnGetVersion(), runtime);
+    if (known && cacheable) {
+        pthread_mutex_lock(&handle_mutex);
+        snprintf(identity_device[dev], sizeof identity_device[dev], "%s", device);
+        snprintf(identity_versions[dev], sizeof identity_versions[dev], "%s", versions);
+        pthread_mutex_unlock(&handle_mutex);
+    }
+}
+
+static void plan_free(conv_plan *p) {
+    descs_destroy(&p->d);
+    free(p);
+}
+
+/* The cached plan of call's configuration (handle_mutex held); *owned: the
+ * cache is full, the caller frees it after use. */
+static kiln_status plan_for_locked(kiln_cudnn_conv_call *call, conv_plan **out, bool *owned) {
+    char key[512];
+    kiln_autotune_key_format(&call->cfg, key, sizeof key);
+    for (conv_plan *p = plans; p; p = p->next)
+        if (p->device == call->device && !strcmp(p->key, key)) {
+            *out = p, *owned = false;
+            return KILN_OK;
+        }
+    conv_plan *p = calloc(1, sizeof *p);
+    if (!p) return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "cuDNN: no host memory for a convolution plan");
+    snprintf(p->key, sizeof p->key, "%s", key);
+    p->device = call->device;
+    cudnnHandle_t h = NULL;
+    kiln_status st = descs_create(&call->cfg, &p->d);
+    if (!st) st = handle_for(call->device, &h);
+    kiln_cudnn_conv_call scratch = *call;
+    kiln_autotune_candidate cand[KILN_CUDNN_MAX_ALGOS];
+    int n = 0;
+    memset(cand, 0, sizeof cand);
+    if (!st) st = list_algos(&scratch, h, &p->d, cand, KILN_CUDNN_MAX_ALGOS, &n);
+    if (st) {
+        plan_free(p);
+        return st;
+    }
+    p->n_algos = n;
+    for (int i = 0; i < n; i++) {
+        p->algos[i] = scratch.algos[i], p->math[i] = scratch.math[i], p->status[i] = scratch.status[i];
+        p->memory[i] = scratch.memory[i], p->deterministic[i] = cand[i].deterministic;
+    }
+    *owned = n_plans >= MAX_PLANS;
+    if (!*owned) p->next = plans, plans = p, n_plans++;
+    *out = p;
+    return KILN_OK;
+}
+
+/* The plan's list into call (and into cand when given). */
+static void plan_to_call(const conv_plan *p, kiln_cudnn_conv_call *call, kiln_autotune_candidate *cand,
+                         int max, int *n) {
+    int got = p->n_algos < max ? p->n_algos : max;
+    call->n_algos = got;
+    for (int i = 0; i < got; i++) {
+        call->algos[i] = p->algos[i], call->math[i] = p->math[i], call->status[i] = p->status[i];
+        call->memory[i] = p->memory[i];
+        if (cand) {
+            memset(&cand[i], 0, sizeof cand[i]);
+            snprintf(cand[i].name, sizeof cand[i].name, "%s/%s", algo_name(call->cfg.pass, p->algos[i]),
+                     math_name(p->math[i]));
+            cand[i].deterministic = p->deterministic[i];
+            cand[i].is_default = i == 0;
+        }
+    }
+    if (n) *n = got;
 }
 
 static kiln_status cudnn_candidates(void *self, const kiln_autotune_conv *cfg, void *ctx,
@@ -199,14 +300,13 @@ static kiln_status cudnn_candidates(void *self, const kiln_autotune_conv *cfg, v
     *n = 0;
     if (max > KILN_CUDNN_MAX_ALGOS) max = KILN_CUDNN_MAX_ALGOS;
     memset(out, 0, sizeof *out * (size_t)max);
-    descs d;
-    kiln_status st = descs_create(&call->cfg, &d);
-    cudnnHandle_t h = NULL;
+    conv_plan *p = NULL;
+    bool owned = false;
     pthread_mutex_lock(&handle_mutex);
-    if (!st) st = handle_for(call->device, &h);
-    if (!st) st = list_algos(call, h, &d, out, max, n);
+    kiln_status st = plan_for_locked(call, &p, &owned);
+    if (!st) plan_to_call(p, call, out, max, n);
+    if (!st && owned) plan_free(p);
     pthread_mutex_unlock(&handle_mutex);
-    descs_destroy(&d);
     return st;
 }
 
@@ -227,9 +327,14 @@ static kiln_status cudnn_build(void *self, const kiln_autotune_conv *cfg, void *
  * the same configuration, so the cached index means the same algorithm). */
 static kiln_status ensure_listed(kiln_cudnn_conv_call *call) {
     if (call->n_algos > 0) return KILN_OK;
-    kiln_autotune_candidate cand[KILN_CUDNN_MAX_ALGOS];
-    int n;
-    return cudnn_candidates(NULL, &call->cfg, call, cand, KILN_CUDNN_MAX_ALGOS, &n);
+    conv_plan *p = NULL;
+    bool owned = false;
+    pthread_mutex_lock(&handle_mutex);
+    kiln_status st = plan_for_locked(call, &p, &owned);
+    if (!st) plan_to_call(p, call, NULL, KILN_CUDNN_MAX_ALGOS, NULL);
+    if (!st && owned) plan_free(p);
+    pthread_mutex_unlock(&handle_mutex);
+    return st;
 }
 
 size_t kiln_cudnn_conv_workspace(kiln_cudnn_conv_call *call, int index) {
@@ -270,15 +375,34 @@ kiln_status kiln_cudnn_conv_run(kiln_cudnn_conv_call *call, int index, void *wor
     if (workspace_bytes < call->memory[index])
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "cuDNN: workspace of %zu bytes, the algorithm needs %zu",
                           workspace_bytes, call->memory[index]);
-    descs d;
-    kiln_status st = descs_create(&call->cfg, &d);
+    conv_plan *p = NULL;
+    bool owned = false;
     cudnnHandle_t h = NULL;
     pthread_mutex_lock(&handle_mutex);
+    kiln_status st = plan_for_locked(call, &p, &owned);
     if (!st) st = handle_for(call->device, &h);
-    if (!st) st = run_locked(call, h, &d, index, workspace, workspace_bytes);
+    if (!st) st = run_locked(call, h, &p->d, index, workspace, workspace_bytes);
+    if (p && owned) plan_free(p);
     pthread_mutex_unlock(&handle_mutex);
-    descs_destroy(&d);
     return st;
+}
+
+void kiln_cudnn_conv_provider_shutdown(void) {
+    pthread_mutex_lock(&handle_mutex);
+    while (plans) {
+        conv_plan *p = plans;
+        plans = p->next;
+        plan_free(p);
+    }
+    n_plans = 0;
+    for (int d = 0; d < MAX_DEVICES; d++) {
+        if (handles[d]) {
+            cudnnDestroy(handles[d]);
+            handles[d] = NULL;
+        }
+        identity_device[d][0] = identity_versions[d][0] = 0;
+    }
+    pthread_mutex_unlock(&handle_mutex);
 }
 
 static kiln_status cudnn_run(void *self, const kiln_autotune_conv *cfg, void *ctx, int index, void *ws,

@@ -1,4 +1,4 @@
-/* CUDA kernels of conv2d and its two gradients: implicit GEMM (no im2col
+/* CUDA kernels of conv2d (and conv2d_relu: relu in the store) and its two gradients: implicit GEMM (no im2col
  * buffer) on one tiled shared-memory GEMM kernel. Each problem is a small
  * struct that says how to read element (m, k) of A, element (k, n) of B
  * and where result (m, n) goes; blockIdx.z selects the group (and, for the
@@ -132,6 +132,7 @@ template <typename T> struct conv_fwd {
     conv_dims d;
     tensor4 x, w, bias_t, y;
     bool has_bias;
+    bool relu;       /* conv2d_relu: relu (NaN kept) applied before the store */
     int64_t M, N, K; /* M = Og, N = N*Ho*Wo, K = Cg*kH*kW */
     struct a_info {
         int64_t woff; /* w's offset of (c, kh, kw) */
@@ -161,8 +162,10 @@ template <typename T> struct conv_fwd {
     __device__ void store(int g, int64_t m, int64_t col, T v) const {
         int64_t oc = g * d.Og + m, P = d.Ho * d.Wo, n = col / P, p = col % P;
         T bias = has_bias ? ldc<T>(bias_t.data, bias_t.dt, oc * bias_t.s[0]) : (T)0;
+        T out = v + bias;
+        if (relu && !(out > (T)0 || out != out)) out = (T)0;
         stf((void *)y.data, y.dt, n * y.s[0] + oc * y.s[1] + (p / d.Wo) * y.s[2] + (p % d.Wo) * y.s[3],
-            (double)(v + bias));
+            (double)out);
     }
 };
 
@@ -280,9 +283,10 @@ kiln_status launch_gemm(int device, const P &p, int64_t zcount, void *stream, co
     return KILN_OK;
 }
 
-template <typename T> kiln_status conv_forward(const kiln_op_args *a, int device) {
+template <typename T> kiln_status conv_forward(const kiln_op_args *a, int device, bool relu) {
     const kiln_strided *x = &a->in[0], *w = &a->in[1], *b = &a->in[2], *y = &a->out[0];
     conv_fwd<T> p;
+    p.relu = relu;
     p.d = dims_of(a->attrs, x, w, y);
     p.x = t4(x), p.w = t4(w), p.y = t4(y);
     p.has_bias = kiln_nn::present(b);
@@ -292,7 +296,8 @@ template <typename T> kiln_status conv_forward(const kiln_op_args *a, int device
     }
     p.M = p.d.Og, p.N = p.d.N * p.d.Ho * p.d.Wo, p.K = p.d.Cg * p.d.kH * p.d.kW;
     int64_t groups = kiln_conv_geom_of(a->attrs).groups;
-    return launch_gemm<T>(device, p, groups, a->stream, "conv2d (gemm_tiles)");
+    return launch_gemm<T>(device, p, groups, a->stream,
+                          relu ? "conv2d_relu (gemm_tiles)" : "conv2d (gemm_tiles)");
 }
 
 template <typename T> kiln_status conv_grad_input(const kiln_op_args *a, int device) {
@@ -358,13 +363,18 @@ template <typename T> kiln_status conv_grad_weight(const kiln_op_args *a, int de
     return KILN_OK;
 }
 
-kiln_status run_conv2d(const kiln_op_args *a) {
+kiln_status conv2d_forward_run(const kiln_op_args *a, bool relu) {
     if (kiln_cuda::element_count(&a->out[0]) == 0) return KILN_OK;
     kiln_cuda::device_guard guard;
     KILN_TRY(guard.enter(a->out[0].data));
-    return a->out[0].dtype == KILN_F64 ? conv_forward<double>(a, guard.device)
-                                       : conv_forward<float>(a, guard.device);
+    return a->out[0].dtype == KILN_F64 ? conv_forward<double>(a, guard.device, relu)
+                                       : conv_forward<float>(a, guard.device, relu);
 }
+
+kiln_status run_conv2d(const kiln_op_args *a) { return conv2d_forward_run(a, false); }
+
+/* conv2d_relu: the forward kernel with relu in its store (one pass). */
+kiln_status run_conv2d_relu(const kiln_op_args *a) { return conv2d_forward_run(a, true); }
 
 kiln_status run_conv2d_grad_input(const kiln_op_args *a) {
     if (kiln_cuda::element_count(&a->out[0]) == 0) return KILN_OK;
@@ -387,6 +397,7 @@ kiln_status run_conv2d_grad_weight(const kiln_op_args *a) {
 /* Called by kiln_cuda_fill_nn (ops_nn.cu). */
 void kiln_cuda_fill_conv(kiln_op_kernel *t) {
     t[KILN_OP_CONV2D] = kiln_op_kernel{run_conv2d, nullptr, KILN_DT_FLOAT, nullptr};
+    t[KILN_OP_CONV2D_RELU] = kiln_op_kernel{run_conv2d_relu, nullptr, KILN_DT_FLOAT, nullptr};
     t[KILN_OP_CONV2D_GRAD_INPUT] = kiln_op_kernel{run_conv2d_grad_input, nullptr, KILN_DT_FLOAT, nullptr};
     t[KILN_OP_CONV2D_GRAD_WEIGHT] =
         kiln_op_kernel{run_conv2d_grad_weight, wgrad_workspace, KILN_DT_FLOAT, nullptr};

@@ -1,5 +1,7 @@
-/* CUDA kernels for mm, bmm and linear (reduce group; registered by
- * ops_reduce.cu): one tiled shared-memory GEMM on any strides.
+/* CUDA kernels for mm, bmm, linear and linear_act (reduce group;
+ * registered by ops_reduce.cu): one tiled shared-memory GEMM on any
+ * strides (linear_act: K may span several dims of x, and relu runs in the
+ * store).
  *
  *   C[b](M x N) = A[b](M x K) @ B[b](K x N) (+ bias[n])
  *
@@ -40,6 +42,12 @@ struct gemm_geom {
     const void *bias;         /* NULL: none */
     kiln_dtype bias_dt;
     int64_t bias_s;
+    /* linear_act: K spans several dims of A (x's dims 1.. that do not
+     * merge into one stride): k -> sum of (k's digit) * a_kss; kdim <= 1
+     * means k * a_ks. relu: linear_act's relu (NaN kept) after the bias. */
+    int kdim;
+    int64_t kshape[KILN_MAX_DIMS], a_kss[KILN_MAX_DIMS];
+    bool relu;
 
     KILN_HD void row_offsets(int64_t r, int64_t *a_off, int64_t *c_off) const {
         int64_t a = 0, c = 0;
@@ -51,6 +59,15 @@ struct gemm_geom {
         }
         *a_off = a;
         *c_off = c;
+    }
+    KILN_HD int64_t k_offset(int64_t k) const {
+        if (kdim <= 1) return k * a_ks;
+        int64_t off = 0;
+        for (int d = kdim - 1; d >= 0; d--) {
+            off += (k % kshape[d]) * a_kss[d];
+            k /= kshape[d];
+        }
+        return off;
     }
 };
 
@@ -100,7 +117,7 @@ template <int D> __global__ void gemm_kernel(const void *A, const void *B, void 
             for (int q = 0; q < kLoads; q++) {
                 int64_t k = k0 + a_kk[q];
                 acc_t v = 0;
-                if (a_ok[q] && k < g.K) v = T::ld(A, abase + a_roff[q] + k * g.a_ks);
+                if (a_ok[q] && k < g.K) v = T::ld(A, abase + a_roff[q] + g.k_offset(k));
                 As[a_kk[q] * kTileM + a_row[q]] = v;
                 int64_t kb = k0 + b_kk[q], n = n0 + b_col[q];
                 acc_t w = 0;
@@ -127,6 +144,7 @@ template <int D> __global__ void gemm_kernel(const void *A, const void *B, void 
                 if (n >= g.N) continue;
                 acc_t v = acc[i][j];
                 if (g.bias) v += (acc_t)load_f64(g.bias, g.bias_dt, n * g.bias_s);
+                if (g.relu && !(v > (acc_t)0 || v != v)) v = (acc_t)0;
                 T::st(C, cbase + coff + n * g.c_ns, v);
             }
         }
@@ -267,6 +285,45 @@ kiln_status linear_op(const kiln_op_args *a) {
     }
     finish_geom(&g);
     return gemm_dispatch(a, g, "linear");
+}
+
+/* linear_act: y[n, o] = act(sum_k x_flat[n, k] * W[o, k] + b[o]) with
+ * x (N, d1, ...) read as (N, K) through the K digit map (dims 1.. merged
+ * where their strides allow): B(k, n = o) = W[o, k]; relu in the store. */
+kiln_status linear_act_op(const kiln_op_args *a) {
+    const kiln_strided *x = &a->in[0], *w = &a->in[1], *b = &a->in[2], *y = &a->out[0];
+    gemm_geom g;
+    memset(&g, 0, sizeof g);
+    g.M = x->shape[0];
+    g.K = w->shape[1];
+    g.N = w->shape[0];
+    g.batch = 1;
+    one_row_dim(&g, g.M, x->strides[0], y->strides[0]);
+    for (int d = 1; d < x->ndim; d++) {
+        int64_t n = x->shape[d];
+        if (n == 1) continue;
+        int r = g.kdim;
+        if (r > 0 && g.a_kss[r - 1] == x->strides[d] * n) {
+            g.kshape[r - 1] *= n;
+            g.a_kss[r - 1] = x->strides[d];
+            continue;
+        }
+        g.kshape[r] = n;
+        g.a_kss[r] = x->strides[d];
+        g.kdim++;
+    }
+    g.a_ks = g.kdim > 0 ? g.a_kss[g.kdim - 1] : 1;
+    g.b_ks = w->strides[1];
+    g.b_ns = w->strides[0];
+    g.c_ns = y->strides[1];
+    if (b->ndim >= 0) {
+        g.bias = b->data;
+        g.bias_dt = b->dtype;
+        g.bias_s = b->ndim > 0 ? b->strides[0] : 0;
+    }
+    g.relu = a->attrs->flag == 1;
+    finish_geom(&g);
+    return gemm_dispatch(a, g, "linear_act");
 }
 
 } // namespace kiln_cuda

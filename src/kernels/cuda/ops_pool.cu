@@ -69,8 +69,10 @@ pool_geom geom_of(const kiln_op_attrs *attrs) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (total);                            \
          i += (int64_t)gridDim.x * blockDim.x)
 
+/* relu: relu_max_pool2d, the window read through relu (NaN kept), so y
+ * and the indices are max_pool2d's of relu(x). */
 __global__ void max_pool_fwd(plane4 xp, const void *x, int xdt, plane4 yp, void *y, int ydt, plane4 ip,
-                             int64_t *ix, pool_geom g) {
+                             int64_t *ix, pool_geom g, bool relu) {
     int64_t H = xp.shape[2], W = xp.shape[3];
     GRID_STRIDE(i, yp.count()) {
         int64_t n, c, oh, ow;
@@ -85,6 +87,7 @@ __global__ void max_pool_fwd(plane4 xp, const void *x, int xdt, plane4 yp, void 
         for (int64_t h = h0; h < h1; h++)
             for (int64_t w = w0; w < w1; w++) {
                 double v = ldf(x, xdt, xp.off(n, c, h, w));
+                if (relu && !(v > 0 || v != v)) v = 0;
                 if (v > best || v != v) best = v, best_i = h * W + w;
             }
         stf(y, ydt, yp.off(n, c, oh, ow), best);
@@ -104,8 +107,11 @@ KILN_HD inline void window_range(int64_t h, int64_t k, int64_t s, int64_t p, int
     *hi = u;
 }
 
+/* y (relu_max_pool2d's backward; NULL for max_pool2d's): only the
+ * gradients whose y > 0 are gathered. */
 __global__ void max_pool_bwd(plane4 gp, const void *go, int gdt, plane4 ip, const void *ix, int idt,
-                             plane4 dp, void *dx, int ddt, pool_geom g, bool windowed) {
+                             plane4 dp, void *dx, int ddt, pool_geom g, bool windowed, plane4 yp,
+                             const void *y, int ydt) {
     int64_t W = dp.shape[3], Ho = gp.shape[2], Wo = gp.shape[3];
     GRID_STRIDE(i, dp.count()) {
         int64_t n, c, h, w;
@@ -119,7 +125,8 @@ __global__ void max_pool_bwd(plane4 gp, const void *go, int gdt, plane4 ip, cons
         double acc = 0;
         for (int64_t oh = oh0; oh <= oh1; oh++)
             for (int64_t ow = ow0; ow <= ow1; ow++)
-                if (ldi(ix, idt, ip.off(n, c, oh, ow)) == me) acc += ldf(go, gdt, gp.off(n, c, oh, ow));
+                if (ldi(ix, idt, ip.off(n, c, oh, ow)) == me && (!y || ldf(y, ydt, yp.off(n, c, oh, ow)) > 0))
+                    acc += ldf(go, gdt, gp.off(n, c, oh, ow));
         stf(dx, ddt, dp.off(n, c, h, w), acc);
     }
 }
@@ -213,7 +220,7 @@ __global__ void adaptive_bwd(plane4 gp, const void *go, int gdt, plane4 dp, void
     }
 }
 
-kiln_status run_max_pool2d(const kiln_op_args *a) {
+kiln_status max_pool_forward_run(const kiln_op_args *a, bool relu) {
     const kiln_strided *x = &a->in[0], *y = &a->out[0], *ix = &a->out[1];
     plane4 xp = as4(x), yp = as4(y), ip = as4(ix);
     if (yp.count() == 0) return KILN_OK;
@@ -221,14 +228,20 @@ kiln_status run_max_pool2d(const kiln_op_args *a) {
     KILN_TRY(guard.enter(y->data));
     KILN_LAUNCH(max_pool_fwd, kiln_nn::blocks_for(yp.count()), kiln_nn::kThreads, 0, a->stream, xp,
                 (const void *)x->data, (int)x->dtype, yp, y->data, (int)y->dtype, ip, (int64_t *)ix->data,
-                geom_of(a->attrs));
-    KILN_LAUNCH_CHECK(guard.device, "max_pool2d (max_pool_fwd)");
+                geom_of(a->attrs), relu);
+    KILN_LAUNCH_CHECK(guard.device, relu ? "relu_max_pool2d (max_pool_fwd)" : "max_pool2d (max_pool_fwd)");
     return KILN_OK;
 }
 
-kiln_status run_max_pool2d_backward(const kiln_op_args *a) {
-    const kiln_strided *go = &a->in[0], *ix = &a->in[1], *dx = &a->out[0];
-    plane4 gp = as4(go), ip = as4(ix), dp = as4(dx);
+kiln_status run_max_pool2d(const kiln_op_args *a) { return max_pool_forward_run(a, false); }
+
+kiln_status run_relu_max_pool2d(const kiln_op_args *a) { return max_pool_forward_run(a, true); }
+
+/* y: relu_max_pool2d_backward's forward output, or NULL. */
+kiln_status max_pool_backward_run(const kiln_op_args *a, const kiln_strided *go, const kiln_strided *y,
+                                  const kiln_strided *ix, const char *what) {
+    const kiln_strided *dx = &a->out[0];
+    plane4 gp = as4(go), ip = as4(ix), dp = as4(dx), yp = y ? as4(y) : gp;
     if (dp.count() == 0) return KILN_OK;
     kiln_cuda::device_guard guard;
     KILN_TRY(guard.enter(dx->data));
@@ -236,9 +249,20 @@ kiln_status run_max_pool2d_backward(const kiln_op_args *a) {
     bool windowed = g.kh > 0 && g.kw > 0;
     KILN_LAUNCH(max_pool_bwd, kiln_nn::blocks_for(dp.count()), kiln_nn::kThreads, 0, a->stream, gp,
                 (const void *)go->data, (int)go->dtype, ip, (const void *)ix->data, (int)ix->dtype, dp,
-                dx->data, (int)dx->dtype, g, windowed);
-    KILN_LAUNCH_CHECK(guard.device, "max_pool2d_backward (max_pool_bwd)");
+                dx->data, (int)dx->dtype, g, windowed, yp, y ? (const void *)y->data : (const void *)nullptr,
+                y ? (int)y->dtype : 0);
+    KILN_LAUNCH_CHECK(guard.device, what);
     return KILN_OK;
+}
+
+kiln_status run_max_pool2d_backward(const kiln_op_args *a) {
+    return max_pool_backward_run(a, &a->in[0], nullptr, &a->in[1], "max_pool2d_backward (max_pool_bwd)");
+}
+
+/* (grad_out, y, indices): relu's backward and max pooling's in one gather. */
+kiln_status run_relu_max_pool2d_backward(const kiln_op_args *a) {
+    return max_pool_backward_run(a, &a->in[0], &a->in[1], &a->in[2],
+                                 "relu_max_pool2d_backward (max_pool_bwd)");
 }
 
 kiln_status run_avg_pool2d(const kiln_op_args *a) {
@@ -294,6 +318,9 @@ kiln_status run_adaptive_avg_pool2d_backward(const kiln_op_args *a) {
 void kiln_cuda_fill_pool(kiln_op_kernel *t) {
     t[KILN_OP_MAX_POOL2D] = kiln_op_kernel{run_max_pool2d, nullptr, KILN_DT_FLOAT, nullptr};
     t[KILN_OP_MAX_POOL2D_BACKWARD] = kiln_op_kernel{run_max_pool2d_backward, nullptr, KILN_DT_FLOAT, nullptr};
+    t[KILN_OP_RELU_MAX_POOL2D] = kiln_op_kernel{run_relu_max_pool2d, nullptr, KILN_DT_FLOAT, nullptr};
+    t[KILN_OP_RELU_MAX_POOL2D_BACKWARD] =
+        kiln_op_kernel{run_relu_max_pool2d_backward, nullptr, KILN_DT_FLOAT, nullptr};
     t[KILN_OP_AVG_POOL2D] = kiln_op_kernel{run_avg_pool2d, nullptr, KILN_DT_FLOAT, nullptr};
     t[KILN_OP_AVG_POOL2D_BACKWARD] = kiln_op_kernel{run_avg_pool2d_backward, nullptr, KILN_DT_FLOAT, nullptr};
     t[KILN_OP_ADAPTIVE_AVG_POOL2D] = kiln_op_kernel{run_adaptive_avg_pool2d, nullptr, KILN_DT_FLOAT, nullptr};

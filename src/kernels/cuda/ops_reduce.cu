@@ -37,6 +37,7 @@ size_t mse_loss_workspace(const kiln_op_args *a);
 kiln_status mm_op(const kiln_op_args *a);
 kiln_status bmm_op(const kiln_op_args *a);
 kiln_status linear_op(const kiln_op_args *a);
+kiln_status linear_act_op(const kiln_op_args *a);
 } // namespace kiln_cuda
 
 namespace {
@@ -499,4 +500,5 @@ extern "C" void kiln_cuda_fill_reduce(kiln_op_kernel *t) {
     t[KILN_OP_MM] = kiln_op_kernel{kiln_cuda::mm_op, NULL, fl, NULL};
     t[KILN_OP_BMM] = kiln_op_kernel{kiln_cuda::bmm_op, NULL, fl, NULL};
     t[KILN_OP_LINEAR] = kiln_op_kernel{kiln_cuda::linear_op, NULL, fl, NULL};
+    t[KILN_OP_LINEAR_ACT] = kiln_op_kernel{kiln_cuda::linear_act_op, NULL, fl, NULL};
 }

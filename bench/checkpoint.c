@@ -1,0 +1,167 @@
+/* `kiln bench checkpoint`: what gradient checkpointing of a model spec's
+ * Sequential saves and costs (docs/performance.md, "Gradient
+ * checkpointing").
+ *
+ * One model and one Adam; a training step is zero_grad(set_to_none),
+ * forward, cross-entropy, backward, Adam step, on a fixed randn batch.
+ * Each round runs one step of every configuration (no checkpointing, then
+ * each --segments count), the order rotated from round to round so that a
+ * shared machine's slow minutes spread over all of them. Per step:
+ *   activation memory = allocator peak during the step
+ *                       - allocated at its start (parameters, Adam state, batch)
+ *                       - the gradients (the parameters' size)
+ *   step time = wall time of the step (the host waits for the device).
+ * Reported: medians over the rounds after --warmup untimed rounds, the
+ * saving and the time cost against no checkpointing, and a last stdout
+ * line of JSON.
+ *
+ *   kiln bench checkpoint [--model FILE] [--input CxHxW] [--batch N]
+ *                         [--segments 2,3,4] [--steps N] [--warmup N] */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "kiln/kiln.h"
+
+#define MAX_CONFIGS 16
+#define MAX_STEPS 64
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "kiln bench checkpoint: %s: %s\n", what, kiln_error_message());
+    return 1;
+}
+
+/* One training step; *act gets its activation memory. */
+static kiln_status step(kiln_module *m, kiln_optimizer *opt, kiln_tensor *x, kiln_tensor *y, kiln_device dev,
+                        int64_t grad_bytes, double *secs, int64_t *act) {
+    double t0 = now_s();
+    kiln_status st = kiln_optimizer_zero_grad(opt, true);
+    kiln_memory_stats s0, s1;
+    if (!st) st = kiln_device_synchronize(dev);
+    if (!st) st = kiln_memory_reset_peak(dev);
+    if (!st) st = kiln_memory_stats_get(dev, &s0);
+    kiln_scope_begin();
+    kiln_tensor *logits = st ? NULL : kiln_module_forward(m, x);
+    kiln_tensor *loss = logits ? kiln_cross_entropy(logits, y, NULL) : NULL;
+    if (!st && !loss) st = kiln_error_last()->status;
+    if (!st) st = kiln_backward(loss, NULL, false);
+    kiln_scope_end();
+    if (!st) st = kiln_optimizer_step(opt);
+    if (!st) st = kiln_device_synchronize(dev);
+    *secs = now_s() - t0;
+    if (!st) st = kiln_memory_stats_get(dev, &s1);
+    *act = s1.allocated_bytes[KILN_POOL_ALL].peak - s0.allocated_bytes[KILN_POOL_ALL].current - grad_bytes;
+    return st;
+}
+
+int kiln_bench_checkpoint(int argc, char **argv) {
+    const char *model = "models/resnet_small_cifar10.txt";
+    int64_t c = 3, h = 32, w = 32, batch = 512;
+    int steps = 5, warmup = 1, n_cfg = 1, segs[MAX_CONFIGS] = {0, 2, 3, 4};
+    n_cfg = 4;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = v != NULL;
+        if (!strcmp(o, "--model") && v) model = v;
+        else if (!strcmp(o, "--input") && v) ok = sscanf(v, "%" SCNd64 "x%" SCNd64 "x%" SCNd64, &c, &h, &w) == 3 && c > 0 && h > 0 && w > 0;
+        else if (!strcmp(o, "--batch") && v) ok = (batch = atol(v)) > 0;
+        else if (!strcmp(o, "--steps") && v) ok = (steps = atoi(v)) > 0 && steps <= MAX_STEPS;
+        else if (!strcmp(o, "--warmup") && v) ok = (warmup = atoi(v)) >= 0;
+        else if (!strcmp(o, "--segments") && v) {
+            n_cfg = 1;
+            for (const char *p = v; ok && *p && n_cfg < MAX_CONFIGS;) {
+                char *end;
+                long s = strtol(p, &end, 10);
+                ok = end != p && s >= 2;
+                segs[n_cfg++] = (int)s;
+                p = *end == ',' ? end + 1 : end;
+                ok = ok && (*end == ',' || *end == '\0');
+            }
+        } else {
+            fprintf(stderr,
+                    "usage: kiln bench checkpoint [--model FILE] [--input CxHxW] [--batch N] [--segments 2,3,4] "
+                    "[--steps N] [--warmup N]\n");
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "kiln bench checkpoint: bad value for %s\n", o);
+            return 2;
+        }
+        i++;
+    }
+    kiln_device dev = kiln_default_device();
+    kiln_manual_seed(0);
+    kiln_module *m = NULL;
+    if (kiln_model_spec_load(model, c, h, w, &m) != KILN_OK) return fail("model");
+    if (kiln_module_to(m, dev) != KILN_OK) return fail("model");
+    kiln_tensor **params = NULL;
+    int np = 0;
+    if (kiln_module_parameters(m, &params, &np) != KILN_OK) return fail("model");
+    int64_t param_bytes = 0;
+    for (int i = 0; i < np; i++) param_bytes += kiln_numel(params[i]) * (int64_t)kiln_dtype_size(kiln_dtype_of(params[i]));
+    kiln_adam_opts ao = kiln_adam_defaults();
+    kiln_optimizer *opt = kiln_adam(params, np, &ao);
+    free(params);
+    if (!opt) return fail("optimizer");
+    kiln_tensor *x = kiln_randn(KILN_SHAPE(batch, c, h, w), KILN_F32, dev);
+    kiln_tensor *y = x ? kiln_zeros(KILN_SHAPE(batch), KILN_I64, dev) : NULL;
+    if (!y) return fail("batch");
+    char devs[32];
+    printf("%s, input %ldx%ldx%ld, batch %ld on %s, %d layers, %.1f MiB of parameters; %d rounds after %d warm-up\n",
+           model, (long)c, (long)h, (long)w, (long)batch, kiln_device_str(dev, devs, sizeof devs),
+           kiln_module_num_children(m), (double)param_bytes / 1048576.0, steps, warmup);
+    static double secs[MAX_CONFIGS][MAX_STEPS];
+    static double act[MAX_CONFIGS][MAX_STEPS];
+    for (int r = 0; r < warmup + steps; r++) {
+        for (int k = 0; k < n_cfg; k++) {
+            int cfg = (k + r) % n_cfg;
+            double s = 0;
+            int64_t a = 0;
+            if (kiln_nn_sequential_set_checkpoint(m, segs[cfg]) != KILN_OK) return fail("--segments");
+            if (step(m, opt, x, y, dev, param_bytes, &s, &a) != KILN_OK) return fail("step");
+            if (r >= warmup) secs[cfg][r - warmup] = s, act[cfg][r - warmup] = (double)a;
+        }
+    }
+    double t_med[MAX_CONFIGS], a_med[MAX_CONFIGS];
+    printf("%-10s %16s %10s %12s %10s\n", "segments", "activations MiB", "saved", "step s (med)", "cost");
+    for (int k = 0; k < n_cfg; k++) {
+        double lo = secs[k][0], hi = secs[k][0];
+        for (int i = 1; i < steps; i++) lo = secs[k][i] < lo ? secs[k][i] : lo, hi = secs[k][i] > hi ? secs[k][i] : hi;
+        t_med[k] = median(secs[k], steps);
+        a_med[k] = median(act[k], steps);
+        char name[16];
+        if (segs[k]) snprintf(name, sizeof name, "%d", segs[k]);
+        else snprintf(name, sizeof name, "none");
+        printf("%-10s %16.1f %9.1f%% %12.3f %9.1f%%   [%.3f-%.3f s]\n", name, a_med[k] / 1048576.0,
+               100.0 * (1.0 - a_med[k] / a_med[0]), t_med[k], 100.0 * (t_med[k] / t_med[0] - 1.0), lo, hi);
+    }
+    printf("{\"bench\":\"checkpoint\",\"model\":\"%s\",\"batch\":%ld,\"configs\":[", model, (long)batch);
+    for (int k = 0; k < n_cfg; k++)
+        printf("%s{\"segments\":%d,\"activation_bytes\":%.0f,\"step_s\":%.4f,\"saved\":%.4f,\"cost\":%.4f}",
+               k ? "," : "", segs[k], a_med[k], t_med[k], 1.0 - a_med[k] / a_med[0], t_med[k] / t_med[0] - 1.0);
+    printf("]}\n");
+    kiln_release(x);
+    kiln_release(y);
+    kiln_optimizer_free(opt);
+    kiln_module_free(m);
+    return 0;
+}

@@ -1,0 +1,186 @@
+/* Harness cases of the fused ops: conv2d_relu, linear_act,
+ * relu_max_pool2d and relu_max_pool2d_backward. The references are the
+ * unfused chains' float64 references (cases_nn.c's conv2d and pooling
+ * loops, which must be included first) followed or preceded by relu, and
+ * plain loops for linear_act and the fused backward. Inputs of the relu
+ * ops stay away from relu's kink where finite differences look (normal
+ * values for the convolution, +-[0.5, 1.5) before the pooling). Every
+ * file-scope name starts with fused_ (harness.h's naming rule). */
+#include <math.h>
+#include <string.h>
+
+#include "ops/harness.h"
+
+static double fused_relu1(double v) { return v > 0 || isnan(v) ? v : 0.0; }
+
+/* ---- conv2d_relu ----------------------------------------------------------------- */
+
+static kiln_tensor *fused_run_conv2d_relu(kh_run *r) {
+    const kiln_op_attrs *a = r->attrs;
+    kiln_conv2d_opts o = {.stride = {a->stride[0], a->stride[1]},
+                          .padding = {a->padding[0], a->padding[1]},
+                          .dilation = {a->dilation[0], a->dilation[1]},
+                          .groups = a->groups};
+    return kiln_conv2d_relu(r->in[0], r->in[1], r->in[2], &o);
+}
+
+static void fused_ref_conv2d_relu(kh_ref *r) {
+    nn_ref_conv2d(r);
+    int64_t n = kh_numel(r->out_shape[0]);
+    for (int64_t i = 0; i < n; i++) r->out[0][i] = fused_relu1(r->out[0][i]);
+}
+
+/* ---- linear_act -------------------------------------------------------------------- */
+
+static kiln_tensor *fused_run_linear_act(kh_run *r) {
+    return kiln_linear_act(r->in[0], r->in[1], r->in[2], (kiln_activation)r->attrs->flag);
+}
+
+/* x (N, ...) read row-major as (N, K). */
+static void fused_ref_linear_act(kh_ref *r) {
+    kiln_shape xs = r->shape[0];
+    int64_t N = xs.d[0], K = kh_numel(xs) / (N ? N : 1), O = r->shape[1].d[0];
+    double *y = kh_out(r, 0, KILN_SHAPE(N, O), 0);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < O; o++) {
+            double s = r->in[2] ? r->in[2][o] : 0;
+            for (int64_t k = 0; k < K; k++) s += r->in[0][n * K + k] * r->in[1][o * K + k];
+            y[n * O + o] = r->attrs->flag == 1 ? fused_relu1(s) : s;
+        }
+}
+
+/* ---- relu_max_pool2d -------------------------------------------------------------- */
+
+static kiln_tensor *fused_run_relu_max_pool2d(kh_run *r) {
+    kiln_pool2d_opts o = nn_pool_opts(r->attrs);
+    return kiln_relu_max_pool2d(r->in[0], &o, &r->aux[0]);
+}
+
+/* max_pool2d's reference on relu(x): values and indices. */
+static void fused_ref_relu_max_pool2d(kh_ref *r) {
+    int64_t n = kh_numel(r->shape[0]);
+    double *x = malloc((size_t)(n ? n : 1) * sizeof(double));
+    if (!x) abort();
+    for (int64_t i = 0; i < n; i++) x[i] = fused_relu1(r->in[0][i]);
+    const double *orig = r->in[0];
+    r->in[0] = x;
+    nn_ref_max_pool2d(r);
+    r->in[0] = orig;
+    free(x);
+}
+
+/* (grad_out, y, indices) -> grad_input, input shape in attrs.ints: the
+ * gradients whose y > 0 summed at their index within the plane. */
+static kiln_tensor *fused_run_relu_pool_backward(kh_run *r) {
+    return nn_run_direct(r, KILN_OP_RELU_MAX_POOL2D_BACKWARD);
+}
+
+static void fused_ref_relu_pool_backward(kh_ref *r) {
+    const kiln_op_attrs *a = r->attrs;
+    kiln_shape xs = {.ndim = a->n_ints};
+    for (int i = 0; i < a->n_ints; i++) xs.d[i] = a->ints[i];
+    double *dx = kh_out(r, 0, xs, 0);
+    int64_t P, H, W, Ho, Wo, Pg;
+    nn_planes(xs, &P, &H, &W);
+    nn_planes(r->shape[0], &Pg, &Ho, &Wo);
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t i = 0; i < Ho * Wo; i++) {
+            int64_t o = p * Ho * Wo + i;
+            if (!(r->in[1][o] > 0)) continue;
+            dx[p * H * W + (int64_t)r->in[2][o]] += r->in[0][o];
+        }
+}
+
+/* ---- the table ---------------------------------------------------------------------- */
+
+#define FUSED_X(...)  {.shape = KILN_SHAPE(__VA_ARGS__), .fill = KH_NORMAL, .grad = true}
+#define FUSED_XT(...) {.shape = KILN_SHAPE(__VA_ARGS__), .fill = KH_NORMAL, .layout = KH_TRANSPOSED, .grad = true}
+#define FUSED_XS(...) {.shape = KILN_SHAPE(__VA_ARGS__), .fill = KH_NORMAL, .layout = KH_STRIDED, .grad = true}
+#define FUSED_AWAY(layout_, ...) \
+    {.shape = KILN_SHAPE(__VA_ARGS__), .fill = KH_AWAY, .layout = layout_, .grad = true}
+#define FUSED_NG(layout_, ...) {.shape = KILN_SHAPE(__VA_ARGS__), .fill = KH_NORMAL, .layout = layout_}
+#define FUSED_IDX(hi_, ...) \
+    {.shape = KILN_SHAPE(__VA_ARGS__), .fill = KH_INDEX, .lo = 0, .hi = hi_, .as = KH_AS(KILN_I64)}
+#define FUSED_ABSENT {.absent = true}
+#define FUSED_CONV(s0, s1, p0, p1, d0, d1, g) \
+    {.stride = {s0, s1}, .padding = {p0, p1}, .dilation = {d0, d1}, .groups = g}
+#define FUSED_POOL(k0, k1, s0, s1, p0, p1, ceil_) \
+    {.kernel = {k0, k1}, .stride = {s0, s1}, .padding = {p0, p1}, .ceil_mode = ceil_, .count_include_pad = true}
+
+static const kh_case fused_cases[] = {
+    /* conv2d_relu: conv2d's geometry variants, odd shapes, non-contiguous inputs */
+    {.name = "conv2d_relu", .params = "2x3x5x6 w4x3x3x2 bias s1,2 p1,0 T", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_XT(2, 3, 5, 6), FUSED_X(4, 3, 3, 2), FUSED_X(4)}, .attrs = FUSED_CONV(1, 2, 1, 0, 1, 1, 1),
+     .op = KH_OP(KILN_OP_CONV2D_RELU), .run = fused_run_conv2d_relu, .reference = fused_ref_conv2d_relu},
+    {.name = "conv2d_relu", .params = "1x4x7x7 w6x2x2x3 groups2 s2 p1,2 d2,1 nobias S", .dtypes = KH_FLOAT,
+     .n_in = 3, .in = {FUSED_X(1, 4, 7, 7), FUSED_XS(6, 2, 2, 3), FUSED_ABSENT},
+     .attrs = FUSED_CONV(2, 2, 1, 2, 2, 1, 2), .op = KH_OP(KILN_OP_CONV2D_RELU), .run = fused_run_conv2d_relu,
+     .reference = fused_ref_conv2d_relu},
+    {.name = "conv2d_relu", .params = "3x1x5x3 w2x1x3x3 p1 bias S", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_XS(3, 1, 5, 3), FUSED_X(2, 1, 3, 3), FUSED_X(2)}, .attrs = FUSED_CONV(1, 1, 1, 1, 1, 1, 1),
+     .op = KH_OP(KILN_OP_CONV2D_RELU), .run = fused_run_conv2d_relu, .reference = fused_ref_conv2d_relu},
+    {.name = "conv2d_relu", .params = "groups mismatch", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
+     .in = {FUSED_X(3, 2, 4, 4), FUSED_X(3, 1, 1, 1), FUSED_ABSENT}, .attrs = FUSED_CONV(1, 1, 0, 0, 1, 1, 2),
+     .run = fused_run_conv2d_relu, .expect_error = "conv2d_relu: x"},
+
+    /* linear_act: x flattened from dim 1 (dims that do not merge into one
+     * stride when transposed), relu or none, bias or not */
+    {.name = "linear_act", .params = "3x2x5 w4x10 bias relu T", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_XT(3, 2, 5), FUSED_X(4, 10), FUSED_X(4)}, .attrs = {.flag = 1},
+     .op = KH_OP(KILN_OP_LINEAR_ACT), .run = fused_run_linear_act, .reference = fused_ref_linear_act},
+    {.name = "linear_act", .params = "2x3x2x2 w5x12 nobias relu S", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_XS(2, 3, 2, 2), FUSED_XT(5, 12), FUSED_ABSENT}, .attrs = {.flag = 1},
+     .op = KH_OP(KILN_OP_LINEAR_ACT), .run = fused_run_linear_act, .reference = fused_ref_linear_act},
+    {.name = "linear_act", .params = "5x7 w3x7 bias none", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_X(5, 7), FUSED_X(3, 7), FUSED_X(3)}, .attrs = {.flag = 0},
+     .op = KH_OP(KILN_OP_LINEAR_ACT), .run = fused_run_linear_act, .reference = fused_ref_linear_act},
+    {.name = "linear_act", .params = "4x1x3x1 w6x3 bias relu T", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_XT(4, 1, 3, 1), FUSED_X(6, 3), FUSED_XS(6)}, .attrs = {.flag = 1},
+     .op = KH_OP(KILN_OP_LINEAR_ACT), .run = fused_run_linear_act, .reference = fused_ref_linear_act},
+    {.name = "linear_act", .params = "in features mismatch", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
+     .in = {FUSED_X(2, 3, 2), FUSED_X(4, 5), FUSED_ABSENT}, .attrs = {.flag = 1}, .run = fused_run_linear_act,
+     .expect_error = "linear_act: shapes"},
+    {.name = "linear_act", .params = "1-d x", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
+     .in = {FUSED_X(5), FUSED_X(4, 5), FUSED_ABSENT}, .attrs = {.flag = 0}, .run = fused_run_linear_act,
+     .expect_error = "linear_act: shapes"},
+    {.name = "linear_act", .params = "unknown activation", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
+     .in = {FUSED_X(2, 5), FUSED_X(4, 5), FUSED_ABSENT}, .attrs = {.flag = 7}, .run = fused_run_linear_act,
+     .expect_error = "activation 7"},
+
+    /* relu_max_pool2d: indices are output 1 */
+    {.name = "relu_max_pool2d", .params = "2x2x7x6 k3 s2 p1 ceil", .dtypes = KH_FLOAT, .n_in = 1,
+     .in = {FUSED_AWAY(KH_CONTIG, 2, 2, 7, 6)}, .attrs = FUSED_POOL(3, 3, 2, 2, 1, 1, true),
+     .op = KH_OP(KILN_OP_RELU_MAX_POOL2D), .run = fused_run_relu_max_pool2d,
+     .reference = fused_ref_relu_max_pool2d},
+    {.name = "relu_max_pool2d", .params = "3x5x7 k2,3 s1,2 3d S", .dtypes = KH_FLOAT, .n_in = 1,
+     .in = {FUSED_AWAY(KH_STRIDED, 3, 5, 7)}, .attrs = FUSED_POOL(2, 3, 1, 2, 0, 0, false),
+     .op = KH_OP(KILN_OP_RELU_MAX_POOL2D), .run = fused_run_relu_max_pool2d,
+     .reference = fused_ref_relu_max_pool2d},
+    {.name = "relu_max_pool2d", .params = "1x3x5x5 k2 s2 p1 ceil T", .dtypes = KH_FLOAT, .n_in = 1,
+     .in = {FUSED_AWAY(KH_TRANSPOSED, 1, 3, 5, 5)}, .attrs = FUSED_POOL(2, 2, 2, 2, 1, 1, true),
+     .op = KH_OP(KILN_OP_RELU_MAX_POOL2D), .run = fused_run_relu_max_pool2d,
+     .reference = fused_ref_relu_max_pool2d},
+    {.name = "relu_max_pool2d", .params = "2x3x4x4 k2 s2 normal", .dtypes = KH_FLOAT, .n_in = 1,
+     .in = {FUSED_X(2, 3, 4, 4)}, .attrs = FUSED_POOL(2, 2, 2, 2, 0, 0, false),
+     .op = KH_OP(KILN_OP_RELU_MAX_POOL2D), .run = fused_run_relu_max_pool2d,
+     .reference = fused_ref_relu_max_pool2d},
+    {.name = "relu_max_pool2d", .params = "pad over half kernel", .dtypes = KILN_DT(KILN_F32), .n_in = 1,
+     .in = {FUSED_X(1, 1, 4, 4)}, .attrs = FUSED_POOL(2, 2, 2, 2, 2, 2, false), .run = fused_run_relu_max_pool2d,
+     .expect_error = "more than half"},
+
+    /* relu_max_pool2d_backward on its own (guard bytes, every dtype): y of
+     * both signs, indices anywhere in the plane (no window geometry in the
+     * attrs, so every backend scans the whole plane), repeated indices sum */
+    {.name = "relu_max_pool2d_backward", .params = "g2x3x2x3 -> 2x3x4x5 T", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_NG(KH_TRANSPOSED, 2, 3, 2, 3), FUSED_NG(KH_CONTIG, 2, 3, 2, 3), FUSED_IDX(20, 2, 3, 2, 3)},
+     .attrs = {.ints = {2, 3, 4, 5}, .n_ints = 4}, .op = KH_OP(KILN_OP_RELU_MAX_POOL2D_BACKWARD),
+     .run = fused_run_relu_pool_backward, .reference = fused_ref_relu_pool_backward},
+    {.name = "relu_max_pool2d_backward", .params = "g3x3x2 -> 3x5x3 3d S", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_NG(KH_CONTIG, 3, 3, 2), FUSED_NG(KH_STRIDED, 3, 3, 2), FUSED_IDX(15, 3, 3, 2)},
+     .attrs = {.ints = {3, 5, 3}, .n_ints = 3}, .op = KH_OP(KILN_OP_RELU_MAX_POOL2D_BACKWARD),
+     .run = fused_run_relu_pool_backward, .reference = fused_ref_relu_pool_backward},
+    {.name = "relu_max_pool2d_backward", .params = "y shape mismatch", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
+     .in = {FUSED_NG(KH_CONTIG, 1, 2, 2, 2), FUSED_NG(KH_CONTIG, 1, 2, 2, 3), FUSED_IDX(4, 1, 2, 2, 2)},
+     .attrs = {.ints = {1, 2, 4, 4}, .n_ints = 4}, .run = fused_run_relu_pool_backward,
+     .expect_error = "relu_max_pool2d_backward: y is"},
+};

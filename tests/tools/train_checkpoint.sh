@@ -1,0 +1,64 @@
+#!/bin/sh
+# kiln train --checkpoint: the same losses with and without gradient
+# checkpointing (a spec with BatchNorm and dropout), --checkpoint auto
+# choosing from measured peaks, and the usage errors.
+# usage: train_checkpoint.sh KILN_BINARY. Exit 77 (skipped) without the dataset.
+set -eu
+kiln=$1
+data=/usr/share/datasets/fashion-mnist
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
+  echo "SKIPPED: Fashion-MNIST not installed (Debian package dataset-fashion-mnist)"
+  exit 77
+fi
+out=$(mktemp -d "${TMPDIR:-/tmp}/kiln_train_ckpt.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+cat > "$out/model.txt" <<'SPEC'
+conv 8 k3 p1
+batchnorm
+relu
+dropout 0.2
+maxpool 2
+conv 16 k3 p1
+batchnorm
+relu
+maxpool 2
+flatten
+linear 10
+SPEC
+common="--model $out/model.txt --limit 256 --batch 64 --max-steps 3 --log-every 1 --seed 5 --workers 0"
+losses() { grep '"event":"step"' "$1/metrics.jsonl" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
+"$kiln" train $common --out "$out/plain" > /dev/null 2> "$out/plain.err"
+"$kiln" train $common --checkpoint 3 --out "$out/ckpt" > /dev/null 2> "$out/ckpt.err"
+grep -q "gradient checkpointing: 3 segments of the model's 11 layers" "$out/ckpt.err"
+losses "$out/plain" > "$out/plain.loss"
+losses "$out/ckpt" > "$out/ckpt.loss"
+test "$(wc -l < "$out/plain.loss")" -eq 3
+if ! cmp -s "$out/plain.loss" "$out/ckpt.loss"; then
+  echo "losses differ with --checkpoint 3:"; paste "$out/plain.loss" "$out/ckpt.loss"; exit 1
+fi
+# auto: a generous budget needs no checkpointing; a budget between the
+# measured peaks picks segments; an impossible one is an error.
+"$kiln" train $common --checkpoint auto --memory-budget 1TiB --out "$out/auto1" > /dev/null 2> "$out/auto1.err"
+grep -q "checkpoint auto: step peak .*none [0-9.]* MiB.*no checkpointing needed" "$out/auto1.err"
+set +e
+"$kiln" train $common --checkpoint auto --memory-budget 64KiB --out "$out/auto2" > /dev/null 2> "$out/auto2.err"
+rc=$?
+set -e
+test "$rc" -eq 1
+grep -q "no segment count keeps the step under --memory-budget" "$out/auto2.err"
+# Usage errors exit 2; a segment count above the model's layers names both.
+for args in "--checkpoint auto" "--memory-budget 2GiB" "--checkpoint -1" "--checkpoint x" \
+            "--checkpoint auto --memory-budget 2XB" "--checkpoint auto --memory-budget 0"; do
+  set +e
+  "$kiln" train $common $args --out "$out/bad" > /dev/null 2> "$out/bad.err"
+  rc=$?
+  set -e
+  if [ "$rc" -ne 2 ]; then echo "'$args' exited $rc, not 2"; cat "$out/bad.err"; exit 1; fi
+done
+set +e
+"$kiln" train $common --checkpoint 20 --out "$out/bad" > /dev/null 2> "$out/bad.err"
+rc=$?
+set -e
+test "$rc" -eq 1
+grep -q "20 segments for a Sequential of 11 layers" "$out/bad.err"
+echo "train checkpoint: ok"
