@@ -139,6 +139,55 @@ static void test_sum(void) {
     kiln_release(x), kiln_release(xb), kiln_release(s), kiln_release(sb), kiln_release(t), kiln_release(tr);
 }
 
+/* Batch norm (training, then eval) and its backward on a blocked input
+ * against the same on the strided input: values within the fast kernels'
+ * summation-order tolerance, output in the input's layout. */
+static void bn_case(bool training) {
+    kiln_tensor *x = pattern(KILN_SHAPE(3, 32, 5, 6), 17), *xb = blocked_copy(x);
+    kiln_tensor *w[2], *b[2], *rm[2], *rv[2], *y[2], *l[2];
+    kiln_tensor *xs[2] = {x, xb};
+    for (int k = 0; k < 2; k++) {
+        w[k] = pattern(KILN_SHAPE(32), 3), b[k] = pattern(KILN_SHAPE(32), 4);
+        rm[k] = kiln_zeros(KILN_SHAPE(32), KILN_F32, KILN_CPU), rv[k] = kiln_ones(KILN_SHAPE(32), KILN_F32, KILN_CPU);
+        CHECK_OK(kiln_set_requires_grad(xs[k], true));
+        CHECK_OK(kiln_set_requires_grad(w[k], true));
+        y[k] = kiln_batch_norm(xs[k], w[k], b[k], rm[k], rv[k], training, 0.1, 1e-5);
+        CHECK(y[k] != NULL);
+        kiln_tensor *wgt = pattern(kiln_shape_of(y[k]), 9);
+        kiln_tensor *p = kiln_mul(y[k], wgt); /* converts y[1] */
+        l[k] = kiln_sum(p, 0, NULL, false);
+        CHECK_OK(kiln_backward(l[k], NULL, false));
+        kiln_release(wgt), kiln_release(p);
+    }
+    int64_t n = kiln_numel(x);
+    float *ya = host_values(y[0]), *yb = host_values(y[1]), *ga = grad_values(x), *gb = grad_values(xb);
+    float *wa = grad_values(w[0]), *wb = grad_values(w[1]), *ma = host_values(rm[0]), *mb = host_values(rm[1]);
+    CHECK_MSG(max_rel_diff(yb, ya, n) <= 1e-5, "batch norm (%s) on a blocked input: %g", training ? "train" : "eval",
+              max_rel_diff(yb, ya, n));
+    CHECK_MSG(max_rel_diff(gb, ga, n) <= 1e-4, "batch norm input gradient on a blocked input: %g",
+              max_rel_diff(gb, ga, n));
+    CHECK_MSG(max_rel_diff(wb, wa, 32) <= 1e-4, "batch norm weight gradient on a blocked input: %g",
+              max_rel_diff(wb, wa, 32));
+    CHECK_MSG(max_rel_diff(mb, ma, 32) <= 1e-6, "running mean on a blocked input: %g", max_rel_diff(mb, ma, 32));
+    free(ya), free(yb), free(ga), free(gb), free(wa), free(wb), free(ma), free(mb);
+    for (int k = 0; k < 2; k++) {
+        kiln_release(w[k]), kiln_release(b[k]), kiln_release(rm[k]), kiln_release(rv[k]);
+        kiln_release(y[k]), kiln_release(l[k]);
+    }
+    kiln_release(x), kiln_release(xb);
+}
+
+static void test_batch_norm(void) {
+    /* the fast kernel keeps the layout */
+    kiln_tensor *x = pattern(KILN_SHAPE(2, 16, 3, 3), 21), *xb = blocked_copy(x);
+    kiln_tensor *rm = kiln_zeros(KILN_SHAPE(16), KILN_F32, KILN_CPU), *rv = kiln_ones(KILN_SHAPE(16), KILN_F32, KILN_CPU);
+    kiln_tensor *y = kiln_batch_norm(xb, NULL, NULL, rm, rv, true, 0.1, 1e-5);
+    CHECK(y && kiln_layout_of(y) == KILN_LAYOUT_NCHW16C);
+    kiln_release(x), kiln_release(xb), kiln_release(rm), kiln_release(rv), kiln_release(y);
+    bn_case(true);
+    bn_case(false);
+}
+
 /* Views alias the converted storage; in-place ops; copies; mixed inputs. */
 static void test_views_and_writes(void) {
     kiln_tensor *x = pattern(KILN_SHAPE(2, 16, 3, 4), 11), *xb = blocked_copy(x);
@@ -296,6 +345,7 @@ int main(void) {
     test_reorder_roundtrip();
     test_pool_relu();
     test_sum();
+    test_batch_norm();
     test_views_and_writes();
     test_data_ptr();
     test_conv_chain();

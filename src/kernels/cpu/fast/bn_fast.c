@@ -261,7 +261,7 @@ kiln_status kiln_fast_batch_norm_backward(const kiln_op_args *a) {
                 int64_t o = (n * CB + cb) * HW * L;
                 blk_gsums(go + o, xd + o, HW, mean, sg, sgx);
             }
-            double cnt = N * HW ? (double)(N * HW) : 1.0;
+            double cnt = N * HW != 0 ? (double)(N * HW) : 1.0;
             for (int l = 0; l < L; l++) {
                 int64_t c = cb * L + l;
                 double invstd = is[c];
@@ -286,7 +286,7 @@ kiln_status kiln_fast_batch_norm_backward(const kiln_op_args *a) {
             int64_t o = at(lay, n, c, 0, C, HW);
             span_gsums(go + o, xd + o, HW, step, mean, &sg, &sgx);
         }
-        double cnt = N * HW ? (double)(N * HW) : 1.0;
+        double cnt = N * HW != 0 ? (double)(N * HW) : 1.0;
         double gmean = sg / cnt, proj = sgx / cnt * invstd * invstd;
         for (int64_t n = 0; n < N; n++) {
             int64_t o = at(lay, n, c, 0, C, HW);
