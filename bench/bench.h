@@ -15,6 +15,10 @@ int kiln_bench_checkpoint(int argc, char **argv);
 int kiln_bench_cnn_device(int argc, char **argv);
 int kiln_bench_copy(int argc, char **argv);
 int kiln_bench_gemm(int argc, char **argv);
+/* cnn_step.c: PyTorch's OptimizedCNN for 3x32x32 (parameter names and
+ * order as PyTorch's), on the CPU; its forward calls the fused ops when
+ * layer fusion is on. A new module the caller frees, or NULL. */
+kiln_module *kiln_bench_cnn_model(void);
 /* bench_data.c: a CIFAR-sized synthetic u8 dataset (N, 3, 32, 32). */
 kiln_dataset *kiln_bench_synthetic_cifar(int64_t n);
 #endif

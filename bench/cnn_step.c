@@ -135,7 +135,7 @@ static kiln_tensor *cnn_forward(kiln_module *m, kiln_tensor *x, void *user) {
 }
 
 /* Children in OptimizedCNN's order, so parameter names and order are PyTorch's. */
-static kiln_module *cnn_new(void) {
+kiln_module *kiln_bench_cnn_model(void) {
     kiln_module *m = kiln_nn_custom("OptimizedCNN", cnn_forward, NULL);
     if (!m) return NULL;
     kiln_status st = kiln_module_add_child(m, "conv1", kiln_nn_conv2d(3, 32, 3, 1, 1, 1, 1, true));
@@ -195,7 +195,7 @@ static kiln_status next_batch(cnn_bench *b, kiln_tensor **x, kiln_tensor **y) {
 
 static kiln_status cnn_setup(cnn_bench *b, const cnn_config *cfg) {
     kiln_manual_seed(0);
-    b->model = cnn_new();
+    b->model = kiln_bench_cnn_model();
     if (!b->model) return kiln_error_last()->status;
     kiln_tensor **params = NULL;
     int n = 0;

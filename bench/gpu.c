@@ -100,51 +100,6 @@ static int need_device(const char *bench, kiln_device d) {
 
 /* ---- cnn --device -------------------------------------------------------------------------- */
 
-#define CNN_FLAT (128 * 4 * 4)
-
-/* bench/cnn_step.c's OptimizedCNN: pool(relu(conv_i(x))) three times, fc1, relu, fc2. */
-static kiln_tensor *cnn_forward(kiln_module *m, kiln_tensor *x, void *user) {
-    (void)user;
-    static const char *const convs[3] = {"conv1", "conv2", "conv3"};
-    kiln_module *pool = kiln_module_child(m, "pool"), *relu = kiln_module_child(m, "relu");
-    kiln_tensor *h = kiln_retain(x);
-    for (int i = 0; i < 3 && h; i++) {
-        kiln_tensor *c = kiln_module_forward(kiln_module_child(m, convs[i]), h);
-        kiln_release(h);
-        kiln_tensor *r = c ? kiln_module_forward(relu, c) : NULL;
-        kiln_release(c);
-        h = r ? kiln_module_forward(pool, r) : NULL;
-        kiln_release(r);
-    }
-    if (!h) return NULL;
-    kiln_tensor *flat = kiln_view(h, KILN_SHAPE(-1, CNN_FLAT));
-    kiln_release(h);
-    kiln_tensor *f1 = flat ? kiln_module_forward(kiln_module_child(m, "fc1"), flat) : NULL;
-    kiln_release(flat);
-    kiln_tensor *r1 = f1 ? kiln_module_forward(relu, f1) : NULL;
-    kiln_release(f1);
-    kiln_tensor *out = r1 ? kiln_module_forward(kiln_module_child(m, "fc2"), r1) : NULL;
-    kiln_release(r1);
-    return out;
-}
-
-static kiln_module *cnn_new(void) {
-    kiln_module *m = kiln_nn_custom("OptimizedCNN", cnn_forward, NULL);
-    if (!m) return NULL;
-    kiln_status st = kiln_module_add_child(m, "conv1", kiln_nn_conv2d(3, 32, 3, 1, 1, 1, 1, true));
-    if (!st) st = kiln_module_add_child(m, "conv2", kiln_nn_conv2d(32, 64, 3, 1, 1, 1, 1, true));
-    if (!st) st = kiln_module_add_child(m, "conv3", kiln_nn_conv2d(64, 128, 3, 1, 1, 1, 1, true));
-    if (!st) st = kiln_module_add_child(m, "pool", kiln_nn_max_pool2d(2, 2, 0));
-    if (!st) st = kiln_module_add_child(m, "fc1", kiln_nn_linear(CNN_FLAT, 512, true));
-    if (!st) st = kiln_module_add_child(m, "fc2", kiln_nn_linear(512, 10, true));
-    if (!st) st = kiln_module_add_child(m, "relu", kiln_nn_relu());
-    if (st) {
-        kiln_module_free(m);
-        return NULL;
-    }
-    return m;
-}
-
 typedef struct cnn_dev {
     kiln_module *model;
     kiln_optimizer *opt;
@@ -205,7 +160,7 @@ int kiln_bench_cnn_device(int argc, char **argv) {
     char dev[32];
     kiln_device_str(g.device, dev, sizeof dev);
     cnn_dev b = {.device = g.device};
-    kiln_status st = (b.model = cnn_new()) ? KILN_OK : kiln_error_last()->status;
+    kiln_status st = (b.model = kiln_bench_cnn_model()) ? KILN_OK : kiln_error_last()->status;
     if (!st) st = kiln_module_to(b.model, g.device);
     kiln_tensor **params = NULL;
     int n = 0;
