@@ -62,7 +62,28 @@ typedef struct kiln_op_args {
     void *workspace; /* workspace_bytes() bytes from the caching allocator */
     size_t workspace_bytes;
     void *stream; /* backend stream handle */
+    /* The kernel's prepared copy of one input (kiln_op_prepare below), up
+     * to date with that input's values; NULL when the kernel has none. */
+    const void *prepared;
 } kiln_op_args;
+
+/* A converted copy of one input that a kernel keeps across calls — a
+ * weight in the layout a library wants, a permuted weight matrix — the
+ * CPU counterpart of a cached cuDNN filter. The kernel's prepare fn says,
+ * for these args, which input (-1: none), the conversion's key (the same
+ * key and bytes mean the same conversion) and the copy's size; the
+ * dispatcher keeps the copy with that input's storage (from the caching
+ * allocator, so it shows in the statistics), refills it with the kernel's
+ * fill fn when the storage's version has changed since, frees it with the
+ * storage, and hands it to the kernel in args->prepared. The fill fn may
+ * use args->workspace. */
+typedef struct kiln_op_prepare {
+    int input;
+    uint64_t key;
+    size_t bytes;
+} kiln_op_prepare;
+typedef void (*kiln_op_prepare_fn)(const kiln_op_args *args, kiln_op_prepare *p);
+typedef kiln_status (*kiln_op_fill_fn)(const kiln_op_args *args, void *dst);
 
 typedef kiln_status (*kiln_op_kernel_fn)(const kiln_op_args *args);
 /* Scratch bytes a kernel needs for these args (optional; NULL = none). */
@@ -94,6 +115,8 @@ typedef struct kiln_op_kernel {
     uint32_t dtypes;
     kiln_op_supports_fn supports; /* optional */
     kiln_op_layout_fn layout;     /* optional */
+    kiln_op_prepare_fn prepare;   /* optional, with fill */
+    kiln_op_fill_fn fill;
 } kiln_op_kernel;
 
 #define KILN_DT(d) (1u << (d))

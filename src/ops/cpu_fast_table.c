@@ -17,19 +17,23 @@ static pthread_once_t fast_table_once = PTHREAD_ONCE_INIT;
 
 static void build_fast_table(void) {
     fast_table[KILN_OP_CONV2D] =
-        (kiln_op_kernel){kiln_onednn_conv2d, kiln_onednn_conv2d_workspace, F32, kiln_onednn_conv2d_supports,
-                         kiln_onednn_conv2d_layout};
+        (kiln_op_kernel){kiln_onednn_conv2d,        kiln_onednn_conv2d_workspace, F32, kiln_onednn_conv2d_supports,
+                         kiln_onednn_conv2d_layout, kiln_onednn_conv2d_prepare,  kiln_onednn_conv2d_fill};
     fast_table[KILN_OP_CONV2D_GRAD_INPUT] =
         (kiln_op_kernel){kiln_onednn_conv2d_grad_input, kiln_onednn_conv2d_grad_input_workspace, F32,
-                         kiln_onednn_conv2d_grad_input_supports, kiln_onednn_conv2d_grad_input_layout};
+                         kiln_onednn_conv2d_grad_input_supports, kiln_onednn_conv2d_grad_input_layout,
+                         kiln_onednn_conv2d_grad_input_prepare, kiln_onednn_conv2d_grad_input_fill};
     fast_table[KILN_OP_CONV2D_GRAD_WEIGHT] =
         (kiln_op_kernel){kiln_onednn_conv2d_grad_weight, kiln_onednn_conv2d_grad_weight_workspace, F32,
                          kiln_onednn_conv2d_grad_weight_supports, kiln_onednn_conv2d_grad_weight_layout};
     fast_table[KILN_OP_CONV2D_RELU] =
         (kiln_op_kernel){kiln_onednn_conv2d_relu, kiln_onednn_conv2d_relu_workspace, F32,
-                         kiln_onednn_conv2d_relu_supports, kiln_onednn_conv2d_relu_layout};
-    fast_table[KILN_OP_LINEAR_ACT] = (kiln_op_kernel){kiln_onednn_linear_act, kiln_onednn_linear_act_workspace, F32,
-                                                      kiln_onednn_linear_act_supports, kiln_onednn_linear_act_layout};
+                         kiln_onednn_conv2d_relu_supports, kiln_onednn_conv2d_relu_layout,
+                         kiln_onednn_conv2d_relu_prepare, kiln_onednn_conv2d_relu_fill};
+    fast_table[KILN_OP_LINEAR_ACT] = (kiln_op_kernel){kiln_onednn_linear_act,         kiln_onednn_linear_act_workspace,
+                                                      F32,                            kiln_onednn_linear_act_supports,
+                                                      kiln_onednn_linear_act_layout,  kiln_onednn_linear_act_prepare,
+                                                      kiln_onednn_linear_act_fill};
     fast_table[KILN_OP_MM] =
         (kiln_op_kernel){kiln_onednn_mm, kiln_onednn_mm_workspace, F32, kiln_onednn_mm_supports};
     fast_table[KILN_OP_BMM] =

@@ -176,6 +176,36 @@ static kiln_status choose_kernel(kiln_op_call *c, const kiln_meta *meta, kernel_
     return KILN_OK;
 }
 
+/* The kernel's prepared copy of one input (kernels/op_args.h), kept with
+ * that input's storage and refilled when its version moved. */
+typedef struct fill_ctx {
+    const kiln_op_kernel *k;
+    const kiln_op_args *args;
+} fill_ctx;
+
+static kiln_status fill_prepared(void *ctx, void *dst) {
+    const fill_ctx *f = ctx;
+    return f->k->fill(f->args, dst);
+}
+
+/* Meta keeps the same copies (simulated memory) and fills nothing. */
+static kiln_status fill_nothing(void *ctx, void *dst) {
+    (void)ctx, (void)dst;
+    return KILN_OK;
+}
+
+static kiln_status prepare_input(kiln_op_call *c, const kiln_op_kernel *k, kiln_op_args *args, bool on_meta) {
+    kiln_op_prepare p = {.input = -1};
+    k->prepare(args, &p);
+    if (p.input < 0 || p.input >= c->n_in || !c->in[p.input] || !p.bytes) return KILN_OK;
+    fill_ctx f = {k, args};
+    void *copy = NULL;
+    KILN_TRY(kiln_tensor_prepared(c->in[p.input], p.key, p.bytes, on_meta ? fill_nothing : fill_prepared, &f, &copy));
+    if (on_meta) return KILN_OK;
+    args->prepared = copy;
+    return KILN_OK;
+}
+
 static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kernel_choice *ch) {
     const kiln_op_info *info = c->info;
     kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
@@ -185,6 +215,8 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kern
     kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
     build_args(c, meta, on_meta, &args);
     const kiln_op_kernel *k = ch->k;
+    /* Meta allocates (simulated) the prepared copies the CPU kernel keeps. */
+    if (on_meta && k && k->prepare && k->fill && (k->dtypes & KILN_DT(dt))) KILN_TRY(prepare_input(c, k, &args, true));
     if (on_meta && (!k || !k->workspace || !(k->dtypes & KILN_DT(dt)))) return KILN_OK;
     char dev[32];
     kiln_device_str(c->device, dev, sizeof dev);
@@ -199,7 +231,8 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kern
     if (args.workspace_bytes)
         KILN_TRY(kiln_memory_alloc(c->device, args.workspace_bytes, NULL, &args.workspace));
     kiln_status st = KILN_OK;
-    if (!on_meta) {
+    if (!on_meta && k->prepare && k->fill) st = prepare_input(c, k, &args, false);
+    if (!st && !on_meta) {
         kiln_counter_add(KILN_COUNTER_KERNEL_LAUNCHES, 1);
         if (ch->fast) kiln_ops_count_fast_run(c->op);
         if (observer.kernel) observer.kernel(c, true);

@@ -1,6 +1,7 @@
 /* Tensor and storage records: allocation from the device's caching
  * allocator, atomic reference counts, release (with double-release
  * detection), and the read-only properties. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,8 +46,65 @@ static kiln_storage *storage_create(kiln_device device, size_t nbytes, bool pinn
     return s;
 }
 
+/* ---- Prepared copies ------------------------------------------------------------------- */
+
+typedef struct kiln_prepared {
+    struct kiln_prepared *next;
+    uint64_t key, version;
+    bool filled;
+    size_t bytes;
+    void *block;
+} kiln_prepared;
+
+static pthread_mutex_t prepared_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void prepared_free_all(kiln_storage *s) {
+    for (kiln_prepared *p = s->prepared, *next; p; p = next) {
+        next = p->next;
+        if (p->block && kiln_memory_free(s->device, p->block))
+            kiln_log_write(KILN_LOG_WARN, "a kernel's prepared copy: free failed: %s", kiln_error_message());
+        free(p);
+    }
+    s->prepared = NULL;
+}
+
+kiln_status kiln_tensor_prepared(const kiln_tensor *t, uint64_t key, size_t bytes,
+                                 kiln_status (*fill)(void *ctx, void *dst), void *ctx, void **out) {
+    kiln_storage *s = t->storage;
+    *out = NULL;
+    pthread_mutex_lock(&prepared_lock);
+    kiln_prepared *p = s->prepared;
+    while (p && !(p->key == key && p->bytes == bytes)) p = p->next;
+    kiln_status st = KILN_OK;
+    if (!p) {
+        p = KILN_CALLOC(1, sizeof *p);
+        if (!p) st = kiln_error_last()->status;
+        if (!st) st = kiln_memory_alloc(s->device, bytes ? bytes : 1, s->stream, &p->block);
+        if (st) {
+            free(p);
+            p = NULL;
+        } else {
+            p->key = key, p->bytes = bytes;
+            p->next = s->prepared;
+            s->prepared = p;
+        }
+    }
+    if (!st) {
+        uint64_t v = (uint64_t)atomic_load_explicit(&s->version, memory_order_relaxed);
+        if (!p->filled || p->version != v) {
+            p->filled = false;
+            st = fill(ctx, p->block);
+            if (!st) p->filled = true, p->version = v;
+        }
+        if (!st) *out = p->block;
+    }
+    pthread_mutex_unlock(&prepared_lock);
+    return st;
+}
+
 static void storage_release(kiln_storage *s) {
     if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
+    prepared_free_all(s);
     if (s->base) {
         kiln_status st = s->pinned ? kiln_pinned_free(s->base) : kiln_memory_free(s->device, s->base);
         /* Unknown pointers mean allocator state was lost (a tensor outliving

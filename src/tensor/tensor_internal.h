@@ -25,6 +25,9 @@ typedef struct kiln_storage {
      * layout has the full contiguous geometry (any other view converts the
      * storage to strided first), so a conversion is seen by all of them. */
     kiln_layout layout;
+    /* Kernels' prepared copies of this storage's values (kernels/op_args.h,
+     * kiln_op_prepare), freed with it. */
+    struct kiln_prepared *prepared;
 } kiln_storage;
 
 #define KILN_TENSOR_MAGIC 0x4B494C4EU /* "KILN" */
@@ -89,6 +92,13 @@ kiln_strided kiln_tensor_kernel_view(const kiln_tensor *t);
  * values and the version counter. No-op when it is strided already. Not
  * thread-safe against other users of the same tensor (no tensor is). */
 kiln_status kiln_tensor_ensure_strided(const kiln_tensor *t);
+/* The prepared copy `key` of t's values (kernels/op_args.h,
+ * kiln_op_prepare): `bytes` from the caching allocator of t's device, kept
+ * with t's storage and freed with it. fill(ctx, dst) runs when the copy is
+ * new or t's storage has been written since it was last filled. *out is
+ * the copy. */
+kiln_status kiln_tensor_prepared(const kiln_tensor *t, uint64_t key, size_t bytes,
+                                 kiln_status (*fill)(void *ctx, void *dst), void *ctx, void **out);
 /* Marks a freshly allocated, contiguous result as holding `layout` (the
  * dispatcher, for kernels that chose one). */
 void kiln_tensor_set_layout(kiln_tensor *t, kiln_layout layout);

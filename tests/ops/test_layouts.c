@@ -324,6 +324,44 @@ static void test_conv_chain(void) {
     free_chain(&fast), free_chain(&off), free_chain(&ref);
 }
 
+/* Prepared copies (kernels/op_args.h): the oneDNN convolution keeps its
+ * weights in its own layout and linear_act keeps the weight permuted to a
+ * blocked input's order, both with the weight tensor; a write to the
+ * weight (version bump) must refresh them. Checked against the same op
+ * on a fresh weight tensor (no copy yet) with the same values. */
+static void test_prepared(void) {
+    kiln_conv2d_opts co = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    kiln_tensor *x = pattern(KILN_SHAPE(2, 16, 6, 6), 31), *xb = blocked_copy(x);
+    kiln_tensor *w = pattern(KILN_SHAPE(32, 16, 3, 3), 32), *w2 = pattern(KILN_SHAPE(32, 16, 3, 3), 33);
+    kiln_tensor *y1 = kiln_conv2d(xb, w, NULL, &co);
+    CHECK_OK(kiln_copy_(w, w2, 0)); /* new values, version bumped */
+    kiln_tensor *y2 = kiln_conv2d(xb, w, NULL, &co), *y3 = kiln_conv2d(xb, w2, NULL, &co);
+    int64_t n = kiln_numel(y2);
+    float *a = host_values(y1), *b = host_values(y2), *c = host_values(y3);
+    CHECK_MSG(!memcmp(b, c, sizeof(float) * (size_t)n), "conv after a weight update: stale prepared weights");
+    CHECK(memcmp(a, b, sizeof(float) * (size_t)n) != 0);
+    free(a), free(b), free(c);
+
+    /* linear_act on a blocked input: permuted weights */
+    kiln_tensor *p = pattern(KILN_SHAPE(4, 32, 3, 3), 34), *pb = blocked_copy(p);
+    kiln_tensor *lw = pattern(KILN_SHAPE(10, 288), 35), *lw2 = pattern(KILN_SHAPE(10, 288), 36);
+    kiln_tensor *lb = pattern(KILN_SHAPE(10), 37);
+    for (int round = 0; round < 2; round++) {
+        if (round) CHECK_OK(kiln_copy_(lw, lw2, 0));
+        kiln_tensor *u = kiln_linear_act(pb, lw, lb, KILN_ACT_RELU), *v = kiln_linear_act(p, lw, lb, KILN_ACT_RELU);
+        CHECK(u && v);
+        if (u && v) {
+            float *uv = host_values(u), *vv = host_values(v);
+            CHECK_MSG(max_rel_diff(uv, vv, 40) <= 1e-5, "linear_act on a blocked input, round %d: %g", round,
+                      max_rel_diff(uv, vv, 40));
+            free(uv), free(vv);
+        }
+        kiln_release(u), kiln_release(v);
+    }
+    kiln_tensor *ts[] = {x, xb, w, w2, y1, y2, y3, p, pb, lw, lw2, lb};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) kiln_release(ts[i]);
+}
+
 /* Meta gives results the layouts the CPU would (so plans match). */
 static void test_meta(void) {
     kiln_tensor *x = kiln_empty(KILN_SHAPE(2, 3, 8, 8), KILN_F32, KILN_META);
@@ -349,6 +387,7 @@ int main(void) {
     test_views_and_writes();
     test_data_ptr();
     test_conv_chain();
+    test_prepared();
     test_meta();
     kiln_shutdown();
     return kt_finish();

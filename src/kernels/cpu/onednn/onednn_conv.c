@@ -317,9 +317,11 @@ static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key,
     return KILN_OK;
 }
 
-/* data[pos]: the op's buffers (position 3: the forward bias, or NULL). */
-static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *workspace,
-                                size_t workspace_bytes) {
+/* data[pos]: the op's buffers (position 3: the forward bias, or NULL).
+ * weights: the weights already in the convolution's layout (the
+ * dispatcher's prepared copy), or NULL to reorder them here. */
+static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *workspace, size_t workspace_bytes,
+                                const void *weights) {
     if (workspace_bytes < plan->workspace || (plan->workspace && !workspace))
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
                           "oneDNN convolution: workspace of %zu bytes, the plan needs %zu", workspace_bytes,
@@ -328,8 +330,10 @@ static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *
     void *conv_data[4] = {data[0], data[1], data[2], data[3]};
     for (int pos = 0; pos < 3; pos++)
         if (plan->reorder[pos]) conv_data[pos] = ws + plan->offset[pos];
+    bool prepared = weights && plan->reorder[1] && plan->conv->n_args >= 2;
+    if (prepared) conv_data[1] = (void *)weights;
     for (int pos = 0; pos < 2; pos++) {
-        if (!plan->reorder[pos]) continue;
+        if (!plan->reorder[pos] || (pos == 1 && prepared)) continue;
         void *io[2] = {data[pos], conv_data[pos]};
         KILN_TRY(kiln_onednn_execute(plan->reorder[pos], io, ws ? ws + plan->reorder_scratch_at : NULL,
                                      workspace_bytes - plan->reorder_scratch_at));
@@ -426,7 +430,7 @@ static kiln_status onednn_run(void *self, const kiln_autotune_conv *cfg, void *c
     KILN_TRY(plan_of(c, index, &plan));
     void *data[4];
     buffers_of(c, data);
-    return plan_execute(&plan, data, workspace, workspace_bytes);
+    return plan_execute(&plan, data, workspace, workspace_bytes, NULL);
 }
 
 static kiln_status onednn_timer_start(void *self, void *ctx) {
@@ -577,7 +581,72 @@ static kiln_status conv_run(kiln_onednn_kind kind, const kiln_op_args *a, const 
     call_of(kind, a, &c);
     void *data[4];
     buffers_of(&c, data);
-    return plan_execute(&plan, data, a->workspace, a->workspace_bytes);
+    /* the weights are input 1 of the forward and of the input gradient */
+    const void *weights = kind != KILN_ONEDNN_CONV_BWD_WEIGHTS ? a->prepared : NULL;
+    return plan_execute(&plan, data, a->workspace, a->workspace_bytes, weights);
+}
+
+/* The weights in the layout the pass's convolution chose, as a prepared
+ * copy (kernels/op_args.h) kept with the weight tensor and refilled when it
+ * changes (once per optimizer step), instead of a reorder in every call.
+ * The key is a hash of the chosen layout's descriptor. */
+static uint64_t md_hash(const dnnl_memory_desc_t *md) {
+    const unsigned char *b = (const unsigned char *)md;
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < sizeof *md; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
+}
+
+static void conv_prepare_weights(kiln_onednn_kind kind, const kiln_op_args *a, kiln_op_prepare *p) {
+    p->input = -1;
+    conv_plan plan;
+    bool ok;
+    if (kind == KILN_ONEDNN_CONV_BWD_WEIGHTS || conv_prepare(kind, a, &plan, &ok) != KILN_OK || !ok) {
+        kiln_error_clear();
+        return;
+    }
+    const dnnl_memory_desc_t *chosen = NULL;
+    if (!plan.reorder[1] || dnnl_memory_get_memory_desc(plan.conv->mem[1], &chosen) != dnnl_success) return;
+    p->input = 1;
+    p->key = md_hash(chosen);
+    p->bytes = dnnl_memory_desc_get_size(chosen);
+}
+
+static kiln_status conv_fill_weights(kiln_onednn_kind kind, const kiln_op_args *a, void *dst) {
+    conv_plan plan;
+    bool ok;
+    KILN_TRY(conv_prepare(kind, a, &plan, &ok));
+    if (!ok || !plan.reorder[1])
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "oneDNN convolution: no weight reorder to prepare");
+    void *io[2] = {a->in[1].data, dst};
+    char *ws = a->workspace;
+    return kiln_onednn_execute(plan.reorder[1], io, ws ? ws + plan.reorder_scratch_at : NULL,
+                               a->workspace_bytes > plan.reorder_scratch_at ? a->workspace_bytes - plan.reorder_scratch_at
+                                                                              : 0);
+}
+
+void kiln_onednn_conv2d_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
+    conv_prepare_weights(KILN_ONEDNN_CONV_FWD, a, p);
+}
+kiln_status kiln_onednn_conv2d_fill(const kiln_op_args *a, void *dst) {
+    return conv_fill_weights(KILN_ONEDNN_CONV_FWD, a, dst);
+}
+void kiln_onednn_conv2d_grad_input_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
+    conv_prepare_weights(KILN_ONEDNN_CONV_BWD_DATA, a, p);
+}
+kiln_status kiln_onednn_conv2d_grad_input_fill(const kiln_op_args *a, void *dst) {
+    return conv_fill_weights(KILN_ONEDNN_CONV_BWD_DATA, a, dst);
+}
+void kiln_onednn_conv2d_relu_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
+    fwd_relu = true;
+    conv_prepare_weights(KILN_ONEDNN_CONV_FWD, a, p);
+    fwd_relu = false;
+}
+kiln_status kiln_onednn_conv2d_relu_fill(const kiln_op_args *a, void *dst) {
+    fwd_relu = true;
+    kiln_status st = conv_fill_weights(KILN_ONEDNN_CONV_FWD, a, dst);
+    fwd_relu = false;
+    return st;
 }
 
 /* A build failure makes supports false (the reference kernel runs) and

@@ -33,6 +33,15 @@ size_t kiln_onednn_conv2d_relu_workspace(const kiln_op_args *a);
 bool kiln_onednn_conv2d_relu_supports(const kiln_op_args *a);
 void kiln_onednn_conv2d_relu_layout(const kiln_op_args *a, kiln_layout *out);
 
+/* Prepared weights (op_args.h, kiln_op_prepare): the weights in the layout
+ * each pass's convolution chose, kept with the weight tensor. */
+void kiln_onednn_conv2d_prepare(const kiln_op_args *a, kiln_op_prepare *p);
+kiln_status kiln_onednn_conv2d_fill(const kiln_op_args *a, void *dst);
+void kiln_onednn_conv2d_grad_input_prepare(const kiln_op_args *a, kiln_op_prepare *p);
+kiln_status kiln_onednn_conv2d_grad_input_fill(const kiln_op_args *a, void *dst);
+void kiln_onednn_conv2d_relu_prepare(const kiln_op_args *a, kiln_op_prepare *p);
+kiln_status kiln_onednn_conv2d_relu_fill(const kiln_op_args *a, void *dst);
+
 kiln_status kiln_onednn_mm(const kiln_op_args *a);
 kiln_status kiln_onednn_bmm(const kiln_op_args *a);
 kiln_status kiln_onednn_linear(const kiln_op_args *a);
@@ -48,6 +57,10 @@ kiln_status kiln_onednn_linear_act(const kiln_op_args *a);
 size_t kiln_onednn_linear_act_workspace(const kiln_op_args *a);
 bool kiln_onednn_linear_act_supports(const kiln_op_args *a);
 void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out);
+/* With an nChw16c x: the weight's columns permuted to x's blocked order,
+ * kept with the weight, so the matmul reads x as it is. */
+void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p);
+kiln_status kiln_onednn_linear_act_fill(const kiln_op_args *a, void *dst);
 
 /* The convolution's autotuner provider (kernels/autotune.h): candidates
  * "direct" (the default), "direct_plain" and "winograd"

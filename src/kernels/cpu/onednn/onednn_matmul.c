@@ -198,6 +198,13 @@ static size_t x_bytes(const kiln_op_args *a) {
     return ALIGN_UP(n * sizeof(float));
 }
 
+static void linear_act_relu(const kiln_op_args *a) {
+    if (a->attrs->flag != 1) return;
+    float *y = a->out[0].data;
+    int64_t n = a->out[0].shape[0] * a->out[0].shape[1];
+    for (int64_t i = 0; i < n; i++) y[i] = y[i] > 0.0f || y[i] != y[i] ? y[i] : 0.0f;
+}
+
 bool kiln_onednn_linear_act_supports(const kiln_op_args *a) {
     kiln_op_args b;
     return linear_act_view(a, NULL, &b) && mm_supports(MM_LINEAR, &b);
@@ -214,20 +221,56 @@ void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out) {
     out[0] = KILN_LAYOUT_STRIDED;
 }
 
+/* The permutation: column j of the flat NCHW row (c, h, w) sits at
+ * ((c / 16) * HW + h * W + w) * 16 + c % 16 in the nChw16c row. */
+void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
+    p->input = -1;
+    const kiln_strided *x = &a->in[0], *w = &a->in[1];
+    if (x->layout != KILN_LAYOUT_NCHW16C || x->ndim != 4 || w->ndim != 2 || w->dtype != KILN_F32 ||
+        !kiln_onednn_is_contiguous(w))
+        return;
+    p->input = 1;
+    /* which blocked geometry the columns follow */
+    p->key = 0x6c696e6163740000ULL ^ ((uint64_t)x->shape[1] << 40) ^ ((uint64_t)x->shape[2] << 20) ^ (uint64_t)x->shape[3];
+    p->bytes = (size_t)(w->shape[0] * w->shape[1]) * sizeof(float);
+}
+
+kiln_status kiln_onednn_linear_act_fill(const kiln_op_args *a, void *dst) {
+    const kiln_strided *x = &a->in[0], *w = &a->in[1];
+    const int64_t O = w->shape[0], K = w->shape[1], C = x->shape[1], HW = x->shape[2] * x->shape[3];
+    if (K != C * HW) return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: weight columns do not match x");
+    const float *src = w->data;
+    float *out = dst;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (O * K >= 65536)
+#endif
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t i = 0; i < HW; i++)
+                out[o * K + ((c / 16) * HW + i) * 16 + c % 16] = src[o * K + c * HW + i];
+    return KILN_OK;
+}
+
 kiln_status kiln_onednn_linear_act(const kiln_op_args *a) {
-    size_t xb = x_bytes(a);
     kiln_op_args b;
+    if (a->prepared && a->in[0].layout == KILN_LAYOUT_NCHW16C) {
+        /* permuted weights: the matmul reads the blocked x as a flat (N, K) matrix */
+        if (!linear_act_view(a, a->in[0].data, &b))
+            return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: the oneDNN kernel was given arguments it declines");
+        b.in[1].data = (void *)a->prepared;
+        b.prepared = NULL;
+        KILN_TRY(mm_run(MM_LINEAR, &b, "kiln_linear_act"));
+        linear_act_relu(a);
+        return KILN_OK;
+    }
+    size_t xb = x_bytes(a);
     if (!linear_act_view(a, a->workspace, &b) || a->workspace_bytes < xb)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: the oneDNN kernel was given arguments it declines");
     if (xb) kiln_cpu_reorder_nchw16c(a->workspace, a->in[0].data, sizeof(float), a->in[0].shape, false);
     b.workspace = xb ? (char *)a->workspace + xb : a->workspace;
     b.workspace_bytes = a->workspace_bytes - xb;
     KILN_TRY(mm_run(MM_LINEAR, &b, "kiln_linear_act"));
-    if (a->attrs->flag == 1) {
-        float *y = a->out[0].data;
-        int64_t n = a->out[0].shape[0] * a->out[0].shape[1];
-        for (int64_t i = 0; i < n; i++) y[i] = y[i] > 0.0f || y[i] != y[i] ? y[i] : 0.0f;
-    }
+    linear_act_relu(a);
     return KILN_OK;
 }
 
