@@ -175,7 +175,10 @@ uint64_t kiln_tensor_version(const kiln_tensor *t);
 /* Device address of element 0 (NULL for meta and for zero-size tensors).
  * Borrowed; valid while t is. A tensor in an opaque layout is converted to
  * strided first (NULL with an error if that fails), so the address always
- * holds the strided bytes. */
+ * holds the strided bytes. Writes through it bypass the version counter
+ * (as in PyTorch): kernels' cached conversions of the tensor (the CPU
+ * convolutions' blocked weights) would not see them; write with kiln_copy_
+ * (or an in-place op) instead, or make a new tensor. */
 void *kiln_data_ptr(const kiln_tensor *t);
 /* References held on the handle t (views are other handles and are not
  * counted); for tests and leak hunts. */
