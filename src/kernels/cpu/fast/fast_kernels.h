@@ -12,7 +12,17 @@
  * loader picks the widest the CPU has (GCC/Clang target_clones), so a
  * build for any x86-64 still uses the 16-lane units of the machines we
  * train on. */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(KILN_NO_TARGET_CLONES)
+#if defined(__SANITIZE_THREAD__)
+#define KILN_TSAN_BUILD 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KILN_TSAN_BUILD 1
+#endif
+#endif
+/* Not under ThreadSanitizer: target_clones resolve through ifuncs, which
+ * run before its runtime is up (the process dies at start-up). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(KILN_NO_TARGET_CLONES) && \
+    !defined(KILN_TSAN_BUILD)
 #define KILN_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define KILN_SIMD_CLONES
