@@ -530,30 +530,6 @@ static void read_resume_sums(train_run *r, int64_t step) {
     fclose(f);
 }
 
-/* ---- The learning-rate schedule ------------------------------------------------------------ */
-
-/* One-cycle over every optimizer step of the run (epochs x batches per
- * epoch), PyTorch's OneCycleLR shape (warm-up over the first 30%, cosine
- * down to lr / 25e4). A resumed run replays the schedule to its step, so
- * the learning rates, and with --deterministic the losses, are those of an
- * uninterrupted run. */
-static int schedule_setup(train_run *r) {
-    if (!r->a.onecycle) return 0;
-    r->sched_total = kiln_loader_num_batches(r->train_ld) * r->a.epochs;
-    if (r->sched_total < 2) return 0; /* too short to schedule: the constant lr */
-    r->sched = kiln_lr_one_cycle_create(r->opt, r->a.lr, r->sched_total, 0.3, 25.0, 1e4);
-    if (!r->sched) return fail("learning-rate schedule");
-    for (int64_t k = 0; k < r->step && k < r->sched_total - 1; k++)
-        if (kiln_lr_scheduler_step(r->sched) != KILN_OK) return fail("learning-rate schedule");
-    return 0;
-}
-
-/* After each optimizer step: the next step's learning rate. */
-static kiln_status schedule_step(train_run *r) {
-    if (!r->sched || r->step >= r->sched_total - 1) return KILN_OK;
-    return kiln_lr_scheduler_step(r->sched);
-}
-
 /* ---- Training ------------------------------------------------------------------------------ */
 
 /* Add `v` (a scoped device scalar) into *acc, kept past the scope. */
@@ -564,70 +540,6 @@ static kiln_status accumulate(kiln_tensor **acc, kiln_tensor *v) {
     kiln_release(*acc);
     *acc = sum;
     return KILN_OK;
-}
-
-/* A window's sums on their way to the host: non-blocking copies into
- * pinned scalars, an event behind them, and what the window's record needs
- * besides the two values. */
-typedef struct window_readback {
-    bool pending;
-    kiln_tensor *loss_host, *hits_host; /* pinned, reused */
-    kiln_event *copied;
-    int n, epoch;
-    int64_t step, img;
-    double lr, img_s, wait_s, window_s, amp_scale;
-    long long mem_alloc, mem_res, mem_peak;
-} window_readback;
-
-static void readback_free(window_readback *w) {
-    kiln_release(w->loss_host);
-    kiln_release(w->hits_host);
-    if (w->copied) kiln_event_destroy(w->copied);
-    memset(w, 0, sizeof *w);
-}
-
-/* Start the copies of *loss and *hits (released and cleared). */
-static kiln_status readback_start(train_run *r, window_readback *w, kiln_tensor **loss, kiln_tensor **hits) {
-    kiln_status st = KILN_OK;
-    if (!w->loss_host) w->loss_host = kiln_empty_pinned(kiln_shape_of(*loss), kiln_dtype_of(*loss));
-    if (!w->hits_host) w->hits_host = kiln_empty_pinned(kiln_shape_of(*hits), kiln_dtype_of(*hits));
-    if (!w->loss_host || !w->hits_host) st = kiln_error_last()->status;
-    if (st == KILN_OK && !w->copied) st = kiln_event_create(r->dev, 0, &w->copied);
-    if (st == KILN_OK) st = kiln_copy_(w->loss_host, *loss, KILN_NON_BLOCKING);
-    if (st == KILN_OK) st = kiln_copy_(w->hits_host, *hits, KILN_NON_BLOCKING);
-    if (st == KILN_OK) st = kiln_event_record(w->copied, kiln_current_stream(r->dev));
-    kiln_release(*loss), kiln_release(*hits);
-    *loss = *hits = NULL;
-    w->pending = st == KILN_OK;
-    return st;
-}
-
-/* The pending window's two sums, once its copies are done: wait for them
- * when `wait`, else only if the event says they have landed. *ready says
- * whether the values were read. */
-static kiln_status readback_finish(window_readback *w, bool wait, double *loss, double *hits, bool *ready) {
-    *ready = false;
-    if (!w->pending) return KILN_OK;
-    if (!wait && !kiln_event_query(w->copied)) return KILN_OK;
-    if (wait) KILN_TRY(kiln_event_synchronize(w->copied));
-    KILN_TRY(kiln_item(w->loss_host, loss)); /* pinned host memory: no device wait */
-    KILN_TRY(kiln_item(w->hits_host, hits));
-    w->pending = false;
-    *ready = true;
-    return KILN_OK;
-}
-
-/* The metrics record of a window whose sums (wl, wh) have landed; returns
- * the window's mean loss. */
-static double window_record(train_run *r, const window_readback *w, double wl, double wh) {
-    double mean = wl / w->n;
-    train_metric(r,
-                 "{\"event\":\"step\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"train_acc\":%.6f,\"lr\":%g,"
-                 "\"img_s\":%.1f,\"data_wait_s\":%.4f,\"window_s\":%.4f,\"mem_allocated\":%lld,"
-                 "\"mem_reserved\":%lld,\"mem_peak\":%lld,\"amp_scale\":%g}\n",
-                 (long long)w->step, w->epoch, mean, wh / (double)w->img, w->lr, w->img_s, w->wait_s, w->window_s,
-                 w->mem_alloc, w->mem_res, w->mem_peak, w->amp_scale);
-    return mean;
 }
 
 typedef enum { EPOCH_DONE, EPOCH_STOPPED } epoch_end;
@@ -683,7 +595,7 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
             st = kiln_optimizer_zero_grad(r->opt, true);
             if (st == KILN_OK) st = train_amp_backward(r, x, y, &loss, &hits);
             if (st == KILN_OK) st = train_amp_step(r);
-            if (st == KILN_OK) st = schedule_step(r);
+            if (st == KILN_OK) st = train_schedule_step(r);
             if (st == KILN_OK) st = accumulate(&win_loss, loss);
             if (st == KILN_OK) st = accumulate(&win_hits, hits);
             kiln_range_pop();
@@ -700,9 +612,9 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
         {
             double wl = 0, wh = 0;
             bool ready = false;
-            if ((st = readback_finish(&rb, window_end, &wl, &wh, &ready)) != KILN_OK) break;
+            if ((st = train_readback_finish(&rb, window_end, &wl, &wh, &ready)) != KILN_OK) break;
             if (ready) {
-                shown_loss = window_record(r, &rb, wl, wh);
+                shown_loss = train_window_record(r, &rb, wl, wh);
                 ep_loss += wl, ep_correct += wh;
             }
         }
@@ -719,12 +631,12 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
             rb.mem_res = (long long)ms.reserved_bytes[KILN_POOL_ALL].current;
             rb.mem_peak = (long long)ms.allocated_bytes[KILN_POOL_ALL].peak;
             rb.amp_scale = train_amp_scale(r);
-            if ((st = readback_start(r, &rb, &win_loss, &win_hits)) != KILN_OK) break;
+            if ((st = train_readback_start(r, &rb, &win_loss, &win_hits)) != KILN_OK) break;
             if (i == nb || stop) { /* the epoch's last window: its record now */
                 double wl = 0, wh = 0;
                 bool ready = false;
-                if ((st = readback_finish(&rb, true, &wl, &wh, &ready)) != KILN_OK) break;
-                shown_loss = window_record(r, &rb, wl, wh);
+                if ((st = train_readback_finish(&rb, true, &wl, &wh, &ready)) != KILN_OK) break;
+                shown_loss = train_window_record(r, &rb, wl, wh);
                 ep_loss += wl, ep_correct += wh;
             }
             double wait_pct = ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0;
@@ -748,7 +660,7 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
     }
     kiln_release(win_loss);
     kiln_release(win_hits);
-    readback_free(&rb);
+    train_readback_free(&rb);
     if (st != KILN_OK || *how == EPOCH_STOPPED) return st;
     if (r->tty && i) fprintf(stderr, "\n");
     double train_time = train_now_s() - ep_t0, test_loss = 0;
@@ -876,7 +788,7 @@ static int setup(train_run *r) {
     if (train_make_loader(r->test_ds, r->dev, r->a.batch, false, r->a.seed, r->a.workers, &r->test_ld) != KILN_OK)
         return fail("loader");
     if ((rc = train_checkpoint_setup(r))) return rc;
-    if ((rc = schedule_setup(r))) return rc;
+    if ((rc = train_schedule_setup(r))) return rc;
     char dev[32];
     fprintf(stderr, "kiln train: %s (%lld parameters) on %s, %lld training and %lld test images, %d epoch%s, "
                     "batch %lld, Adam lr %g%s; output in %s\n",

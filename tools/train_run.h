@@ -90,4 +90,30 @@ const char *train_amp_name(const train_run *r);
 double train_amp_scale(train_run *r);
 int64_t train_amp_skipped(const train_run *r);
 
+
+/* train_window.c: the one-cycle schedule over the run's steps (replayed to
+ * r->step on resume; 0 or a train_fail code) and its step after each
+ * optimizer step. */
+int train_schedule_setup(train_run *r);
+kiln_status train_schedule_step(train_run *r);
+
+/* A window's sums on their way to the host, with what its record needs. */
+typedef struct window_readback {
+    bool pending;
+    kiln_tensor *loss_host, *hits_host; /* pinned, reused */
+    kiln_event *copied;
+    int n, epoch;
+    int64_t step, img;
+    double lr, img_s, wait_s, window_s, amp_scale;
+    long long mem_alloc, mem_res, mem_peak;
+} window_readback;
+void train_readback_free(window_readback *w);
+/* Start the non-blocking copies of *loss and *hits (released, cleared). */
+kiln_status train_readback_start(train_run *r, window_readback *w, kiln_tensor **loss, kiln_tensor **hits);
+/* The pending window's sums once landed: wait when `wait`, else only if the
+ * event has completed; *ready says whether they were read. */
+kiln_status train_readback_finish(window_readback *w, bool wait, double *loss, double *hits, bool *ready);
+/* Write the window's metrics record; returns its mean loss. */
+double train_window_record(train_run *r, const window_readback *w, double wl, double wh);
+
 #endif
