@@ -113,9 +113,12 @@ bool kiln_fast_max_pool2d_backward_supports(const kiln_op_args *a) {
     return contiguous(go) && contiguous(ix) && contiguous(dx);
 }
 
-kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a) {
+/* The scatter of grad_out into grad_input through the indices; with y
+ * (relu_max_pool2d_backward) only the gradients whose y > 0. `op` names
+ * the op and `hint` the way out in the error. */
+static kiln_status scatter_backward(const kiln_op_args *a, const int64_t *ix, const float *yv, const char *op,
+                                    const char *hint) {
     const float *go = a->in[0].data;
-    const int64_t *ix = a->in[1].data;
     float *dx = a->out[0].data;
     int64_t P, H, W, OH, OW, unused;
     planes_of(&a->out[0], &P, &H, &W);
@@ -132,6 +135,7 @@ kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a) {
         const int64_t *ip = ix + p * OHW;
         memset(dp, 0, sizeof(float) * (size_t)HW);
         for (int64_t i = 0; i < OHW; i++) {
+            if (yv && !(yv[p * OHW + i] > 0.0f)) continue;
             int64_t k = ip[i];
             if (k < 0 || k >= HW) {
 #ifdef _OPENMP
@@ -147,10 +151,14 @@ kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a) {
         }
     }
     if (bad)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_max_pool2d returned",
-                          "kiln_max_pool2d_backward: index %lld is outside the %lld-element plane",
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, hint, "%s: index %lld is outside the %lld-element plane", op,
                           (long long)bad_index, (long long)HW);
     return KILN_OK;
+}
+
+kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a) {
+    return scatter_backward(a, a->in[1].data, NULL, "kiln_max_pool2d_backward",
+                            "pass the indices kiln_max_pool2d returned");
 }
 
 /* ---- relu_max_pool2d on contiguous NCHW ------------------------------------------------ */
@@ -192,40 +200,6 @@ bool kiln_fast_relu_max_pool2d_backward_supports(const kiln_op_args *a) {
 }
 
 kiln_status kiln_fast_relu_max_pool2d_backward(const kiln_op_args *a) {
-    const float *go = a->in[0].data, *yv = a->in[1].data;
-    const int64_t *ix = a->in[2].data;
-    float *dx = a->out[0].data;
-    int64_t P, H, W, OH, OW, unused;
-    planes_of(&a->out[0], &P, &H, &W);
-    planes_of(&a->in[0], &unused, &OH, &OW);
-    const int64_t HW = H * W, OHW = OH * OW;
-    int bad = 0;
-    int64_t bad_index = 0;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (P * HW > 4096)
-#endif
-    for (int64_t p = 0; p < P; p++) {
-        float *dp = dx + p * HW;
-        memset(dp, 0, sizeof(float) * (size_t)HW);
-        for (int64_t i = 0; i < OHW; i++) {
-            if (!(yv[p * OHW + i] > 0.0f)) continue;
-            int64_t k = ix[p * OHW + i];
-            if (k < 0 || k >= HW) {
-#ifdef _OPENMP
-#pragma omp critical(kiln_fast_relu_pool_bad)
-#endif
-                {
-                    bad = 1;
-                    bad_index = k;
-                }
-                continue;
-            }
-            dp[k] += go[p * OHW + i];
-        }
-    }
-    if (bad)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_relu_max_pool2d returned",
-                          "kiln_relu_max_pool2d_backward: index %lld is outside the %lld-element plane",
-                          (long long)bad_index, (long long)HW);
-    return KILN_OK;
+    return scatter_backward(a, a->in[2].data, a->in[1].data, "kiln_relu_max_pool2d_backward",
+                            "pass the indices kiln_relu_max_pool2d returned");
 }
