@@ -16,7 +16,14 @@
  * line of JSON.
  *
  *   kiln bench checkpoint [--model FILE] [--input CxHxW] [--batch N]
- *                         [--segments 2,3,4] [--steps N] [--warmup N] */
+ *                         [--segments 2,3,4] [--steps N] [--warmup N]
+ *                         [--placement memory|layers] [--snapshot PREFIX]
+ * --placement: where segments start: by measured memory
+ * (kiln_nn_sequential_checkpoint_by_memory, the default) or by layer count
+ * (kiln_nn_sequential_set_checkpoint, PyTorch's checkpoint_sequential).
+ * --snapshot writes each configuration's last step's memory snapshot
+ * (kiln_memory_snapshot, with the allocator's history) to
+ * PREFIX-<segments>.json, for tools/memory_peak.py. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +52,20 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* "segments 3: layers [0, 3) [3, 4) [4, 9), nested: 3" */
+static void print_plan(kiln_module *m, int asked) {
+    int start[64], n = kiln_module_num_children(m);
+    int count = kiln_nn_sequential_checkpoint_starts(m, start, 64);
+    printf("segments %d: layers", asked);
+    for (int k = 0; k < count; k++) printf(" [%d, %d)", start[k], k + 1 < count ? start[k + 1] : n);
+    for (int i = 0; i < n; i++) {
+        kiln_module *body = kiln_module_child(kiln_module_child_at(m, i, NULL), "body");
+        if (body && kiln_nn_sequential_checkpoint_segments(body) > 1)
+            printf(", layer %d's body in %d", i, kiln_nn_sequential_checkpoint_segments(body));
+    }
+    printf("\n");
+}
+
 static int fail(const char *what) {
     fprintf(stderr, "kiln bench checkpoint: %s: %s\n", what, kiln_error_message());
     return 1;
@@ -52,7 +73,8 @@ static int fail(const char *what) {
 
 /* One training step; *act gets its activation memory. */
 static kiln_status step(kiln_module *m, kiln_optimizer *opt, kiln_tensor *x, kiln_tensor *y, kiln_device dev,
-                        int64_t grad_bytes, double *secs, int64_t *act) {
+                        int64_t grad_bytes, const char *snapshot, double *secs, int64_t *act) {
+    if (snapshot && kiln_memory_record_history(dev, true, 0) != KILN_OK) return kiln_error_last()->status;
     double t0 = now_s();
     kiln_status st = kiln_optimizer_zero_grad(opt, true);
     kiln_memory_stats s0, s1;
@@ -69,13 +91,18 @@ static kiln_status step(kiln_module *m, kiln_optimizer *opt, kiln_tensor *x, kil
     if (!st) st = kiln_device_synchronize(dev);
     *secs = now_s() - t0;
     if (!st) st = kiln_memory_stats_get(dev, &s1);
+    if (snapshot) {
+        if (!st) st = kiln_memory_snapshot(dev, snapshot);
+        kiln_memory_record_history(dev, false, 0);
+    }
     *act = s1.allocated_bytes[KILN_POOL_ALL].peak - s0.allocated_bytes[KILN_POOL_ALL].current - grad_bytes;
     return st;
 }
 
 int kiln_bench_checkpoint(int argc, char **argv) {
-    const char *model = "models/resnet_small_cifar10.txt";
+    const char *model = "models/resnet_small_cifar10.txt", *snapshot = NULL;
     int64_t c = 3, h = 32, w = 32, batch = 512;
+    bool by_memory = true;
     int steps = 5, warmup = 1, n_cfg = 1, segs[MAX_CONFIGS] = {0, 2, 3, 4};
     n_cfg = 4;
     for (int i = 1; i < argc; i++) {
@@ -86,6 +113,8 @@ int kiln_bench_checkpoint(int argc, char **argv) {
         else if (!strcmp(o, "--batch") && v) ok = (batch = atol(v)) > 0;
         else if (!strcmp(o, "--steps") && v) ok = (steps = atoi(v)) > 0 && steps <= MAX_STEPS;
         else if (!strcmp(o, "--warmup") && v) ok = (warmup = atoi(v)) >= 0;
+        else if (!strcmp(o, "--snapshot") && v) snapshot = v;
+        else if (!strcmp(o, "--placement") && v) ok = (by_memory = !strcmp(v, "memory")) || !strcmp(v, "layers");
         else if (!strcmp(o, "--segments") && v) {
             n_cfg = 1;
             for (const char *p = v; ok && *p && n_cfg < MAX_CONFIGS;) {
@@ -99,7 +128,7 @@ int kiln_bench_checkpoint(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: kiln bench checkpoint [--model FILE] [--input CxHxW] [--batch N] [--segments 2,3,4] "
-                    "[--steps N] [--warmup N]\n");
+                    "[--steps N] [--warmup N] [--placement memory|layers] [--snapshot PREFIX]\n");
             return 2;
         }
         if (!ok) {
@@ -124,7 +153,9 @@ int kiln_bench_checkpoint(int argc, char **argv) {
     if (!opt) return fail("optimizer");
     kiln_tensor *x = kiln_randn(KILN_SHAPE(batch, c, h, w), KILN_F32, dev);
     kiln_tensor *y = x ? kiln_zeros(KILN_SHAPE(batch), KILN_I64, dev) : NULL;
-    if (!y) return fail("batch");
+    /* what kiln_nn_sequential_checkpoint_by_memory measures on */
+    kiln_tensor *sample = y ? kiln_randn(KILN_SHAPE(2, c, h, w), KILN_F32, dev) : NULL;
+    if (!sample) return fail("batch");
     char devs[32];
     printf("%s, input %ldx%ldx%ld, batch %ld on %s, %d layers, %.1f MiB of parameters; %d rounds after %d warm-up\n",
            model, (long)c, (long)h, (long)w, (long)batch, kiln_device_str(dev, devs, sizeof devs),
@@ -136,8 +167,17 @@ int kiln_bench_checkpoint(int argc, char **argv) {
             int cfg = (k + r) % n_cfg;
             double s = 0;
             int64_t a = 0;
-            if (kiln_nn_sequential_set_checkpoint(m, segs[cfg]) != KILN_OK) return fail("--segments");
-            if (step(m, opt, x, y, dev, param_bytes, &s, &a) != KILN_OK) return fail("step");
+            kiln_status ps = by_memory ? kiln_nn_sequential_checkpoint_by_memory(m, sample, segs[cfg], NULL)
+                                       : kiln_nn_sequential_set_checkpoint(m, segs[cfg]);
+            if (ps != KILN_OK) return fail("--segments");
+            if (r == 0 && segs[cfg]) print_plan(m, segs[cfg]);
+            char path[4096];
+            const char *snap = NULL;
+            if (snapshot && r == warmup + steps - 1) {
+                snprintf(path, sizeof path, "%s-%d.json", snapshot, segs[cfg]);
+                snap = path;
+            }
+            if (step(m, opt, x, y, dev, param_bytes, snap, &s, &a) != KILN_OK) return fail("step");
             if (r >= warmup) secs[cfg][r - warmup] = s, act[cfg][r - warmup] = (double)a;
         }
     }
@@ -161,6 +201,7 @@ int kiln_bench_checkpoint(int argc, char **argv) {
     printf("]}\n");
     kiln_release(x);
     kiln_release(y);
+    kiln_release(sample);
     kiln_optimizer_free(opt);
     kiln_module_free(m);
     return 0;

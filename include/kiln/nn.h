@@ -100,6 +100,37 @@ bool kiln_nn_fusion_enabled(void);
 kiln_status kiln_nn_sequential_set_checkpoint(kiln_module *seq, int segments);
 /* The segments set (0 when off, or when m is not a Sequential). */
 int kiln_nn_sequential_checkpoint_segments(const kiln_module *seq);
+/* Checkpointing with the segments placed by the caller: segment k runs
+ * children [starts[k], starts[k+1]) (the last one to the end); starts[0]
+ * is 0, the others increase and stay below the number of children, and
+ * none splits a fused run (KILN_ERR_INVALID_ARGUMENT naming the child).
+ * count 0 or 1 turns it off. All but the last segment are checkpointed.
+ * Does not block. */
+kiln_status kiln_nn_sequential_set_checkpoint_starts(kiln_module *seq, int count, const int *starts);
+/* The segments' first children (up to cap of them into starts); returns
+ * the segment count (0: off). */
+int kiln_nn_sequential_checkpoint_starts(const kiln_module *seq, int *starts, int cap);
+/* Checkpointing in `segments` segments placed by memory rather than by
+ * layer count. One forward of `sample` (a batch of a few inputs of the
+ * training shape on the training device; its values do not matter) with
+ * grad mode on measures what each layer, or each run of layers the
+ * Sequential fuses, adds to the allocator's allocated bytes (its output
+ * and what it saves for backward). Segments then start where the current
+ * one would pass 1/segments of the total, so layers with large
+ * activations get segments of their own; the last segment takes the rest
+ * (there may be fewer segments than asked). A checkpointed segment that is
+ * one residual block (a layer with a Sequential child "body" of two or
+ * more layers: kiln_nn_residual, `residual { }` in a model spec) also has
+ * that body checkpointed in 2 segments, so its recompute does not hold the
+ * whole block at once; this call first turns off such body checkpointing
+ * it may have set before. The measuring forward updates no running
+ * statistics, leaves the generators where they were and frees what it
+ * made; it runs in the caller's autocast state and blocks like a forward.
+ * layer_bytes (NULL, or one entry per child) gets the measured bytes per
+ * child (0 for a child inside a fused run: its run's first child has the
+ * run's). segments 0 or 1: off. */
+kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tensor *sample, int segments,
+                                                    int64_t *layer_bytes);
 /* PyTorch's CIFAR BasicBlock: children conv1 (3x3, stride, no bias), bn1,
  * conv2 (3x3, no bias), bn2, shortcut (an empty Sequential, or a Sequential
  * of a 1x1 conv with `stride` and a BatchNorm2d when stride != 1 or

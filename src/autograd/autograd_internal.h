@@ -129,6 +129,12 @@ kiln_status kiln_backward_node(kiln_node *node, int output_nr, kiln_tensor *grad
  * backward): what the anomaly check names for ops run inside backward. */
 const kiln_node *kiln_backward_running_node(void);
 
+/* Between these, kiln_checkpoint_recomputing() is true on this thread:
+ * a measuring forward (kiln_nn_sequential_checkpoint_by_memory) leaves
+ * BatchNorm's running statistics alone, as a recompute does. Nestable. */
+void kiln_checkpoint_probe_begin(void);
+void kiln_checkpoint_probe_end(void);
+
 /* Registration with the dispatcher and the tensor layer (kiln_init). */
 void kiln_autograd_init(void);
 

@@ -30,10 +30,12 @@ static kiln_tensor *scalar_like(const kiln_backward_ctx *ctx, double v, kiln_dty
 }
 
 /* Dispatch one of the two-input *_BACKWARD ops with the forward's attrs. */
+/* An elementwise gradient op(g, t); it may write into g when the engine
+ * holds the only reference to it (kiln_dispatch_donating). */
 static kiln_tensor *grad_op(const kiln_backward_ctx *ctx, kiln_op_id op, kiln_tensor *g, kiln_tensor *t) {
     kiln_op_attrs at = *ctx->attrs;
     kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
-    if (kiln_dispatch(op, 2, (kiln_tensor *[]){g, t}, &at, ctx->device, out)) return NULL;
+    if (kiln_dispatch_donating(op, 2, (kiln_tensor *[]){g, t}, &at, ctx->device, out, 0)) return NULL;
     return out[0];
 }
 

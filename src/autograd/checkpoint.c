@@ -35,6 +35,8 @@ typedef struct ckpt_state {
 static _Thread_local int recompute_depth;
 
 bool kiln_checkpoint_recomputing(void) { return recompute_depth > 0; }
+void kiln_checkpoint_probe_begin(void) { recompute_depth++; }
+void kiln_checkpoint_probe_end(void) { recompute_depth--; }
 
 static void state_free(void *p) { free(p); }
 

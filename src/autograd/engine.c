@@ -9,6 +9,7 @@
 #include "kiln/ops.h"
 #include "base/error.h"
 #include "ops/autocast.h"
+#include "ops/op_registry.h"
 #include "tensor/scope.h"
 
 /* Per-node state of one backward run, in an open-addressing table keyed by
@@ -22,6 +23,11 @@ typedef struct run_slot {
 typedef struct run_table {
     run_slot *slots;
     size_t cap, count;
+    /* Leaves whose .grad is, for now, a gradient another branch of the
+     * walk still holds (accumulate_leaf): held references, settled at the
+     * end of the walk. */
+    kiln_tensor **shared_leaves;
+    int n_shared, cap_shared;
 } run_table;
 
 static size_t hash_ptr(const void *p, size_t cap) {
@@ -145,13 +151,18 @@ static kiln_node *heap_pop(ready_heap *h) {
     return top;
 }
 
-/* *slot += g (slot takes the reference to g). */
+/* *slot += g (slot takes the reference to g). The sum goes into the
+ * slot's tensor when the engine holds the only reference to it
+ * (kiln_dispatch_donating), else into a new one. */
 static kiln_status accumulate(kiln_tensor **slot, kiln_tensor *g) {
     if (!*slot) {
         *slot = g;
         return KILN_OK;
     }
-    kiln_tensor *sum = kiln_add(*slot, g);
+    kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+    kiln_status st = kiln_dispatch_donating(KILN_OP_ADD, 2, (kiln_tensor *[]){*slot, g}, NULL,
+                                            kiln_get_device(*slot), out, 0);
+    kiln_tensor *sum = st ? NULL : out[0];
     kiln_tensor_drop(g);
     if (!sum) return kiln_error_last()->status;
     kiln_tensor_drop(*slot);
@@ -172,10 +183,23 @@ static kiln_status run_grad_hooks(kiln_tensor *t, kiln_tensor **g) {
     return KILN_OK;
 }
 
+static bool leaf_grad_shared(const run_table *tab, const kiln_tensor *leaf) {
+    for (int i = 0; tab && i < tab->n_shared; i++)
+        if (tab->shared_leaves[i] == leaf) return true;
+    return false;
+}
+
 /* leaf.grad += g, then post-accumulate hooks. Takes g. A fresh gradient no
- * one else holds becomes .grad itself; a shared one is copied, so that a
- * later in-place accumulation cannot write into another leaf's gradient. */
-static kiln_status accumulate_leaf(kiln_tensor *leaf, kiln_tensor *g) {
+ * one else holds becomes .grad itself. One that another branch of the walk
+ * still holds (a sum's gradient goes to both its inputs) becomes .grad as
+ * well when the leaf has no hooks, and the leaf is noted in tab: sums into
+ * it are then out of place until the other holders let go (the engine's
+ * own tensors, dropped as their nodes run), and at the end of the walk a
+ * .grad still shared is copied, so no .grad ever shares its buffer with
+ * another tensor. Otherwise a shared gradient is copied at once, so that a
+ * later in-place accumulation cannot write into another leaf's gradient.
+ * tab NULL: no walk (the root is the leaf). */
+static kiln_status accumulate_leaf(run_table *tab, kiln_tensor *leaf, kiln_tensor *g) {
     KILN_TRY(run_grad_hooks(leaf, &g));
     kiln_autograd_meta *m = kiln_autograd_meta_get(leaf, true);
     if (!m) {
@@ -191,13 +215,30 @@ static kiln_status accumulate_leaf(kiln_tensor *leaf, kiln_tensor *g) {
     }
     if (!m->grad) {
         bool shared = kiln_refcount(g) > 1 || atomic_load(&g->storage->refcount) > 1 || !kiln_is_contiguous(g);
-        if (shared) {
+        bool defer = shared && tab && m->n_hooks == 0 && kiln_is_contiguous(g) && !kiln_requires_grad(g) &&
+                     !leaf_grad_shared(tab, leaf);
+        if (defer && tab->n_shared == tab->cap_shared) {
+            int cap = tab->cap_shared ? 2 * tab->cap_shared : 8;
+            kiln_tensor **items = realloc(tab->shared_leaves, sizeof *items * (size_t)cap);
+            if (items) tab->shared_leaves = items, tab->cap_shared = cap;
+            else defer = false;
+        }
+        if (defer) {
+            tab->shared_leaves[tab->n_shared++] = kiln_retain(leaf);
+        } else if (shared) {
             kiln_tensor *c = kiln_to(g, kiln_get_device(g), g->dtype, KILN_COPY);
             kiln_tensor_drop(g);
             if (!c) return kiln_error_last()->status;
             g = c;
         }
         m->grad = g;
+    } else if (leaf_grad_shared(tab, leaf)) {
+        kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+        st = kiln_dispatch_donating(KILN_OP_ADD, 2, (kiln_tensor *[]){m->grad, g}, NULL, kiln_get_device(g), out, 0);
+        kiln_tensor_drop(g);
+        if (st) return st;
+        kiln_tensor_drop(m->grad);
+        m->grad = out[0];
     } else {
         kiln_tensor *r = kiln_add_(m->grad, g);
         kiln_tensor_drop(g);
@@ -206,6 +247,25 @@ static kiln_status accumulate_leaf(kiln_tensor *leaf, kiln_tensor *g) {
     }
     for (int i = 0; i < m->n_hooks && !st; i++)
         if (m->hooks[i].post) m->hooks[i].post(leaf, m->hooks[i].user);
+    return st;
+}
+
+/* The end of a walk: every .grad still sharing its buffer gets its own copy. */
+static kiln_status settle_shared_leaves(run_table *tab) {
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < tab->n_shared; i++) {
+        kiln_tensor *leaf = tab->shared_leaves[i];
+        kiln_autograd_meta *m = leaf->autograd;
+        if (!st && m && m->grad && !kiln_tensor_sole_owner(m->grad)) {
+            kiln_tensor *c = kiln_to(m->grad, kiln_get_device(m->grad), m->grad->dtype, KILN_COPY);
+            if (!c) st = kiln_error_last()->status;
+            else kiln_tensor_drop(m->grad), m->grad = c;
+        }
+        kiln_tensor_drop(leaf);
+    }
+    free(tab->shared_leaves);
+    tab->shared_leaves = NULL;
+    tab->n_shared = tab->cap_shared = 0;
     return st;
 }
 
@@ -292,7 +352,7 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
             if (!e->node) continue;
         }
         if (e->leaf) {
-            if (g) st = accumulate_leaf(e->leaf, g);
+            if (g) st = accumulate_leaf(tab, e->leaf, g);
             continue;
         }
         if (!e->node) {
@@ -321,7 +381,9 @@ static kiln_status backward_from(kiln_node *node, int output_nr, kiln_tensor *g,
     }
     while (!st && ready.count) st = run_node(&tab, &ready, heap_pop(&ready), retain_graph);
     if (g) kiln_tensor_drop(g);
-    table_free(&tab);
+    table_free(&tab); /* drops the gradients still held, before the shared .grads are settled */
+    kiln_status settled = settle_shared_leaves(&tab);
+    if (!st) st = settled;
     free(ready.items);
     return st;
 }
@@ -348,7 +410,7 @@ static kiln_status backward_body(kiln_tensor *root, kiln_tensor *grad_output, bo
         if (!g) return kiln_error_last()->status;
     }
     kiln_autograd_meta *m = root->autograd;
-    if (!(m && m->grad_fn)) return accumulate_leaf(root, g);
+    if (!(m && m->grad_fn)) return accumulate_leaf(NULL, root, g);
     return backward_from(m->grad_fn, m->output_nr, g, retain_graph);
 }
 

@@ -91,8 +91,12 @@ static int fused_run(kiln_module *seq, int i, int end, kiln_tensor *x, kiln_tens
 }
 
 kiln_tensor *kiln_nn_sequential_run(kiln_module *seq, int begin, int end, kiln_tensor *x) {
+    return kiln_nn_sequential_run_take(seq, begin, end, kiln_retain(x));
+}
+
+kiln_tensor *kiln_nn_sequential_run_take(kiln_module *seq, int begin, int end, kiln_tensor *x) {
     bool fuse = kiln_nn_fusion_enabled();
-    kiln_tensor *h = kiln_retain(x);
+    kiln_tensor *h = x;
     int i = begin;
     while (h && i < end) {
         kiln_tensor *next = NULL;

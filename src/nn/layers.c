@@ -139,12 +139,25 @@ static kiln_tensor *sequential_forward(kiln_module *m, kiln_tensor *x) {
 }
 
 /* relu(a + b), dropping a and b. */
+/* relu(a + b), taking both references. When this call holds the only
+ * reference to a (the block's branch output, which no op saved for its
+ * backward) and no broadcast is involved, the sum and the ReLU are written
+ * into a in place (kiln_add_, kiln_relu_: autograd records them as such),
+ * so a block needs no second buffer of its output's size. */
 static kiln_tensor *add_relu(kiln_tensor *a, kiln_tensor *b) {
-    kiln_tensor *s = a && b ? kiln_add(a, b) : NULL;
+    if (!a || !b) {
+        if (a) kiln_tensor_drop(a);
+        if (b) kiln_tensor_drop(b);
+        return NULL;
+    }
+    kiln_shape sa = kiln_shape_of(a), sb = kiln_shape_of(b);
+    bool in_place = a != b && kiln_tensor_sole_owner(a) && !(kiln_is_leaf(a) && kiln_requires_grad(a)) && sa.ndim == sb.ndim &&
+                    !memcmp(sa.d, sb.d, sizeof(int64_t) * (size_t)sa.ndim) && kiln_dtype_of(a) == kiln_dtype_of(b);
+    kiln_tensor *s = in_place ? kiln_add_(a, b) : kiln_add(a, b);
     kiln_tensor_drop(a);
     kiln_tensor_drop(b);
     if (!s) return NULL;
-    kiln_tensor *y = kiln_relu(s);
+    kiln_tensor *y = in_place ? kiln_relu_(s) : kiln_relu(s);
     kiln_tensor_drop(s);
     return y;
 }

@@ -28,9 +28,11 @@ typedef struct kiln_module_config {
     double eps, momentum;
     int start_dim, end_dim;
     bool approximate; /* gelu */
-    /* Sequential: kiln_nn_sequential_set_checkpoint's segments (0: off) and
-     * each segment's children [begin, end), the checkpoint's ctx. */
+    /* Sequential: the checkpoint segments (0: off), the first child of
+     * each (checkpoint_start[0] == 0) and each segment's children [begin,
+     * end), the checkpoint's ctx. */
     int checkpoint_segments;
+    int checkpoint_start[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
     struct kiln_checkpoint_segment {
         kiln_module *seq;
         int begin, end;
@@ -60,6 +62,9 @@ kiln_tensor *kiln_sequential_checkpoint_forward(kiln_module *m, kiln_tensor *x);
  * or NULL), with the fused ops in place of the layer runs they cover when
  * fusion is on (fusion.c). */
 kiln_tensor *kiln_nn_sequential_run(kiln_module *seq, int begin, int end, kiln_tensor *x);
+/* The same, taking the reference to x: it is dropped as soon as the first
+ * layer has run, so nothing keeps it alive that the layers did not save. */
+kiln_tensor *kiln_nn_sequential_run_take(kiln_module *seq, int begin, int end, kiln_tensor *x);
 
 /* A new empty module of `kind` (a static string) with `forward`. */
 kiln_module *kiln_module_new(const char *kind, kiln_layer_forward forward);

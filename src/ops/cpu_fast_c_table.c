@@ -1,7 +1,7 @@
 /* The plain-C fast CPU kernel table (kernels/cpu/fast/): f32 kernels on
  * contiguous tensors that need no library, consulted after the oneDNN
  * table and before the reference kernels. Built in every configuration.
- * Pooling, ReLU and the bias-gradient sum also take oneDNN's nChw16c
+ * Pooling, ReLU, addition and the bias-gradient sum also take oneDNN's nChw16c
  * layout (blocked_fast.c): the entries below pick the kernel by the
  * inputs' layout and pass the layout on to their outputs. */
 #include <pthread.h>
@@ -64,6 +64,12 @@ static void build_fast_c_table(void) {
         (kiln_op_kernel){kiln_fast_relu, NULL, F32, kiln_fast_relu_supports, kiln_blocked_relu_layout};
     fast_c_table[KILN_OP_RELU_BACKWARD] = (kiln_op_kernel){kiln_fast_relu_backward, NULL, F32,
                                                            kiln_fast_relu_backward_supports, kiln_blocked_relu_layout};
+    fast_c_table[KILN_OP_RELU_] =
+        (kiln_op_kernel){kiln_fast_relu, NULL, F32, kiln_fast_relu_supports, kiln_blocked_relu_layout};
+    fast_c_table[KILN_OP_ADD] =
+        (kiln_op_kernel){kiln_fast_add, NULL, F32, kiln_fast_add_supports, kiln_blocked_relu_layout};
+    fast_c_table[KILN_OP_ADD_] =
+        (kiln_op_kernel){kiln_fast_add, NULL, F32, kiln_fast_add_supports, kiln_blocked_relu_layout};
     fast_c_table[KILN_OP_SUM] = (kiln_op_kernel){sum, sum_workspace, F32, sum_supports, kiln_blocked_strided_out};
 }
 

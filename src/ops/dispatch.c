@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/nvtx.h"
+#include "kiln/autograd.h"
 #include "ops/op_registry.h"
 #include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
@@ -244,12 +245,31 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kern
     return st;
 }
 
+/* Whether output 0 may be written into the donated input (kiln_dispatch_donating). */
+static bool can_take_donation(const kiln_op_call *c, const kiln_meta *meta, const kernel_choice *ch) {
+    if (!c->donate || c->donate > c->n_in || (c->info->flags & OPF_INPLACE)) return false;
+    const kiln_tensor *t = c->in[c->donate - 1];
+    if (!t || atomic_load(&t->refcount) != 1 || atomic_load(&t->storage->refcount) != 1) return false;
+    for (int i = 0; i < c->n_in; i++)
+        if (c->in[i] && kiln_requires_grad(c->in[i])) return false;
+    if (t->dtype != meta[0].dtype || t->ndim != meta[0].ndim || t->offset != 0 || !kiln_is_contiguous(t) ||
+        memcmp(t->shape, meta[0].shape, sizeof(int64_t) * (size_t)t->ndim) || kiln_layout_of(t) != ch->out_layout[0] ||
+        !kiln_device_equal(t->storage->device, c->device))
+        return false;
+    return true;
+}
+
 static kiln_status allocate_outputs(kiln_op_call *c, const kiln_meta *meta, const kernel_choice *ch) {
     char fn[64];
     snprintf(fn, sizeof fn, "kiln_%s", c->info->name);
     for (int i = 0; i < c->n_out; i++) {
         if (i == 0 && (c->info->flags & OPF_INPLACE)) {
             c->out[0] = kiln_retain(c->in[0]);
+            continue;
+        }
+        if (i == 0 && can_take_donation(c, meta, ch)) {
+            c->out[0] = kiln_retain(c->in[c->donate - 1]);
+            kiln_tensor_bump_version(c->out[0]);
             continue;
         }
         kiln_shape s = {.ndim = meta[i].ndim};
@@ -297,13 +317,23 @@ static kiln_status dispatch_body(kiln_op_call *c) {
 
 kiln_status kiln_dispatch(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_op_attrs *attrs, kiln_device device,
                           kiln_tensor **out) {
+    return kiln_dispatch_donating(op, n_in, in, attrs, device, out, -1);
+}
+
+kiln_status kiln_dispatch_donating(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_op_attrs *attrs,
+                                   kiln_device device, kiln_tensor **out, int donate) {
     const kiln_op_info *info = kiln_op_info_get(op);
     if (!info) return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_dispatch: unknown op %d", (int)op);
     if (n_in < 0 || n_in > KILN_OP_MAX_IN)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_%s: %d inputs (at most %d)", info->name, n_in,
                           KILN_OP_MAX_IN);
     kiln_op_attrs zero_attrs = {0};
-    kiln_op_call c = {.op = op, .info = info, .n_in = n_in, .n_out = info->n_out, .attrs = attrs ? attrs : &zero_attrs};
+    kiln_op_call c = {.op = op,
+                      .info = info,
+                      .n_in = n_in,
+                      .n_out = info->n_out,
+                      .attrs = attrs ? attrs : &zero_attrs,
+                      .donate = donate >= 0 && donate < n_in ? donate + 1 : 0};
     for (int i = 0; i < n_in; i++) c.in[i] = in[i];
     kiln_api_enter();
     const char *outer_op = current_op;

@@ -138,6 +138,7 @@ typedef struct kiln_op_call {
     kiln_op_attrs *attrs;
     kiln_device device;
     void *hook_state[4]; /* one slot per hook kind, for begin -> end */
+    int donate;          /* 1 + the input output 0 may be written into (kiln_dispatch_donating); 0: none */
 } kiln_op_call;
 
 typedef enum kiln_hook_kind {
@@ -185,6 +186,19 @@ void kiln_memory_context_register(void);
  * by creation ops. */
 kiln_status kiln_dispatch(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_op_attrs *attrs,
                           kiln_device device, kiln_tensor **out);
+/* kiln_dispatch, letting output 0 take input `donate`'s storage instead
+ * of a new block when nothing else can see that input: the call holds the
+ * only reference to the tensor and to its storage, the input is
+ * contiguous at offset 0 with exactly the result's shape, dtype and
+ * layout, and no input requires grad (nothing records the call). out[0]
+ * is then a new reference to that input, written in place (its version
+ * bumped). For ops whose kernels, on every backend, read each element of
+ * that input before writing the same element of the output (elementwise
+ * ops): the backward formulas donate the incoming gradient, which the
+ * engine drops right after, so a ReLU's or an accumulation's gradient
+ * needs no second buffer of the activation's size. */
+kiln_status kiln_dispatch_donating(kiln_op_id op, int n_in, kiln_tensor *const *in, kiln_op_attrs *attrs,
+                                   kiln_device device, kiln_tensor **out, int donate);
 /* Convenience for public wrappers: enter the API, dispatch, return out[0]
  * through kiln_api_return (auxiliary outputs dropped, or written to `aux`
  * when not NULL, as new references). */

@@ -76,6 +76,12 @@ kiln_tensor *kiln_tensor_alias(kiln_tensor *t, int ndim, const int64_t *shape, c
 /* Drop one reference without looking at scopes: how library code releases
  * the references it holds (see scope.h). */
 kiln_status kiln_tensor_drop(kiln_tensor *t);
+/* True when the caller's reference is the only way to reach t's values:
+ * one reference to t, one to its storage (nothing saved it for backward,
+ * no view or prepared copy shares it). */
+static inline bool kiln_tensor_sole_owner(const kiln_tensor *t) {
+    return atomic_load(&t->refcount) == 1 && atomic_load(&t->storage->refcount) == 1;
+}
 /* Mark an in-place write to t's storage. */
 void kiln_tensor_bump_version(kiln_tensor *t);
 /* The kernel-side description of t (data pointer with the offset applied;

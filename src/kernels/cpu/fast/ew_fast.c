@@ -1,9 +1,11 @@
-/* Fast CPU ReLU and ReLU backward for f32 on contiguous tensors of one
- * shape (no broadcasting): one flat loop the compiler vectorises, split
+/* Fast CPU ReLU, ReLU backward and addition for f32 on contiguous tensors
+ * of one shape (no broadcasting), in place or not: one flat loop the compiler vectorises, split
  * over OpenMP threads for large tensors. Same values as the reference
  * kernels, bit for bit: relu(x) = x if x > 0 or x is NaN, else +0 (NaN
  * passes through, as in PyTorch); the backward passes g where the saved
- * output is > 0 (a NaN output passes nothing), else 0. */
+ * output is > 0 (a NaN output passes nothing), else 0; a + b is one f32
+ * addition per element. Elementwise over the bytes, so any one layout
+ * (kiln/tensor.h) works when every tensor has it: the output takes it. */
 #include "kernels/cpu/fast/fast_kernels.h"
 
 /* Below this many elements one thread does it: a parallel region costs
@@ -95,6 +97,40 @@ kiln_status kiln_fast_relu_backward(const kiln_op_args *a) {
     for (int64_t c = 0; c < chunks; c++) {
         int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
         relu_backward_span(g + i0, t + i0, dx + i0, len);
+    }
+    return KILN_OK;
+}
+
+bool kiln_fast_add_supports(const kiln_op_args *a) {
+    int64_t n[3];
+    return flat_f32(&a->in[0], &n[0]) && flat_f32(&a->in[1], &n[1]) && flat_f32(&a->out[0], &n[2]) &&
+           same_shape(&a->in[0], &a->out[0]) && same_shape(&a->in[1], &a->out[0]) &&
+           a->in[0].layout == a->in[1].layout;
+}
+
+KILN_SIMD_CLONES static void add_span(const float *restrict x, const float *restrict y, float *restrict z,
+                                      int64_t n) {
+    for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
+}
+
+/* z = x + y; z may be x or y (add_, or a donated input). */
+kiln_status kiln_fast_add(const kiln_op_args *a) {
+    const float *x = a->in[0].data, *y = a->in[1].data;
+    float *z = a->out[0].data;
+    int64_t n = 0;
+    flat_f32(&a->out[0], &n);
+    const bool alias = z == x || z == y;
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
+#endif
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        if (alias) {
+            for (int64_t i = i0; i < i0 + len; i++) z[i] = x[i] + y[i];
+        } else {
+            add_span(x + i0, y + i0, z + i0, len);
+        }
     }
     return KILN_OK;
 }

@@ -74,5 +74,8 @@ void kiln_blocked_same_as_input(const kiln_op_args *a, kiln_layout *out);
 void kiln_blocked_pool_backward_layout(const kiln_op_args *a, kiln_layout *out);
 void kiln_blocked_strided_out(const kiln_op_args *a, kiln_layout *out);
 void kiln_blocked_relu_layout(const kiln_op_args *a, kiln_layout *out);
+/* a + b of one shape and one layout (ew_fast.c); output in place allowed */
+kiln_status kiln_fast_add(const kiln_op_args *a);
+bool kiln_fast_add_supports(const kiln_op_args *a);
 
 #endif
