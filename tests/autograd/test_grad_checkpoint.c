@@ -369,6 +369,101 @@ static void test_errors(void) {
     kiln_scope_end();
 }
 
+/* ---- Segments placed by memory ------------------------------------------------------------ */
+
+/* Planned on a 2-sample batch: gradients, losses, running statistics and
+ * the generator's position are those of the plain step (the measuring
+ * forward updates no statistics and draws nothing for good); a segment
+ * that is one residual block has its body split in 2, no other body is. */
+static void test_by_memory_identical(int segments) {
+    kiln_scope_begin();
+    kiln_module *plain = make_model(), *ckpt = make_model();
+    kiln_manual_seed(11);
+    kiln_tensor *sample = kiln_randn(KILN_SHAPE(2, 3, 12, 12), KILN_F32, KILN_CPU);
+    int64_t bytes[32] = {0};
+    int n = kiln_module_num_children(ckpt);
+    CHECK_OK(kiln_nn_sequential_checkpoint_by_memory(ckpt, sample, segments, bytes));
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += bytes[i];
+    CHECK_MSG(bytes[0] > 0 && total > 0, "segments %d: no memory measured (first layer %lld, total %lld)", segments,
+              (long long)bytes[0], (long long)total);
+    int start[64];
+    int count = kiln_nn_sequential_checkpoint_starts(ckpt, start, 64);
+    CHECK_MSG(count >= 2 && count <= segments && start[0] == 0, "segments %d: %d placed", segments, count);
+    for (int k = 0; k < count; k++) {
+        int end = k + 1 < count ? start[k + 1] : n;
+        if (k > 0) CHECK_MSG(start[k] > start[k - 1], "segment starts not increasing");
+        for (int i = start[k]; i < end; i++) {
+            kiln_module *body = kiln_module_child(kiln_module_child_at(ckpt, i, NULL), "body");
+            if (!body) continue;
+            int want = end - start[k] == 1 && k + 1 < count ? 2 : 0;
+            CHECK_MSG(kiln_nn_sequential_checkpoint_segments(body) == want,
+                      "segments %d: layer %d's body in %d segments, want %d", segments, i,
+                      kiln_nn_sequential_checkpoint_segments(body), want);
+        }
+    }
+    kiln_tensor *x, *y;
+    batch(&x, &y, 6, 12);
+    step_result r0 = train_step(plain, x, y);
+    step_result r1 = train_step(ckpt, x, y);
+    CHECK_MSG(r0.loss == r1.loss, "by memory, %d segments: loss %.9g vs %.9g", segments, r0.loss, r1.loss);
+    CHECK_MSG(r0.after_rand == r1.after_rand, "by memory, %d segments: generator at a different place", segments);
+    compare_models(plain, ckpt); /* num_batches_tracked 1: the probe did not count */
+    /* off again: no body stays checkpointed */
+    CHECK_OK(kiln_nn_sequential_checkpoint_by_memory(ckpt, sample, 0, NULL));
+    CHECK_EQ_I(kiln_nn_sequential_checkpoint_segments(ckpt), 0);
+    for (int i = 0; i < n; i++) {
+        kiln_module *body = kiln_module_child(kiln_module_child_at(ckpt, i, NULL), "body");
+        if (body) CHECK_EQ_I(kiln_nn_sequential_checkpoint_segments(body), 0);
+    }
+    kiln_module_free(plain);
+    kiln_module_free(ckpt);
+    kiln_scope_end();
+}
+
+/* Explicit segment starts, and what they refuse. */
+static void test_starts(void) {
+    kiln_scope_begin();
+    kiln_module *plain = make_model(), *ckpt = make_model();
+    const int good[] = {0, 4, 5};
+    CHECK_OK(kiln_nn_sequential_set_checkpoint_starts(ckpt, 3, good));
+    int got[8];
+    CHECK_EQ_I(kiln_nn_sequential_checkpoint_starts(ckpt, got, 8), 3);
+    CHECK(got[0] == 0 && got[1] == 4 && got[2] == 5);
+    kiln_tensor *x, *y;
+    batch(&x, &y, 6, 12);
+    step_result r0 = train_step(plain, x, y);
+    step_result r1 = train_step(ckpt, x, y);
+    CHECK_MSG(r0.loss == r1.loss, "starts 0,4,5: loss %.9g vs %.9g", r0.loss, r1.loss);
+    compare_models(plain, ckpt);
+    static const struct {
+        int count, starts[3];
+        const char *says;
+    } bad[] = {{2, {1, 4}, "must start at 0"}, {3, {0, 5, 4}, "starts at child 4"}, {2, {0, 99}, "starts at child 99"}};
+    for (size_t i = 0; i < 3; i++) {
+        CHECK_MSG(kiln_nn_sequential_set_checkpoint_starts(ckpt, bad[i].count, bad[i].starts) ==
+                      KILN_ERR_INVALID_ARGUMENT,
+                  "bad starts %zu accepted", i);
+        CHECK_MSG(strstr(kiln_error_message(), bad[i].says), "error for bad starts %zu: %s", i, kiln_error_message());
+    }
+    /* the first layers of a fused run: a Sequential of conv, relu */
+    kiln_module *cr = NULL;
+    CHECK_OK(kiln_model_spec_parse("conv 4 k3 p1\nrelu\nflatten\nlinear 2\n", "cr", 3, 4, 4, &cr));
+    const int split[] = {0, 1};
+    CHECK_MSG(kiln_nn_sequential_set_checkpoint_starts(cr, 2, split) == KILN_ERR_INVALID_ARGUMENT,
+              "a start inside conv+relu accepted");
+    CHECK_MSG(strstr(kiln_error_message(), "fused op"), "error: %s", kiln_error_message());
+    CHECK_OK(kiln_nn_sequential_set_checkpoint_starts(cr, 0, NULL));
+    CHECK_EQ_I(kiln_nn_sequential_checkpoint_segments(cr), 0);
+    CHECK_MSG(kiln_nn_sequential_checkpoint_by_memory(kiln_module_child_at(cr, 0, NULL), x, 2, NULL) ==
+                  KILN_ERR_INVALID_ARGUMENT,
+              "by_memory on a Conv2d accepted");
+    kiln_module_free(cr);
+    kiln_module_free(plain);
+    kiln_module_free(ckpt);
+    kiln_scope_end();
+}
+
 /* ---- Memory: the allocator's peak shows the saving --------------------------------------- */
 
 static int64_t step_peak(kiln_module *m, kiln_tensor *x, kiln_tensor *y) {
@@ -404,6 +499,39 @@ static void test_peak_memory(void) {
     kiln_scope_end();
 }
 
+/* A small ResNet (a stem and three stages of one block, as
+ * models/resnet_small_cifar10.txt but narrower): 4 segments placed by
+ * memory, with the lone blocks' bodies split, cut the step's peak above
+ * its start (activations and gradients) below 70% of the plain one. */
+static void test_resnet_peak(void) {
+    kiln_scope_begin();
+    const char *spec = "conv 16 k3 p1 nobias\nbatchnorm\nrelu\n"
+                       "residual {\n conv 16 k3 p1 nobias\n batchnorm\n relu\n conv 16 k3 p1 nobias\n batchnorm\n}\n"
+                       "residual {\n conv 32 k3 p1 s2 nobias\n batchnorm\n relu\n conv 32 k3 p1 nobias\n batchnorm\n}\n"
+                       "residual {\n conv 64 k3 p1 s2 nobias\n batchnorm\n relu\n conv 64 k3 p1 nobias\n batchnorm\n}\n"
+                       "adaptiveavgpool 1\nflatten\nlinear 10\n";
+    kiln_module *m = NULL;
+    kiln_manual_seed(2);
+    CHECK_OK(kiln_model_spec_parse(spec, "resnet", 3, 32, 32, &m));
+    kiln_tensor *x, *y;
+    batch(&x, &y, 32, 32);
+    kiln_tensor *sample = kiln_randn(KILN_SHAPE(2, 3, 32, 32), KILN_F32, KILN_CPU);
+    step_peak(m, x, y); /* warm-up */
+    int64_t plain = step_peak(m, x, y);
+    CHECK_OK(kiln_nn_sequential_checkpoint_by_memory(m, sample, 4, NULL));
+    int start[8];
+    int count = kiln_nn_sequential_checkpoint_starts(m, start, 8);
+    step_peak(m, x, y);
+    int64_t ckpt = step_peak(m, x, y);
+    printf("small ResNet: %d segments placed by memory (starts %d %d %d %d): peak %.2f MiB vs plain %.2f MiB (%.0f%%)\n",
+           count, start[0], count > 1 ? start[1] : -1, count > 2 ? start[2] : -1, count > 3 ? start[3] : -1,
+           ckpt / 1048576.0, plain / 1048576.0, 100.0 * (double)ckpt / (double)plain);
+    CHECK_MSG(plain > 0 && ckpt > 0 && ckpt < plain * 7 / 10, "checkpointed ResNet peak %lld is not below 70%% of %lld",
+              (long long)ckpt, (long long)plain);
+    kiln_module_free(m);
+    kiln_scope_end();
+}
+
 int main(void) {
     if (kiln_init()) return 1;
     test_sequential_identical(2);
@@ -419,6 +547,11 @@ int main(void) {
     test_param_only();
     test_errors();
     test_peak_memory();
+    test_by_memory_identical(2);
+    test_by_memory_identical(3);
+    test_by_memory_identical(4);
+    test_starts();
+    test_resnet_peak();
     kiln_shutdown();
     return kt_finish();
 }
