@@ -156,8 +156,8 @@ static void usage(FILE *f) {
                "  --amp MODE         mixed precision: auto (default: on for CUDA with tensor cores, off on\n"
                "                     CPUs without native bf16), off, f16 (with loss scaling) or bf16\n"
                "  --checkpoint N|auto  gradient checkpointing: recompute the model's activations in backward,\n"
-               "                     in N segments of its layers; auto: the fewest segments whose measured\n"
-               "                     step peak fits --memory-budget\n"
+               "                     in N segments of its layers placed by measured memory; auto: the fewest\n"
+               "                     segments whose measured step peak fits --memory-budget\n"
                "  --memory-budget SIZE  the step's memory budget for --checkpoint auto (2GiB, 512MiB, bytes)\n"
                "Ctrl-C finishes the step, writes a checkpoint and exits 130.\n");
 }

@@ -1,5 +1,6 @@
 /* kiln train --checkpoint N | auto --memory-budget SIZE: gradient
- * checkpointing of the model's Sequential in segments, the count given or
+ * checkpointing of the model's Sequential in segments placed by measured
+ * memory (kiln_nn_sequential_checkpoint_by_memory), the count given or
  * chosen from the allocator's peak over one measured step per candidate. */
 #include <errno.h>
 #include <math.h>
@@ -52,8 +53,37 @@ static int prec(int64_t b) { return mib(b) < 10 ? 1 : 0; }
  * step does). The model's running statistics, the generators and the
  * gradients are put back afterwards, so the run trains exactly as it
  * would have without the measurement. */
+/* Segments placed by memory, measured on a batch of 2 zeros. */
+static kiln_status place_segments(train_run *r, int segments) {
+    kiln_scope_begin();
+    kiln_tensor *sample = kiln_zeros(KILN_SHAPE(2, r->info.channels, r->info.height, r->info.width), KILN_F32, r->dev);
+    kiln_status st = sample ? kiln_nn_sequential_checkpoint_by_memory(r->model, sample, segments, NULL)
+                            : kiln_error_last()->status;
+    kiln_scope_end();
+    return st;
+}
+
+/* "3 segments starting at layers 0 (Conv2d), 3 (Residual, its body in 2
+ * segments), 4 (Residual)" */
+static void print_segments(train_run *r) {
+    int start[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
+    int count = kiln_nn_sequential_checkpoint_starts(r->model, start, KILN_NN_MAX_CHECKPOINT_SEGMENTS);
+    fprintf(stderr, "kiln train: gradient checkpointing: %d segments of the model's %d layers, placed by measured "
+                    "memory, starting at layers",
+            count, kiln_module_num_children(r->model));
+    for (int k = 0; k < count; k++) {
+        kiln_module *layer = kiln_module_child_at(r->model, start[k], NULL);
+        kiln_module *body = kiln_module_child(layer, "body");
+        int inner = body ? kiln_nn_sequential_checkpoint_segments(body) : 0;
+        fprintf(stderr, "%s %d (%s", k ? "," : "", start[k], kiln_module_kind(layer));
+        if (inner > 1) fprintf(stderr, ", its body in %d segments", inner);
+        fprintf(stderr, ")");
+    }
+    fprintf(stderr, "; all but the last are recomputed in backward\n");
+}
+
 static kiln_status measure_step(train_run *r, int segments, int64_t *peak) {
-    kiln_status st = kiln_nn_sequential_set_checkpoint(r->model, segments);
+    kiln_status st = place_segments(r, segments);
     if (st) return st;
     kiln_named_tensor *bufs = NULL;
     int nb = 0;
@@ -108,9 +138,10 @@ static kiln_status measure_step(train_run *r, int segments, int64_t *peak) {
 int train_checkpoint_setup(train_run *r) {
     if (!r->a.checkpoint_auto) {
         if (r->a.checkpoint <= 1) return 0;
-        if (kiln_nn_sequential_set_checkpoint(r->model, r->a.checkpoint) != KILN_OK) return fail("--checkpoint");
-        fprintf(stderr, "kiln train: gradient checkpointing: %d segments of the model's %d layers\n",
-                r->a.checkpoint, kiln_module_num_children(r->model));
+        if (place_segments(r, r->a.checkpoint) != KILN_OK) return fail("--checkpoint");
+        if (kiln_nn_sequential_checkpoint_segments(r->model) > 1) print_segments(r);
+        else fprintf(stderr, "kiln train: --checkpoint %d: the model's memory allows no split into segments; "
+                             "checkpointing is off\n", r->a.checkpoint);
         return 0;
     }
     int layers = kiln_module_num_children(r->model);
@@ -134,17 +165,17 @@ int train_checkpoint_setup(train_run *r) {
             snprintf(best_label, sizeof best_label, "%s", s == 1 ? "without checkpointing" : label);
         }
         if (peak <= r->a.memory_budget) {
-            if (kiln_nn_sequential_set_checkpoint(r->model, s) != KILN_OK) return fail("--checkpoint auto");
+            if (place_segments(r, s) != KILN_OK) return fail("--checkpoint auto");
             fprintf(stderr,
                     "kiln train: --checkpoint auto: step peak (measured, incl. parameters, gradients and Adam "
                     "state): %s; budget %.*f MiB: %s\n",
                     line, prec(r->a.memory_budget), mib(r->a.memory_budget),
                     s == 1 ? "no checkpointing needed" : "checkpointing in the fewest segments that fit");
-            if (s > 1) fprintf(stderr, "kiln train: gradient checkpointing: %d segments of the model's %d layers\n", s, layers);
+            if (s > 1) print_segments(r);
             return 0;
         }
     }
-    kiln_nn_sequential_set_checkpoint(r->model, 0);
+    place_segments(r, 0);
     fprintf(stderr,
             "kiln train: --checkpoint auto: no segment count keeps the step under --memory-budget %.*f MiB "
             "(measured: %s; lowest %.*f MiB, %s); raise --memory-budget or lower --batch\n",

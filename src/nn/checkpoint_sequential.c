@@ -182,9 +182,11 @@ kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tenso
     if (!is_sequential(seq)) return not_sequential(fn, seq);
     KILN_TRY(kiln_tensor_check(sample, fn));
     int n = seq->children.n;
-    if (segments < 0 || segments > KILN_NN_MAX_CHECKPOINT_SEGMENTS)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use 0 or 1 (off) up to KILN_NN_MAX_CHECKPOINT_SEGMENTS",
-                          "%s: %d segments (at most %d)", fn, segments, KILN_NN_MAX_CHECKPOINT_SEGMENTS);
+    if (segments < 0 || segments > KILN_NN_MAX_CHECKPOINT_SEGMENTS || (segments > 1 && segments > n))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use 0 or 1 (off) up to the number of layers",
+                          "%s: %d segments for a Sequential of %d layers (at most %d segments, and at most one "
+                          "per layer)",
+                          fn, segments, n, KILN_NN_MAX_CHECKPOINT_SEGMENTS);
     for (int i = 0; i < n; i++) { /* bodies this call checkpointed before */
         kiln_module *body = residual_body(seq->children.items[i].u.child);
         if (body) body->cfg.checkpoint_segments = 0;

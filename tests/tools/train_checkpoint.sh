@@ -1,6 +1,7 @@
 #!/bin/sh
 # kiln train --checkpoint: the same losses with and without gradient
-# checkpointing (a spec with BatchNorm and dropout), --checkpoint auto
+# checkpointing (a spec with BatchNorm and dropout; one with a residual
+# block, whose body is split too), --checkpoint auto
 # choosing from measured peaks, and the usage errors.
 # usage: train_checkpoint.sh KILN_BINARY. Exit 77 (skipped) without the dataset.
 set -eu
@@ -29,12 +30,43 @@ common="--model $out/model.txt --limit 256 --batch 64 --max-steps 3 --log-every 
 losses() { grep '"event":"step"' "$1/metrics.jsonl" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
 "$kiln" train $common --out "$out/plain" > /dev/null 2> "$out/plain.err"
 "$kiln" train $common --checkpoint 3 --out "$out/ckpt" > /dev/null 2> "$out/ckpt.err"
-grep -q "gradient checkpointing: 3 segments of the model's 11 layers" "$out/ckpt.err"
+grep -q "gradient checkpointing: 3 segments of the model's 11 layers, placed by measured memory" "$out/ckpt.err"
 losses "$out/plain" > "$out/plain.loss"
 losses "$out/ckpt" > "$out/ckpt.loss"
 test "$(wc -l < "$out/plain.loss")" -eq 3
 if ! cmp -s "$out/plain.loss" "$out/ckpt.loss"; then
   echo "losses differ with --checkpoint 3:"; paste "$out/plain.loss" "$out/ckpt.loss"; exit 1
+fi
+# A residual block alone in a segment has its body split as well; the
+# losses stay those of the plain run.
+cat > "$out/res.txt" <<'SPEC'
+conv 8 k3 p1
+batchnorm
+relu
+residual {
+  conv 8 k3 p1 nobias
+  batchnorm
+  relu
+  conv 8 k3 p1 nobias
+  batchnorm
+}
+maxpool 2
+conv 16 k3 p1
+batchnorm
+relu
+maxpool 2
+flatten
+linear 10
+SPEC
+rescommon=$(echo "$common" | sed "s|$out/model.txt|$out/res.txt|")
+"$kiln" train $rescommon --out "$out/resplain" > /dev/null 2> "$out/resplain.err"
+"$kiln" train $rescommon --checkpoint 3 --out "$out/resckpt" > /dev/null 2> "$out/resckpt.err"
+grep -q "starting at layers 0 (Conv2d), 3 (Residual, its body in 2 segments), 4 " "$out/resckpt.err" ||
+  { echo "unexpected residual plan:"; cat "$out/resckpt.err"; exit 1; }
+losses "$out/resplain" > "$out/resplain.loss"
+losses "$out/resckpt" > "$out/resckpt.loss"
+if ! cmp -s "$out/resplain.loss" "$out/resckpt.loss"; then
+  echo "residual model: losses differ with --checkpoint 3:"; paste "$out/resplain.loss" "$out/resckpt.loss"; exit 1
 fi
 # auto: a generous budget needs no checkpointing; a budget between the
 # measured peaks picks segments; an impossible one is an error.
