@@ -142,12 +142,35 @@ static kiln_status allocated_now(kiln_device dev, int64_t *bytes) {
     return KILN_OK;
 }
 
+/* What the first of a body's two segments (kiln_nn_sequential_set_checkpoint
+ * (body, 2)) keeps and outputs, run on x with grad mode on; freed after. */
+static kiln_status probe_half(kiln_module *body, kiln_tensor *x, kiln_device dev, int64_t *kept, int64_t *out) {
+    int saved = body->cfg.checkpoint_segments, saved_start[2] = {body->cfg.checkpoint_start[0], body->cfg.checkpoint_start[1]};
+    KILN_TRY(kiln_nn_sequential_set_checkpoint(body, 2));
+    int split = body->cfg.checkpoint_segments == 2 ? body->cfg.checkpoint_start[1] : body->children.n;
+    body->cfg.checkpoint_segments = saved;
+    body->cfg.checkpoint_start[0] = saved_start[0], body->cfg.checkpoint_start[1] = saved_start[1];
+    int64_t before = 0, after = 0;
+    KILN_TRY(allocated_now(dev, &before));
+    kiln_tensor *h = kiln_nn_sequential_run(body, 0, split, x);
+    if (!h) return kiln_error_last()->status ? kiln_error_last()->status : KILN_ERR_OUT_OF_MEMORY;
+    kiln_status st = allocated_now(dev, &after);
+    *kept = after - before;
+    *out = kiln_numel(h) * (int64_t)kiln_dtype_size(kiln_dtype_of(h));
+    kiln_tensor_drop(h);
+    return st;
+}
+
 /* One forward of sample through seq, unit by unit (a unit: a child, or a
  * run of children the Sequential fuses), with grad mode on: grown[u] is
  * what unit u added to the allocated bytes (its output and what it saved
- * for backward, less the input it let go), units[u] its first child.
+ * for backward, less the input it let go), out[u] its output's bytes,
+ * units[u] its first child; for a unit that is one residual block,
+ * half_kept[u] and half_out[u] are those of its body's first half (the
+ * segment a split body checkpoints), else 0.
  * Running statistics and generators are left as they were. */
-static kiln_status probe(kiln_module *seq, kiln_tensor *sample, int *units, int64_t *grown, int *n_units) {
+static kiln_status probe(kiln_module *seq, kiln_tensor *sample, int *units, int64_t *grown, int64_t *out,
+                         int64_t *half_kept, int64_t *half_out, int *n_units) {
     int n = seq->children.n, count = 0;
     for (int b = 0; b < n; b++)
         if (b == 0 || !splits_fused_run(seq, b)) units[count++] = b;
@@ -162,10 +185,16 @@ static kiln_status probe(kiln_module *seq, kiln_tensor *sample, int *units, int6
     st = allocated_now(dev, &before);
     for (int u = 0; u < count && !st; u++) {
         int end = u + 1 < count ? units[u + 1] : n;
+        half_kept[u] = half_out[u] = 0;
+        kiln_module *body = end == units[u] + 1 ? residual_body(seq->children.items[units[u]].u.child) : NULL;
+        if (body) st = probe_half(body, h, dev, &half_kept[u], &half_out[u]);
+        if (!st) st = allocated_now(dev, &before);
+        if (st) break;
         h = kiln_nn_sequential_run_take(seq, units[u], end, h);
         if (!h) st = kiln_error_last()->status ? kiln_error_last()->status : KILN_ERR_OUT_OF_MEMORY;
         if (!st) st = allocated_now(dev, &after);
         grown[u] = after - before;
+        out[u] = h ? kiln_numel(h) * (int64_t)kiln_dtype_size(kiln_dtype_of(h)) : 0;
         before = after;
     }
     if (h) kiln_tensor_drop(h);
@@ -174,6 +203,124 @@ static kiln_status probe(kiln_module *seq, kiln_tensor *sample, int *units, int6
     kiln_device_rng_set(dev, rng_dev);
     kiln_device_rng_set(cpu, rng_cpu);
     return st;
+}
+
+/* ---- Placing the segments -----------------------------------------------------------------
+ *
+ * From the probe: per unit u, grown[u] (bytes it keeps: output and saved
+ * tensors) and out[u] (its output's bytes). For segments starting at units
+ * cut[0] = 0 < cut[1] < ... < cut[K-1], the step's peak is estimated as the
+ * larger of
+ *   - each checkpointed segment k's backward: the outputs of the segments
+ *     before it (the inputs still held) + the gradient of its own output +
+ *     what it keeps when recomputed (a lone residual block with its body
+ *     split: the larger of its two phases) + one more gradient of its
+ *     largest output's size in flight (ReLU's backward and the sums of two
+ *     branches reuse the incoming gradient's buffer, docs/architecture.md);
+ *   - the last segment's backward: the checkpointed segments' outputs +
+ *     what the last segment keeps + one gradient in flight.
+ * The plan with the lowest estimate wins, ties going to the lowest sum of
+ * the terms (every placement is tried while
+ * there are at most PLACE_MAX_TRIES; beyond, segments start where the
+ * current one would pass 1/K of the kept bytes). */
+#define PLACE_MAX_TRIES 1000000
+
+typedef struct placement {
+    int n, k;
+    const int64_t *out, *prefix; /* prefix[u] = grown[0] + ... + grown[u-1] */
+    const int64_t *half_kept, *half_out;
+    int cut[KILN_NN_MAX_CHECKPOINT_SEGMENTS], best_cut[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
+    int64_t best, best_sum;
+} placement;
+
+static int64_t max_out(const placement *p, int a, int b) {
+    int64_t m = 0;
+    for (int u = a; u < b; u++) m = p->out[u] > m ? p->out[u] : m;
+    return m;
+}
+
+/* What checkpointed segment [a, b) keeps while its backward recomputes
+ * it: all of it, or for one residual block with its body split, the
+ * larger of its two phases (the body's first half only as its output,
+ * then that half recomputed). */
+static int64_t recompute_kept(const placement *p, int a, int b) {
+    int64_t kept = p->prefix[b] - p->prefix[a];
+    if (b != a + 1 || !p->half_out[a]) return kept;
+    int64_t second = kept - p->half_kept[a] + p->half_out[a], first = p->half_kept[a];
+    return second > first ? second : first;
+}
+
+/* The plan's estimated peak; *sum gets the sum of its terms (the tie-break). */
+static int64_t estimate(const placement *p, int64_t *sum) {
+    int64_t held = 0, peak = 0;
+    *sum = 0;
+    for (int j = 0; j < p->k; j++) {
+        int a = p->cut[j], b = j + 1 < p->k ? p->cut[j + 1] : p->n;
+        int64_t flight = max_out(p, a, b);
+        int64_t here = j + 1 < p->k ? held + p->out[b - 1] + recompute_kept(p, a, b) + flight
+                                    : held + p->prefix[b] - p->prefix[a] + flight;
+        peak = here > peak ? here : peak;
+        *sum += here;
+        held += p->out[b - 1];
+    }
+    return peak;
+}
+
+static void try_all(placement *p, int j) {
+    if (j == p->k) {
+        int64_t sum = 0, e = estimate(p, &sum);
+        if (e < p->best || (e == p->best && sum < p->best_sum)) {
+            p->best = e, p->best_sum = sum;
+            memcpy(p->best_cut, p->cut, sizeof(int) * (size_t)p->k);
+        }
+        return;
+    }
+    for (int u = p->cut[j - 1] + 1; u <= p->n - (p->k - j); u++) {
+        p->cut[j] = u;
+        try_all(p, j + 1);
+    }
+}
+
+/* C(n, r), saturating above PLACE_MAX_TRIES. */
+static double tries(int n, int r) {
+    double c = 1;
+    for (int i = 1; i <= r && c <= PLACE_MAX_TRIES; i++) c = c * (double)(n - r + i) / (double)i;
+    return c;
+}
+
+/* The segments' first units into cut; returns their count, -1 without memory. */
+static int place(int n, const int64_t *grown, const int64_t *out, const int64_t *half_kept, const int64_t *half_out,
+                 int k, int *cut) {
+    int64_t *prefix = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!prefix) return -1;
+    prefix[0] = 0;
+    for (int u = 0; u < n; u++) prefix[u + 1] = prefix[u] + grown[u];
+    placement p = {.n = n,
+                   .k = k,
+                   .out = out,
+                   .prefix = prefix,
+                   .half_kept = half_kept,
+                   .half_out = half_out,
+                   .best = INT64_MAX,
+                   .best_sum = INT64_MAX};
+    p.cut[0] = 0;
+    if (tries(n - 1, k - 1) <= PLACE_MAX_TRIES) {
+        try_all(&p, 1);
+        memcpy(cut, p.best_cut, sizeof(int) * (size_t)k);
+        free(prefix);
+        return k;
+    }
+    int64_t total = 0, share = 0;
+    for (int u = 0; u < n; u++) total += grown[u] > 0 ? grown[u] : 0;
+    int count = 1, first = 0;
+    cut[0] = 0;
+    for (int u = 0; u < n; u++) {
+        int64_t g = grown[u] > 0 ? grown[u] : 0;
+        if (u > first && count < k && (share + g) * k > total) cut[count++] = u, first = u, share = 0;
+        share += g;
+    }
+    free(prefix);
+    return count;
 }
 
 kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tensor *sample, int segments,
@@ -193,35 +340,27 @@ kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tenso
     }
     seq->cfg.checkpoint_segments = 0;
     int *units = malloc(sizeof(int) * (size_t)(n ? n : 1));
-    int64_t *grown = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    size_t cells = (size_t)(n ? n : 1);
+    int64_t *grown = malloc(sizeof(int64_t) * 4 * cells), *out = grown ? grown + cells : NULL;
+    int64_t *half_kept = grown ? grown + 2 * cells : NULL, *half_out = grown ? grown + 3 * cells : NULL;
     if (!units || !grown) {
         free(units), free(grown);
         return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "%s: no memory for %d layers", fn, n);
     }
     int n_units = 0;
-    kiln_status st = probe(seq, sample, units, grown, &n_units);
+    kiln_status st = probe(seq, sample, units, grown, out, half_kept, half_out, &n_units);
     if (!st && layer_bytes) {
         for (int i = 0; i < n; i++) layer_bytes[i] = 0;
         for (int u = 0; u < n_units; u++) layer_bytes[units[u]] = grown[u];
     }
-    if (!st && segments > 1) {
-        /* A new segment starts before the unit that would carry the current
-         * one past 1/segments of the whole (a segment has at least one unit;
-         * the last one takes what is left). */
-        int64_t total = 0;
-        for (int u = 0; u < n_units; u++) total += grown[u] > 0 ? grown[u] : 0;
-        int start[KILN_NN_MAX_CHECKPOINT_SEGMENTS], count = 1, first = 0;
-        int64_t share = 0;
-        start[0] = 0;
-        for (int u = 0; u < n_units; u++) {
-            int64_t g = grown[u] > 0 ? grown[u] : 0;
-            if (u > first && count < segments && (share + g) * segments > total) {
-                start[count++] = units[u];
-                first = u;
-                share = 0;
-            }
-            share += g;
+    if (!st && segments > 1 && n_units > 1) {
+        int cut[KILN_NN_MAX_CHECKPOINT_SEGMENTS], start[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
+        int count = place(n_units, grown, out, half_kept, half_out, segments < n_units ? segments : n_units, cut);
+        if (count < 0) {
+            st = KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "%s: no memory to place segments", fn);
+            count = 0;
         }
+        for (int k = 0; k < count; k++) start[k] = units[cut[k]];
         seq->cfg.checkpoint_segments = count > 1 ? count : 0;
         memcpy(seq->cfg.checkpoint_start, start, sizeof(int) * (size_t)count);
         /* A checkpointed segment of one residual block: its recompute holds
