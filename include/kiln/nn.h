@@ -114,21 +114,27 @@ int kiln_nn_sequential_checkpoint_starts(const kiln_module *seq, int *starts, in
  * layer count. One forward of `sample` (a batch of a few inputs of the
  * training shape on the training device; its values do not matter) with
  * grad mode on measures what each layer, or each run of layers the
- * Sequential fuses, adds to the allocator's allocated bytes (its output
- * and what it saves for backward). Segments then start where the current
- * one would pass 1/segments of the total, so layers with large
- * activations get segments of their own; the last segment takes the rest
- * (there may be fewer segments than asked). A checkpointed segment that is
- * one residual block (a layer with a Sequential child "body" of two or
- * more layers: kiln_nn_residual, `residual { }` in a model spec) also has
- * that body checkpointed in 2 segments, so its recompute does not hold the
- * whole block at once; this call first turns off such body checkpointing
- * it may have set before. The measuring forward updates no running
- * statistics, leaves the generators where they were and frees what it
- * made; it runs in the caller's autocast state and blocks like a forward.
- * layer_bytes (NULL, or one entry per child) gets the measured bytes per
- * child (0 for a child inside a fused run: its run's first child has the
- * run's). segments 0 or 1: off. */
+ * Sequential fuses, keeps in the allocator (its output and what it saves
+ * for backward) and the size of its output. Every placement of the
+ * segments is then scored by an estimate of the step's peak (the largest
+ * of: each checkpointed segment's recompute with the inputs still held
+ * and the gradients in flight, the last segment's backward with every
+ * checkpointed segment's input held) and the lowest wins, so layers with
+ * large activations get segments of their own (more placements than a
+ * million: segments start where the current one would pass 1/segments of
+ * the kept bytes). A checkpointed segment that is one residual block (a
+ * layer with a Sequential child "body" of two or more layers:
+ * kiln_nn_residual, `residual { }` in a model spec) has that body
+ * checkpointed in 2 segments as well when keeping the block whole during
+ * its recompute would raise the estimate (the split costs one more forward
+ * of the body's first half); this call first turns off such body
+ * checkpointing it may have set before. The measuring forward updates no
+ * running statistics, leaves the generators where they were and frees
+ * what it made; it runs in the caller's autocast state and blocks like a
+ * forward. layer_bytes (NULL, or one entry per child) gets the measured
+ * kept bytes per child (0 for a child inside a fused run: its run's first
+ * child has the run's). segments 0 or 1: off; more segments than children
+ * is KILN_ERR_INVALID_ARGUMENT. */
 kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tensor *sample, int segments,
                                                     int64_t *layer_bytes);
 /* PyTorch's CIFAR BasicBlock: children conv1 (3x3, stride, no bias), bn1,

@@ -288,9 +288,24 @@ static double tries(int n, int r) {
     return c;
 }
 
-/* The segments' first units into cut; returns their count, -1 without memory. */
-static int place(int n, const int64_t *grown, const int64_t *out, const int64_t *half_kept, const int64_t *half_out,
-                 int k, int *cut) {
+/* Whether lone residual segment k of the chosen plan needs its body split:
+ * only when its recompute, kept whole, would raise the plan's estimate
+ * (the split costs one more forward of the body's first half). */
+static bool needs_split(placement *p, int k) {
+    int a = p->cut[k], b = k + 1 < p->k ? p->cut[k + 1] : p->n;
+    if (k + 1 == p->k || b != a + 1 || !p->half_out[a]) return false;
+    int64_t sum = 0, with = estimate(p, &sum);
+    int64_t saved_out = p->half_out[a];
+    ((int64_t *)p->half_out)[a] = 0; /* the estimate with this body whole */
+    int64_t without = estimate(p, &sum);
+    ((int64_t *)p->half_out)[a] = saved_out;
+    return without > with;
+}
+
+/* The segments' first units into cut, and for each whether its body is
+ * split (nest); returns their count, -1 without memory. */
+static int place(int n, const int64_t *grown, const int64_t *out, const int64_t *half_kept, int64_t *half_out,
+                 int k, int *cut, bool *nest) {
     int64_t *prefix = malloc(sizeof(int64_t) * (size_t)(n + 1));
     if (!prefix) return -1;
     prefix[0] = 0;
@@ -307,6 +322,8 @@ static int place(int n, const int64_t *grown, const int64_t *out, const int64_t 
     if (tries(n - 1, k - 1) <= PLACE_MAX_TRIES) {
         try_all(&p, 1);
         memcpy(cut, p.best_cut, sizeof(int) * (size_t)k);
+        memcpy(p.cut, p.best_cut, sizeof(int) * (size_t)k);
+        for (int j = 0; j < k; j++) nest[j] = needs_split(&p, j);
         free(prefix);
         return k;
     }
@@ -319,6 +336,9 @@ static int place(int n, const int64_t *grown, const int64_t *out, const int64_t 
         if (u > first && count < k && (share + g) * k > total) cut[count++] = u, first = u, share = 0;
         share += g;
     }
+    p.k = count;
+    memcpy(p.cut, cut, sizeof(int) * (size_t)count);
+    for (int j = 0; j < count; j++) nest[j] = needs_split(&p, j);
     free(prefix);
     return count;
 }
@@ -355,7 +375,9 @@ kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tenso
     }
     if (!st && segments > 1 && n_units > 1) {
         int cut[KILN_NN_MAX_CHECKPOINT_SEGMENTS], start[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
-        int count = place(n_units, grown, out, half_kept, half_out, segments < n_units ? segments : n_units, cut);
+        bool nest[KILN_NN_MAX_CHECKPOINT_SEGMENTS] = {false};
+        int count =
+            place(n_units, grown, out, half_kept, half_out, segments < n_units ? segments : n_units, cut, nest);
         if (count < 0) {
             st = KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "%s: no memory to place segments", fn);
             count = 0;
@@ -363,11 +385,10 @@ kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tenso
         for (int k = 0; k < count; k++) start[k] = units[cut[k]];
         seq->cfg.checkpoint_segments = count > 1 ? count : 0;
         memcpy(seq->cfg.checkpoint_start, start, sizeof(int) * (size_t)count);
-        /* A checkpointed segment of one residual block: its recompute holds
-         * the whole block's activations unless the body is split too. */
-        for (int k = 0; count > 1 && k + 1 < count; k++) {
-            if (start[k + 1] - start[k] != 1) continue;
-            kiln_module *body = residual_body(seq->children.items[start[k]].u.child);
+        /* A checkpointed segment of one residual block whose recompute
+         * would hold too much of the block at once: its body is split too. */
+        for (int k = 0; count > 1 && k + 1 < count && !st; k++) {
+            kiln_module *body = nest[k] ? residual_body(seq->children.items[start[k]].u.child) : NULL;
             if (body) st = kiln_nn_sequential_set_checkpoint(body, 2);
         }
     }

@@ -374,7 +374,7 @@ static void test_errors(void) {
 /* Planned on a 2-sample batch: gradients, losses, running statistics and
  * the generator's position are those of the plain step (the measuring
  * forward updates no statistics and draws nothing for good); a segment
- * that is one residual block has its body split in 2, no other body is. */
+ * that is one residual block may have its body split in 2, no other body. */
 static void test_by_memory_identical(int segments) {
     kiln_scope_begin();
     kiln_module *plain = make_model(), *ckpt = make_model();
@@ -396,10 +396,11 @@ static void test_by_memory_identical(int segments) {
         for (int i = start[k]; i < end; i++) {
             kiln_module *body = kiln_module_child(kiln_module_child_at(ckpt, i, NULL), "body");
             if (!body) continue;
-            int want = end - start[k] == 1 && k + 1 < count ? 2 : 0;
-            CHECK_MSG(kiln_nn_sequential_checkpoint_segments(body) == want,
-                      "segments %d: layer %d's body in %d segments, want %d", segments, i,
-                      kiln_nn_sequential_checkpoint_segments(body), want);
+            /* split only as a checkpointed segment of its own (when that lowers the estimate) */
+            bool may = end - start[k] == 1 && k + 1 < count;
+            int got = kiln_nn_sequential_checkpoint_segments(body);
+            CHECK_MSG(got == 0 || (may && got == 2), "segments %d: layer %d's body in %d segments", segments, i,
+                      got);
         }
     }
     kiln_tensor *x, *y;
