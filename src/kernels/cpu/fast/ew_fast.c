@@ -38,16 +38,52 @@ bool kiln_fast_relu_supports(const kiln_op_args *a) {
 /* Chunks of this many elements are the unit of work between threads. */
 #define CHUNK 16384
 
-KILN_SIMD_CLONES static void relu_span(const float *restrict x, float *restrict y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
+/* out = f(a, b) elementwise over n elements (b may be unused). */
+typedef void (*span_fn)(const float *a, const float *b, float *out, int64_t n);
+
+/* f over n elements in chunks of CHUNK, split over OpenMP threads for
+ * large n (the same chunks in place or not: an element is read before the
+ * same element is written). */
+static void chunked(span_fn f, const float *a, const float *b, float *out, int64_t n) {
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
+#endif
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+        f(a + i0, b ? b + i0 : NULL, out + i0, len);
+    }
 }
 
-KILN_SIMD_CLONES static void relu_backward_span(const float *restrict g, const float *restrict t,
-                                                float *restrict dx, int64_t n) {
+/* The spans, with restrict (separate buffers, vectorised per ISA) and
+ * without (an output that is one of the inputs). */
+KILN_SIMD_CLONES static void relu_span(const float *restrict x, const float *unused, float *restrict y, int64_t n) {
+    (void)unused;
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
+}
+static void relu_span_alias(const float *x, const float *unused, float *y, int64_t n) {
+    (void)unused;
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
+}
+/* g loaded unconditionally, so the loop vectorises */
+KILN_SIMD_CLONES static void relu_backward_span(const float *restrict g, const float *restrict t, float *restrict dx,
+                                                int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        float gi = g[i]; /* loaded unconditionally, so the loop vectorises */
+        float gi = g[i];
         dx[i] = t[i] > 0.0f ? gi : 0.0f;
     }
+}
+static void relu_backward_span_alias(const float *g, const float *t, float *dx, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i];
+        dx[i] = t[i] > 0.0f ? gi : 0.0f;
+    }
+}
+KILN_SIMD_CLONES static void add_span(const float *restrict x, const float *restrict y, float *restrict z, int64_t n) {
+    for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
+}
+static void add_span_alias(const float *x, const float *y, float *z, int64_t n) {
+    for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
 }
 
 kiln_status kiln_fast_relu(const kiln_op_args *a) {
@@ -55,18 +91,7 @@ kiln_status kiln_fast_relu(const kiln_op_args *a) {
     float *y = a->out[0].data;
     int64_t n = 0;
     flat_f32(&a->out[0], &n);
-    if (x == y) { /* in place (relu_): restrict does not hold */
-        for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0.0f || x[i] != x[i] ? x[i] : 0.0f;
-        return KILN_OK;
-    }
-    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
-#endif
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
-        relu_span(x + i0, y + i0, len);
-    }
+    chunked(x == y ? relu_span_alias : relu_span, x, NULL, y, n); /* x == y: relu_ */
     return KILN_OK;
 }
 
@@ -83,21 +108,7 @@ kiln_status kiln_fast_relu_backward(const kiln_op_args *a) {
     float *dx = a->out[0].data;
     int64_t n = 0;
     flat_f32(&a->out[0], &n);
-    if (dx == g || dx == t) {
-        for (int64_t i = 0; i < n; i++) {
-            float gi = g[i];
-            dx[i] = t[i] > 0.0f ? gi : 0.0f;
-        }
-        return KILN_OK;
-    }
-    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
-#endif
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
-        relu_backward_span(g + i0, t + i0, dx + i0, len);
-    }
+    chunked(dx == g || dx == t ? relu_backward_span_alias : relu_backward_span, g, t, dx, n);
     return KILN_OK;
 }
 
@@ -108,29 +119,12 @@ bool kiln_fast_add_supports(const kiln_op_args *a) {
            a->in[0].layout == a->in[1].layout;
 }
 
-KILN_SIMD_CLONES static void add_span(const float *restrict x, const float *restrict y, float *restrict z,
-                                      int64_t n) {
-    for (int64_t i = 0; i < n; i++) z[i] = x[i] + y[i];
-}
-
 /* z = x + y; z may be x or y (add_, or a donated input). */
 kiln_status kiln_fast_add(const kiln_op_args *a) {
     const float *x = a->in[0].data, *y = a->in[1].data;
     float *z = a->out[0].data;
     int64_t n = 0;
     flat_f32(&a->out[0], &n);
-    const bool alias = z == x || z == y;
-    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (n >= KILN_FAST_PARALLEL_MIN)
-#endif
-    for (int64_t c = 0; c < chunks; c++) {
-        int64_t i0 = c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
-        if (alias) {
-            for (int64_t i = i0; i < i0 + len; i++) z[i] = x[i] + y[i];
-        } else {
-            add_span(x + i0, y + i0, z + i0, len);
-        }
-    }
+    chunked(z == x || z == y ? add_span_alias : add_span, x, y, z, n);
     return KILN_OK;
 }
