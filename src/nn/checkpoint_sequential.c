@@ -359,6 +359,7 @@ kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tenso
         if (body) body->cfg.checkpoint_segments = 0;
     }
     seq->cfg.checkpoint_segments = 0;
+    if (segments <= 1 && !layer_bytes) return KILN_OK; /* off: nothing to measure */
     int *units = malloc(sizeof(int) * (size_t)(n ? n : 1));
     size_t cells = (size_t)(n ? n : 1);
     int64_t *grown = malloc(sizeof(int64_t) * 4 * cells), *out = grown ? grown + cells : NULL;
