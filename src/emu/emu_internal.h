@@ -1,5 +1,6 @@
-/* Kiln CUDA emulator internals shared by exec.cpp (running kernels) and
- * runtime.cpp (devices, memory, streams, events). */
+/* Kiln CUDA emulator internals shared by exec.cpp (running kernels),
+ * streams.cpp (configuration, streams, events, launch) and runtime.cpp (the
+ * runtime API: devices, memory, streams, events). */
 #ifndef KILN_EMU_EMU_INTERNAL_H
 #define KILN_EMU_EMU_INTERNAL_H
 
@@ -22,7 +23,7 @@ struct launch_job {
  * process on a deadlock inside a block. */
 void run_grid(launch_job &job);
 
-/* Environment-configured sizes (runtime.cpp reads them once). */
+/* Environment-configured sizes (streams.cpp reads them once). */
 int config_worker_threads();
 size_t config_stack_bytes();
 
