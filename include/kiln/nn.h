@@ -108,7 +108,7 @@ int kiln_nn_sequential_checkpoint_segments(const kiln_module *seq);
  * Does not block. */
 kiln_status kiln_nn_sequential_set_checkpoint_starts(kiln_module *seq, int count, const int *starts);
 /* The segments' first children (up to cap of them into starts); returns
- * the segment count (0: off). */
+ * the segment count (0: off). Does not block. */
 int kiln_nn_sequential_checkpoint_starts(const kiln_module *seq, int *starts, int cap);
 /* Checkpointing in `segments` segments placed by memory rather than by
  * layer count. One forward of `sample` (a batch of a few inputs of the
