@@ -151,6 +151,15 @@ static kiln_node *heap_pop(ready_heap *h) {
     return top;
 }
 
+/* a + b, written into a's buffer when the caller holds the only reference
+ * to it (kiln_dispatch_donating), else into a new one; NULL on error. */
+static kiln_tensor *add_into(kiln_tensor *a, kiln_tensor *b) {
+    kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+    if (kiln_dispatch_donating(KILN_OP_ADD, 2, (kiln_tensor *[]){a, b}, NULL, kiln_get_device(a), out, 0))
+        return NULL;
+    return out[0];
+}
+
 /* *slot += g (slot takes the reference to g). The sum goes into the
  * slot's tensor when the engine holds the only reference to it
  * (kiln_dispatch_donating), else into a new one. */
@@ -159,10 +168,7 @@ static kiln_status accumulate(kiln_tensor **slot, kiln_tensor *g) {
         *slot = g;
         return KILN_OK;
     }
-    kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
-    kiln_status st = kiln_dispatch_donating(KILN_OP_ADD, 2, (kiln_tensor *[]){*slot, g}, NULL,
-                                            kiln_get_device(*slot), out, 0);
-    kiln_tensor *sum = st ? NULL : out[0];
+    kiln_tensor *sum = add_into(*slot, g);
     kiln_tensor_drop(g);
     if (!sum) return kiln_error_last()->status;
     kiln_tensor_drop(*slot);
@@ -233,12 +239,11 @@ static kiln_status accumulate_leaf(run_table *tab, kiln_tensor *leaf, kiln_tenso
         }
         m->grad = g;
     } else if (leaf_grad_shared(tab, leaf)) {
-        kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
-        st = kiln_dispatch_donating(KILN_OP_ADD, 2, (kiln_tensor *[]){m->grad, g}, NULL, kiln_get_device(g), out, 0);
+        kiln_tensor *sum = add_into(m->grad, g);
         kiln_tensor_drop(g);
-        if (st) return st;
+        if (!sum) return kiln_error_last()->status;
         kiln_tensor_drop(m->grad);
-        m->grad = out[0];
+        m->grad = sum;
     } else {
         kiln_tensor *r = kiln_add_(m->grad, g);
         kiln_tensor_drop(g);

@@ -46,7 +46,19 @@ static kiln_status not_sequential(const char *fn, const kiln_module *seq) {
                       "%s: the module is %s, not a Sequential", fn, seq ? kiln_module_kind(seq) : "NULL");
 }
 
-/* Segment k starts near child k*n/S, moved forward past a fused run. */
+/* Starts of `segments` segments of nearly equal layer counts: segment k
+ * starts near child k*n/segments, moved forward past a fused run (so there
+ * may be fewer). Returns their count. */
+static int even_starts(kiln_module *seq, int segments, int *start) {
+    int n = seq->children.n, count = 0;
+    for (int k = 0; k < segments; k++) {
+        int b = (int)((int64_t)k * n / segments);
+        while (b > 0 && b < n && splits_fused_run(seq, b)) b++;
+        if (b < n && (count == 0 || b > start[count - 1])) start[count++] = b;
+    }
+    return count;
+}
+
 kiln_status kiln_nn_sequential_set_checkpoint(kiln_module *seq, int segments) {
     if (!is_sequential(seq)) return not_sequential("kiln_nn_sequential_set_checkpoint", seq);
     int n = seq->children.n;
@@ -55,12 +67,8 @@ kiln_status kiln_nn_sequential_set_checkpoint(kiln_module *seq, int segments) {
                           "kiln_nn_sequential_set_checkpoint: %d segments for a Sequential of %d layers (at most "
                           "%d segments, and at most one per layer)",
                           segments, n, KILN_NN_MAX_CHECKPOINT_SEGMENTS);
-    int start[KILN_NN_MAX_CHECKPOINT_SEGMENTS], count = 0;
-    for (int k = 0; segments > 1 && k < segments; k++) {
-        int b = (int)((int64_t)k * n / segments);
-        while (b > 0 && b < n && splits_fused_run(seq, b)) b++;
-        if (b < n && (count == 0 || b > start[count - 1])) start[count++] = b;
-    }
+    int start[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
+    int count = segments > 1 ? even_starts(seq, segments, start) : 0;
     seq->cfg.checkpoint_segments = count > 1 ? count : 0;
     memcpy(seq->cfg.checkpoint_start, start, sizeof(int) * (size_t)(count > 1 ? count : 0));
     return KILN_OK;
@@ -145,11 +153,8 @@ static kiln_status allocated_now(kiln_device dev, int64_t *bytes) {
 /* What the first of a body's two segments (kiln_nn_sequential_set_checkpoint
  * (body, 2)) keeps and outputs, run on x with grad mode on; freed after. */
 static kiln_status probe_half(kiln_module *body, kiln_tensor *x, kiln_device dev, int64_t *kept, int64_t *out) {
-    int saved = body->cfg.checkpoint_segments, saved_start[2] = {body->cfg.checkpoint_start[0], body->cfg.checkpoint_start[1]};
-    KILN_TRY(kiln_nn_sequential_set_checkpoint(body, 2));
-    int split = body->cfg.checkpoint_segments == 2 ? body->cfg.checkpoint_start[1] : body->children.n;
-    body->cfg.checkpoint_segments = saved;
-    body->cfg.checkpoint_start[0] = saved_start[0], body->cfg.checkpoint_start[1] = saved_start[1];
+    int start[2];
+    int split = even_starts(body, 2, start) == 2 ? start[1] : body->children.n;
     int64_t before = 0, after = 0;
     KILN_TRY(allocated_now(dev, &before));
     kiln_tensor *h = kiln_nn_sequential_run(body, 0, split, x);
@@ -229,6 +234,7 @@ typedef struct placement {
     int n, k;
     const int64_t *out, *prefix; /* prefix[u] = grown[0] + ... + grown[u-1] */
     const int64_t *half_kept, *half_out;
+    int whole; /* a unit counted with its body kept whole (needs_split), or -1 */
     int cut[KILN_NN_MAX_CHECKPOINT_SEGMENTS], best_cut[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
     int64_t best, best_sum;
 } placement;
@@ -245,7 +251,7 @@ static int64_t max_out(const placement *p, int a, int b) {
  * then that half recomputed). */
 static int64_t recompute_kept(const placement *p, int a, int b) {
     int64_t kept = p->prefix[b] - p->prefix[a];
-    if (b != a + 1 || !p->half_out[a]) return kept;
+    if (b != a + 1 || !p->half_out[a] || a == p->whole) return kept;
     int64_t second = kept - p->half_kept[a] + p->half_out[a], first = p->half_kept[a];
     return second > first ? second : first;
 }
@@ -295,16 +301,15 @@ static bool needs_split(placement *p, int k) {
     int a = p->cut[k], b = k + 1 < p->k ? p->cut[k + 1] : p->n;
     if (k + 1 == p->k || b != a + 1 || !p->half_out[a]) return false;
     int64_t sum = 0, with = estimate(p, &sum);
-    int64_t saved_out = p->half_out[a];
-    ((int64_t *)p->half_out)[a] = 0; /* the estimate with this body whole */
+    p->whole = a;
     int64_t without = estimate(p, &sum);
-    ((int64_t *)p->half_out)[a] = saved_out;
+    p->whole = -1;
     return without > with;
 }
 
 /* The segments' first units into cut, and for each whether its body is
  * split (nest); returns their count, -1 without memory. */
-static int place(int n, const int64_t *grown, const int64_t *out, const int64_t *half_kept, int64_t *half_out,
+static int place(int n, const int64_t *grown, const int64_t *out, const int64_t *half_kept, const int64_t *half_out,
                  int k, int *cut, bool *nest) {
     int64_t *prefix = malloc(sizeof(int64_t) * (size_t)(n + 1));
     if (!prefix) return -1;
@@ -316,6 +321,7 @@ static int place(int n, const int64_t *grown, const int64_t *out, const int64_t 
                    .prefix = prefix,
                    .half_kept = half_kept,
                    .half_out = half_out,
+                   .whole = -1,
                    .best = INT64_MAX,
                    .best_sum = INT64_MAX};
     p.cut[0] = 0;
