@@ -27,7 +27,9 @@ packages=(
 
 missing=()
 for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+  # Read whole, then matched: no 'cmd | grep -q' under pipefail (SIGPIPE race).
+  state=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  if [ "$state" != "install ok installed" ]; then
     missing+=("$p")
   fi
 done

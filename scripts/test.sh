@@ -103,9 +103,14 @@ tier_nvcc() {
     test_cublaslt_geometry || return 1
   grep -q "cuda=on" "$d/generated/kiln_config.h" || { echo "tier nvcc: CUDA backend was not enabled"; return 1; }
   # The library fast paths link: cuBLASLt always, cuDNN when the build found it.
-  ldd "$d/libkiln.so" | grep -q libcublasLt || { echo "tier nvcc: libkiln does not link cuBLASLt"; return 1; }
+  # The dependency list is read whole before it is searched: with pipefail,
+  # 'ldd | grep -q' fails whenever grep exits before ldd has written its last
+  # line (SIGPIPE), which a CI run hit.
+  local needed
+  needed=$(ldd "$d/libkiln.so") || { echo "tier nvcc: ldd $d/libkiln.so failed"; return 1; }
+  grep -q libcublasLt <<<"$needed" || { echo "tier nvcc: libkiln does not link cuBLASLt:"; echo "$needed"; return 1; }
   if grep -q "cudnn=on" "$d/generated/kiln_config.h"; then
-    ldd "$d/libkiln.so" | grep -q libcudnn || { echo "tier nvcc: libkiln does not link cuDNN"; return 1; }
+    grep -q libcudnn <<<"$needed" || { echo "tier nvcc: libkiln does not link cuDNN:"; echo "$needed"; return 1; }
   fi
   # Without a driver the CUDA build must still run and list zero CUDA devices,
   # and the real-GPU tests must report themselves skipped (CTest's code 77):
