@@ -254,6 +254,25 @@ kiln_status kiln_model_spec_parse(const char *text, const char *name, int64_t ch
  * inside is an error). */
 kiln_status kiln_model_spec_parse_n(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
                                     int64_t width, kiln_module **out);
+/* Limits on a spec, and what the spec parsed needs. */
+typedef struct kiln_model_spec_budget {
+    /* In (0: no limit): the model's parameters (kiln_module_num_parameters'
+     * count), and the values of one sample of any layer's output (C*H*W,
+     * or the features once flat). */
+    int64_t max_parameters, max_activation;
+    /* Out, set on success and on failure (up to the line that failed;
+     * INT64_MAX where a count overflows): the parameters, and the largest
+     * layer output per sample. */
+    int64_t parameters, largest_activation;
+} kiln_model_spec_budget;
+/* kiln_model_spec_parse_n within a budget (NULL: none). The first layer
+ * past a limit is an error naming its line, its count and the limit; a
+ * layer's parameters are counted before any of it is allocated, so a
+ * mistyped width ('linear 5120000') or untrusted text costs nothing. A
+ * negative limit is an error. Does not block. */
+kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const char *name, int64_t channels,
+                                          int64_t height, int64_t width, kiln_model_spec_budget *budget,
+                                          kiln_module **out);
 /* Read the spec file `path` (at most 1 MiB) and parse it; errors name the
  * path. KILN_ERR_IO when it cannot be read. */
 kiln_status kiln_model_spec_load(const char *path, int64_t channels, int64_t height, int64_t width,

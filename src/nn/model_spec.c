@@ -49,6 +49,7 @@ typedef struct spec_parser {
     spec_origin origin;
     spec_frame stack[SPEC_MAX_DEPTH];
     int depth;
+    kiln_model_spec_budget budget; /* the caller's limits; the counts so far (saturating) */
 } spec_parser;
 
 static const char *shape_str(spec_shape s, char *buf, size_t size) {
@@ -89,8 +90,48 @@ static bool parse_int(const char *s, const char *prefix, int64_t min, int64_t *o
     return true;
 }
 
+/* a * b, or INT64_MAX where it would not fit (both are >= 0). */
+static int64_t sat_mul(int64_t a, int64_t b) { return a && b > INT64_MAX / a ? INT64_MAX : a * b; }
+static int64_t sat_add(int64_t a, int64_t b) { return b > INT64_MAX - a ? INT64_MAX : a + b; }
+
+/* The layer on this line adds n parameters: refused, before anything of it
+ * is allocated, where that takes the model past the caller's limit. */
+static kiln_status count_params(spec_parser *p, int64_t n) {
+    kiln_model_spec_budget *b = &p->budget;
+    int64_t total = sat_add(b->parameters, n);
+    if (b->max_parameters > 0 && total > b->max_parameters)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "make the layer smaller or raise the limit",
+                          "%s:%d: '%s' adds %lld parameters, taking the model to %lld, above the limit of %lld", p->name,
+                          p->line, p->text, (long long)n, (long long)total, (long long)b->max_parameters);
+    b->parameters = total;
+    return KILN_OK;
+}
+
+/* The values of one sample of shape s, checked against the caller's limit
+ * before the layer that gives it is built. */
+static kiln_status count_activation(spec_parser *p, spec_shape s) {
+    kiln_model_spec_budget *b = &p->budget;
+    int64_t n = s.flat ? s.c : sat_mul(sat_mul(s.c, s.h), s.w);
+    if (b->max_activation > 0 && n > b->max_activation) {
+        char buf[96];
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "make the layer's output smaller or raise the limit",
+                          "%s:%d: '%s' gives %s, %lld values per sample, above the limit of %lld", p->name, p->line,
+                          p->text, shape_str(s, buf, sizeof buf), (long long)n, (long long)b->max_activation);
+    }
+    if (n > b->largest_activation) b->largest_activation = n;
+    return KILN_OK;
+}
+
+/* Layers with parameters count them (count_params) before they are built;
+ * the output's size is checked here, after: building costs no more than
+ * the parameters. */
 static kiln_status append(spec_parser *p, kiln_module *m, spec_shape next) {
     if (!m) return KILN_ERR_INVALID_ARGUMENT; /* the constructor's error stands */
+    kiln_status st = count_activation(p, next);
+    if (st != KILN_OK) {
+        kiln_module_free(m);
+        return st;
+    }
     KILN_TRY(kiln_nn_sequential_append(p->stack[p->depth - 1].seq, m));
     p->shape = next;
     p->origin.line = p->line;
@@ -133,6 +174,7 @@ static kiln_status layer_conv(spec_parser *p) {
     spec_shape s = p->shape;
     KILN_TRY(window_out(p, k, pad, stride, &s));
     s.c = out;
+    KILN_TRY(count_params(p, sat_add(sat_mul(sat_mul(p->shape.c, out), sat_mul(k, k)), bias ? out : 0)));
     return append(p, kiln_nn_conv2d(p->shape.c, out, k, stride, pad, 1, 1, bias), s);
 }
 
@@ -172,6 +214,7 @@ static kiln_status layer_linear(spec_parser *p) {
     }
     if (!p->shape.flat) return spec_mismatch(p, "flat features (N, F); add 'flatten' before it");
     spec_shape s = {.flat = true, .c = out};
+    KILN_TRY(count_params(p, sat_add(sat_mul(p->shape.c, out), bias ? out : 0)));
     return append(p, kiln_nn_linear(p->shape.c, out, bias), s);
 }
 
@@ -223,6 +266,7 @@ static kiln_status make_shortcut(spec_parser *p, spec_shape in, spec_shape out, 
                           "fits (keep the spatial size or divide it by an integer stride)",
                           p->name, p->line, p->stack[p->depth - 1].open_line, shape_str(in, a, sizeof a),
                           shape_str(out, b, sizeof b));
+    KILN_TRY(count_params(p, sat_add(sat_mul(in.c, out.c), 2 * out.c))); /* 1x1 conv, BatchNorm's weight and bias */
     kiln_module *parts[2] = {kiln_nn_conv2d(in.c, out.c, 1, stride, 0, 1, 1, false),
                              kiln_nn_batch_norm2d(out.c, 1e-5, 0.1, true, true)};
     if (!parts[0] || !parts[1]) {
@@ -259,12 +303,13 @@ static kiln_status parse_layer(spec_parser *p) {
     if (strcmp(op, "relu") == 0) return layer_plain(p, "relu", kiln_nn_relu(), s);
     if (strcmp(op, "gelu") == 0) return layer_plain(p, "gelu", kiln_nn_gelu(false), s);
     if (strcmp(op, "flatten") == 0) {
-        spec_shape f = {.flat = true, .c = s.flat ? s.c : s.c * s.h * s.w};
+        spec_shape f = {.flat = true, .c = s.flat ? s.c : sat_mul(sat_mul(s.c, s.h), s.w)};
         return layer_plain(p, "flatten", kiln_nn_flatten(1, -1), f);
     }
     if (strcmp(op, "batchnorm") == 0) {
         if (p->ntok != 1) return spec_error(p, "batchnorm", "unexpected arguments");
         if (s.flat) return spec_mismatch(p, "an image input (C, H, W) (batchnorm is BatchNorm2d)");
+        KILN_TRY(count_params(p, sat_mul(2, s.c)));
         return append(p, kiln_nn_batch_norm2d(s.c, 1e-5, 0.1, true, true), s);
     }
     return spec_error(p,
@@ -306,12 +351,17 @@ static kiln_status parse_line(spec_parser *p, const char *src, size_t len) {
     return parse_layer(p);
 }
 
-kiln_status kiln_model_spec_parse_n(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
-                                    int64_t width, kiln_module **out) {
+kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const char *name, int64_t channels,
+                                          int64_t height, int64_t width, kiln_model_spec_budget *budget,
+                                          kiln_module **out) {
     if (!out) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_model_spec_parse: out is NULL");
     *out = NULL;
     if (!text) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_model_spec_parse: text is NULL");
     if (!name) name = "<model spec>";
+    if (budget && (budget->max_parameters < 0 || budget->max_activation < 0))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass 0 for no limit",
+                          "%s: the budget's max_parameters (%lld) or max_activation (%lld) is negative", name,
+                          (long long)budget->max_parameters, (long long)budget->max_activation);
     if (channels < 1 || height < 1 || width < 1)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give the dataset's sample shape",
                           "%s: input shape (%lld, %lld, %lld) must be positive", name, (long long)channels,
@@ -319,6 +369,7 @@ kiln_status kiln_model_spec_parse_n(const char *text, size_t size, const char *n
     spec_parser *p = KILN_CALLOC(1, sizeof *p);
     if (!p) return KILN_ERR_OUT_OF_MEMORY;
     p->name = name;
+    if (budget) p->budget.max_parameters = budget->max_parameters, p->budget.max_activation = budget->max_activation;
     p->shape = (spec_shape){.c = channels, .h = height, .w = width};
     p->stack[0] = (spec_frame){.seq = kiln_nn_sequential(0, NULL), .in = p->shape};
     p->depth = 1;
@@ -337,11 +388,17 @@ kiln_status kiln_model_spec_parse_n(const char *text, size_t size, const char *n
     if (st == KILN_OK && kiln_module_num_children(p->stack[0].seq) == 0)
         st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "one layer per line, e.g. 'conv 32 k3 p1'",
                         "%s: the model spec has no layers", name);
+    if (budget) budget->parameters = p->budget.parameters, budget->largest_activation = p->budget.largest_activation;
     if (st == KILN_OK) *out = p->stack[0].seq;
     else
         for (int i = p->depth - 1; i >= 0; i--) kiln_module_free(p->stack[i].seq);
     free(p);
     return st;
+}
+
+kiln_status kiln_model_spec_parse_n(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
+                                    int64_t width, kiln_module **out) {
+    return kiln_model_spec_parse_limited(text, size, name, channels, height, width, NULL, out);
 }
 
 kiln_status kiln_model_spec_parse(const char *text, const char *name, int64_t channels, int64_t height, int64_t width,

@@ -14,12 +14,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void parse_and_run(const uint8_t *data, size_t size, int64_t c, int64_t h, int64_t w) {
     kiln_module *m = NULL;
-    if (kiln_model_spec_parse_n((const char *)data, size, "fuzz.txt", c, h, w, &m) != KILN_OK) {
+    /* A budget keeps every accepted model fast to build (a spec may ask for
+     * billions of parameters: refused before allocating, its line named). */
+    kiln_model_spec_budget b = {.max_parameters = 1 << 22, .max_activation = 1 << 20};
+    if (kiln_model_spec_parse_limited((const char *)data, size, "fuzz.txt", c, h, w, &b, &m) != KILN_OK) {
         if (m) abort(); /* failure must leave *out NULL */
         return;
     }
-    /* Forward only small models: the fuzzer is after parser bugs, not slow convs. */
-    if (kiln_module_num_parameters(m) <= (1 << 16)) {
+    if (kiln_module_num_parameters(m) != b.parameters) abort(); /* the budget counts what is built */
+    /* Forward only small models: the fuzzer is after parser bugs, not slow
+     * convs. A conv's im2col holds C_in*k*k (<= parameters) by OH*OW (<= the
+     * largest activation) values per image. */
+    if (b.parameters <= (1 << 16) && b.parameters * b.largest_activation <= (1 << 24)) {
         kiln_scope_begin();
         kiln_module_train(m, false);
         kiln_tensor *x = kiln_zeros(KILN_SHAPE(1, c, h, w), KILN_F32, KILN_CPU);

@@ -2,7 +2,8 @@
  * and runs forward to the right output shape; the tutorial spec's
  * parameters have the tutorial CNN's shapes; bad lines, unknown layers,
  * bad arguments, shape mismatches and unbalanced residual blocks give
- * errors with file:line. */
+ * errors with file:line; a parameter budget refuses the layer that
+ * crosses it, counted exactly as kiln_module_num_parameters counts. */
 #include "test_util.h"
 
 static kiln_module *load(const char *file, int64_t c, int64_t h, int64_t w) {
@@ -113,11 +114,93 @@ static void test_residual_shortcuts(void) {
     kiln_module_free(m);
 }
 
+/* The whole text of models/<file>, malloc'd; NULL on failure (checked). */
+static char *read_model(const char *file, size_t *size) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/%s", KILN_SOURCE_DIR, file);
+    FILE *f = fopen(path, "rb");
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    if (!f) return NULL;
+    char *text = malloc(1 << 20);
+    *size = text ? fread(text, 1, 1 << 20, f) : 0;
+    fclose(f);
+    return text;
+}
+
+/* With max_parameters equal to the model's count the spec parses; one less
+ * and the line that crosses it is refused; a layer of 2^40 parameters is
+ * refused before anything of it is allocated (allocating would fail with
+ * KILN_ERR_OUT_OF_MEMORY, not this message). */
+static void test_parameter_limit(void) {
+    static const struct {
+        const char *file;
+        int64_t c, hw, params, largest; /* largest: the widest layer output, values per sample */
+        const char *last_line;          /* the line whose layer crosses params - 1 */
+    } models[] = {{"tutorial_cnn_28x28x1.txt", 1, 28, 688138, 32 * 28 * 28, "linear 10"},
+                  {"tutorial_cnn_32x32x3.txt", 3, 32, 1147466, 32 * 32 * 32, "linear 10"},
+                  {"resnet_small_cifar10.txt", 3, 32, 1227594, 64 * 32 * 32, "linear 10"}};
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        size_t size = 0;
+        char *text = read_model(models[i].file, &size);
+        if (!text) continue;
+        kiln_module *m = NULL;
+        kiln_model_spec_budget b = {.max_parameters = models[i].params};
+        CHECK_OK(kiln_model_spec_parse_limited(text, size, models[i].file, models[i].c, models[i].hw, models[i].hw, &b,
+                                               &m));
+        CHECK_EQ_I(b.parameters, models[i].params);
+        CHECK_EQ_I(b.largest_activation, models[i].largest);
+        if (m) CHECK_EQ_I(kiln_module_num_parameters(m), models[i].params);
+        kiln_module_free(m);
+        m = (kiln_module *)1;
+        kiln_error_clear();
+        b = (kiln_model_spec_budget){.max_parameters = models[i].params - 1};
+        kiln_status st =
+            kiln_model_spec_parse_limited(text, size, models[i].file, models[i].c, models[i].hw, models[i].hw, &b, &m);
+        CHECK(st == KILN_ERR_INVALID_ARGUMENT && m == NULL);
+        char want[128];
+        snprintf(want, sizeof want, "taking the model to %lld, above the limit of %lld", (long long)models[i].params,
+                 (long long)models[i].params - 1);
+        CHECK_MSG(strstr(kiln_error_message(), want) != NULL, "%s: '%s' lacks '%s'", models[i].file,
+                  kiln_error_message(), want);
+        CHECK_MSG(strstr(kiln_error_message(), models[i].last_line) != NULL, "'%s' does not name '%s'",
+                  kiln_error_message(), models[i].last_line);
+        free(text);
+    }
+    static const char huge[] = "conv 8 k3 p1\nflatten\nlinear 1073741824\n";
+    kiln_module *m = NULL;
+    kiln_model_spec_budget b = {.max_parameters = 1 << 20};
+    CHECK_FAILS(kiln_model_spec_parse_limited(huge, sizeof huge - 1, "huge.txt", 1, 28, 28, &b, &m),
+                KILN_ERR_INVALID_ARGUMENT,
+                "huge.txt:3: 'linear 1073741824' adds 6735582461952 parameters, taking the model to 6735582462032");
+    CHECK(m == NULL);
+    CHECK_EQ_I(b.parameters, 80); /* the counts up to the refused line */
+    /* One sample's output: 'conv 8 k3 p1' gives 8*28*28 values. */
+    b = (kiln_model_spec_budget){.max_activation = 8 * 28 * 28 - 1};
+    CHECK_FAILS(kiln_model_spec_parse_limited(huge, sizeof huge - 1, "huge.txt", 1, 28, 28, &b, &m),
+                KILN_ERR_INVALID_ARGUMENT,
+                "huge.txt:1: 'conv 8 k3 p1' gives (8, 28, 28), 6272 values per sample, above the limit of 6271");
+    CHECK(m == NULL);
+    /* A residual block's 1x1 shortcut and its BatchNorm count too: 8*16 + 2*16. */
+    static const char res[] = "residual {\nconv 16 k1 nobias\n}\n";
+    b = (kiln_model_spec_budget){.max_parameters = 128 + 159};
+    CHECK_FAILS(kiln_model_spec_parse_limited(res, sizeof res - 1, "res.txt", 8, 4, 4, &b, &m),
+                KILN_ERR_INVALID_ARGUMENT, "res.txt:3: '}' adds 160 parameters, taking the model to 288");
+    b.max_parameters = 288;
+    CHECK_OK(kiln_model_spec_parse_limited(res, sizeof res - 1, "res.txt", 8, 4, 4, &b, &m));
+    if (m) CHECK_EQ_I(kiln_module_num_parameters(m), 288);
+    kiln_module_free(m);
+    m = NULL;
+    b = (kiln_model_spec_budget){.max_activation = -1};
+    CHECK_FAILS(kiln_model_spec_parse_limited(res, sizeof res - 1, "res.txt", 8, 4, 4, &b, &m),
+                KILN_ERR_INVALID_ARGUMENT, "max_activation (-1) is negative");
+}
+
 int main(void) {
     if (kiln_init() != KILN_OK) return 1;
     test_shipped();
     test_errors();
     test_residual_shortcuts();
+    test_parameter_limit();
     kiln_shutdown();
     return kt_finish();
 }
