@@ -271,6 +271,21 @@ const char *train_default_model(char *buf, size_t size) {
     return NULL;
 }
 
+int train_parse_spec(const char *cmd, const char *spec, const char *name, const char *ckpt, int64_t c, int64_t h,
+                     int64_t w, kiln_module **m) {
+    kiln_model_spec_budget b = {0};
+    struct stat sb;
+    if (ckpt && stat(ckpt, &sb) == 0) b.max_parameters = sb.st_size / 2 > 0 ? (int64_t)sb.st_size / 2 : 1;
+    if (kiln_model_spec_parse_limited(spec, strlen(spec), name, c, h, w, &b, m) == KILN_OK) return 0;
+    train_fail(cmd, "model");
+    if (b.max_parameters > 0 && b.parameters > b.max_parameters)
+        fprintf(stderr,
+                "kiln %s: %s is %lld bytes, room for at most %lld parameters: the model spec stored in it was "
+                "edited or the file is damaged; pass --model FILE with the spec it was trained with\n",
+                cmd, ckpt, (long long)sb.st_size, (long long)b.max_parameters);
+    return 1;
+}
+
 char *train_read_text(const char *cmd, const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -683,13 +698,13 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
  * else the default. */
 static int load_model(train_run *r) {
     char model_buf[PATH_MAX];
-    const char *model = r->a.model;
+    const char *model = r->a.model, *from_ckpt = NULL;
     if (!model && r->a.resume) {
         char *spec = NULL;
         if (kiln_checkpoint_read_meta(r->ckpt_path, "kiln.model_spec", &spec) != KILN_OK) return fail("resume");
         if (spec) {
             r->spec_text = spec;
-            model = "checkpoint";
+            model = from_ckpt = r->ckpt_path;
         }
     }
     if (!model) model = train_default_model(model_buf, sizeof model_buf);
@@ -699,9 +714,9 @@ static int load_model(train_run *r) {
         return 1;
     }
     if (!r->spec_text && !(r->spec_text = train_read_text("train", model))) return 1;
-    if (kiln_model_spec_parse(r->spec_text, model, r->info.channels, r->info.height, r->info.width, &r->model) !=
-        KILN_OK)
-        return fail("model");
+    if (train_parse_spec("train", r->spec_text, model, from_ckpt, r->info.channels,
+                         r->info.height, r->info.width, &r->model) != 0)
+        return 1;
     return 0;
 }
 

@@ -86,8 +86,9 @@ static int build(const char *cmd, const tool_args *a, int64_t c, int64_t h, int6
                  char **spec) {
     *spec = model_spec(cmd, a);
     if (!*spec) return 1;
-    if (kiln_model_spec_parse(*spec, a->model ? a->model : a->checkpoint, c, h, w, m) != KILN_OK)
-        return train_fail(cmd, "model");
+    if (train_parse_spec(cmd, *spec, a->model ? a->model : a->checkpoint, a->model ? NULL : a->checkpoint, c, h, w,
+                         m) != 0)
+        return 1;
     if (kiln_checkpoint_load(a->checkpoint, *m, NULL, NULL) != KILN_OK) return train_fail(cmd, "checkpoint");
     return 0;
 }

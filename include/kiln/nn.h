@@ -260,9 +260,10 @@ typedef struct kiln_model_spec_budget {
      * count), and the values of one sample of any layer's output (C*H*W,
      * or the features once flat). */
     int64_t max_parameters, max_activation;
-    /* Out, set on success and on failure (up to the line that failed;
-     * INT64_MAX where a count overflows): the parameters, and the largest
-     * layer output per sample. */
+    /* Out (INT64_MAX where a count overflows): the model's parameters and
+     * its largest layer output per sample; on failure, the counts up to
+     * and including the line that failed, so a count above its limit says
+     * which limit refused the spec. */
     int64_t parameters, largest_activation;
 } kiln_model_spec_budget;
 /* kiln_model_spec_parse_n within a budget (NULL: none). The first layer

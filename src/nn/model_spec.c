@@ -99,11 +99,11 @@ static int64_t sat_add(int64_t a, int64_t b) { return b > INT64_MAX - a ? INT64_
 static kiln_status count_params(spec_parser *p, int64_t n) {
     kiln_model_spec_budget *b = &p->budget;
     int64_t total = sat_add(b->parameters, n);
+    b->parameters = total; /* past the limit on failure: the caller can tell which limit it was */
     if (b->max_parameters > 0 && total > b->max_parameters)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "make the layer smaller or raise the limit",
                           "%s:%d: '%s' adds %lld parameters, taking the model to %lld, above the limit of %lld", p->name,
                           p->line, p->text, (long long)n, (long long)total, (long long)b->max_parameters);
-    b->parameters = total;
     return KILN_OK;
 }
 
@@ -112,13 +112,13 @@ static kiln_status count_params(spec_parser *p, int64_t n) {
 static kiln_status count_activation(spec_parser *p, spec_shape s) {
     kiln_model_spec_budget *b = &p->budget;
     int64_t n = s.flat ? s.c : sat_mul(sat_mul(s.c, s.h), s.w);
+    if (n > b->largest_activation) b->largest_activation = n;
     if (b->max_activation > 0 && n > b->max_activation) {
         char buf[96];
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "make the layer's output smaller or raise the limit",
                           "%s:%d: '%s' gives %s, %lld values per sample, above the limit of %lld", p->name, p->line,
                           p->text, shape_str(s, buf, sizeof buf), (long long)n, (long long)b->max_activation);
     }
-    if (n > b->largest_activation) b->largest_activation = n;
     return KILN_OK;
 }
 

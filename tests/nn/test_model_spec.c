@@ -173,7 +173,7 @@ static void test_parameter_limit(void) {
                 KILN_ERR_INVALID_ARGUMENT,
                 "huge.txt:3: 'linear 1073741824' adds 6735582461952 parameters, taking the model to 6735582462032");
     CHECK(m == NULL);
-    CHECK_EQ_I(b.parameters, 80); /* the counts up to the refused line */
+    CHECK_EQ_I(b.parameters, 6735582462032); /* the counts up to and including the refused line */
     /* One sample's output: 'conv 8 k3 p1' gives 8*28*28 values. */
     b = (kiln_model_spec_budget){.max_activation = 8 * 28 * 28 - 1};
     CHECK_FAILS(kiln_model_spec_parse_limited(huge, sizeof huge - 1, "huge.txt", 1, 28, 28, &b, &m),

@@ -5,7 +5,8 @@
 #     (--deterministic, same device);
 #  2. Ctrl-C: SIGINT finishes the step, writes a checkpoint, exits 130, and
 #     the run resumes from it to the end;
-#  3. kiln eval / kiln export on the checkpoint;
+#  3. kiln eval / kiln export on the checkpoint; a checkpoint whose stored
+#     spec asks for more parameters than the file can hold is refused;
 #  4. a missing dataset names the Debian package and the path.
 # usage: train_resume.sh KILN_BINARY LIMIT. Exit 77 (skipped) without the dataset.
 set -eu
@@ -78,6 +79,27 @@ if "$kiln" eval --checkpoint "$out/full/checkpoint.safetensors" --model "$out/ot
 fi
 grep -q "missing" "$out/mis.err"
 grep -q "unexpected" "$out/mis.err"
+# A checkpoint whose stored spec was edited to a model it cannot hold (fc1
+# 512 -> 51200 outputs: 59M parameters in an 8 MB file) is refused before
+# the model is allocated, naming the line and the file.
+python3 - "$out/full/checkpoint.safetensors" "$out/edited.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+spec = head["__metadata__"]["kiln.model_spec"]
+assert "linear 512" in spec, spec
+head["__metadata__"]["kiln.model_spec"] = spec.replace("linear 512", "linear 51200", 1)
+text = json.dumps(head, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
+if "$kiln" eval --checkpoint "$out/edited.safetensors" --limit 64 2> "$out/edit.err"; then
+  echo "an edited checkpoint spec was accepted"; exit 1
+fi
+cat "$out/edit.err"
+grep -q "edited.safetensors:[0-9]*: 'linear 51200' adds 59033600 parameters" "$out/edit.err"
+grep -q "room for at most [0-9]* parameters: the model spec stored in it was edited" "$out/edit.err"
 echo "eval/export: ok"
 
 # 4. A missing dataset names the package and the path.
