@@ -8,14 +8,15 @@
 # not built (CMake says so) and the nvcc CI tier is skipped with a message.
 set -euo pipefail
 
-# The reference safetensors reader (PyPI), for tests/io/test_safetensors_python
-# (skipped when it cannot be imported). No network when already installed.
-if command -v python3 > /dev/null && ! python3 -c 'import safetensors' 2> /dev/null; then
-  python3 -m pip install --user --quiet safetensors 2> /dev/null ||
-    python3 -m pip install --user --quiet --break-system-packages safetensors ||
-    echo "setup: could not install the Python package safetensors; its test will be skipped" >&2
-fi
-
+# Every package the build, the tests and the main job use. The list is
+# closed: scripts/check-packages.sh traces a configure, build and test run
+# and names any package used that is neither here, nor in the Depends of
+# one of these, nor Essential (CI's release tier runs it).
+#   libdnnl-dev is found by cmake/FindDNNL.cmake, not by its own config,
+#     which needs OpenCL's files (ocl-icd-opencl-dev, only recommended).
+#   python3, python3-pip: the Python reference checks (grad scaler,
+#     safetensors reader, memory_peak.py, train_resume.sh's edits).
+#   strace: scripts/check-packages.sh.
 packages=(
   build-essential cmake ccache pkg-config git
   zlib1g-dev libcjson-dev
@@ -23,6 +24,7 @@ packages=(
   libopenblas-dev libdnnl-dev
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist chromium
+  python3 python3-pip strace
 )
 
 missing=()
@@ -34,8 +36,26 @@ for p in "${packages[@]}"; do
   fi
 done
 
+# The reference safetensors reader (PyPI: Debian has no package), for
+# tests/io/test_safetensors_python. Installed after the Debian packages
+# (python3 and pip come from them); a failure is a failure.
+install_python_packages() {
+  if python3 -c 'import safetensors' 2> /dev/null; then return 0; fi
+  if [ "$(id -u)" -ne 0 ] && ! python3 -m pip --version > /dev/null 2>&1; then
+    echo "setup: the Python package safetensors is missing: run  python3 -m pip install --user safetensors" >&2
+    return 1
+  fi
+  echo "setup: installing the Python package safetensors (pip)"
+  python3 -m pip install --quiet --disable-pip-version-check safetensors 2> /dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages safetensors || {
+    echo "setup: pip could not install the Python package safetensors (tests/io/test_safetensors_python needs it)" >&2
+    return 1
+  }
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} Debian packages present"
+  install_python_packages
   exit 0
 fi
 
@@ -48,3 +68,4 @@ fi
 echo "setup: installing ${missing[*]}"
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_python_packages

@@ -1,0 +1,21 @@
+# Find cJSON (Debian: libcjson-dev): defines cJSON_FOUND, cJSON_VERSION and
+# the target cJSON::cjson. Hints: CJSON_ROOT.
+find_path(cJSON_INCLUDE_DIR cjson/cJSON.h HINTS ${CJSON_ROOT} $ENV{CJSON_ROOT} PATH_SUFFIXES include)
+find_library(cJSON_LIBRARY cjson HINTS ${CJSON_ROOT} $ENV{CJSON_ROOT} PATH_SUFFIXES lib lib64)
+if(cJSON_INCLUDE_DIR AND EXISTS "${cJSON_INCLUDE_DIR}/cjson/cJSON.h")
+  file(STRINGS "${cJSON_INCLUDE_DIR}/cjson/cJSON.h" _cjson_defs REGEX "#define CJSON_VERSION_(MAJOR|MINOR|PATCH) +[0-9]+")
+  if(_cjson_defs)
+    string(REGEX REPLACE ".*CJSON_VERSION_MAJOR +([0-9]+).*" "\\1" _maj "${_cjson_defs}")
+    string(REGEX REPLACE ".*CJSON_VERSION_MINOR +([0-9]+).*" "\\1" _min "${_cjson_defs}")
+    string(REGEX REPLACE ".*CJSON_VERSION_PATCH +([0-9]+).*" "\\1" _pat "${_cjson_defs}")
+    set(cJSON_VERSION "${_maj}.${_min}.${_pat}")
+  endif()
+endif()
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(cJSON REQUIRED_VARS cJSON_LIBRARY cJSON_INCLUDE_DIR VERSION_VAR cJSON_VERSION)
+if(cJSON_FOUND AND NOT TARGET cJSON::cjson)
+  add_library(cJSON::cjson UNKNOWN IMPORTED)
+  set_target_properties(cJSON::cjson PROPERTIES IMPORTED_LOCATION "${cJSON_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${cJSON_INCLUDE_DIR}")
+endif()
+mark_as_advanced(cJSON_INCLUDE_DIR cJSON_LIBRARY)
