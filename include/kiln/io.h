@@ -33,6 +33,63 @@ kiln_status kiln_safetensors_save(const char *path, kiln_module *m);
  * module may be partly loaded only when the copy itself fails. Blocks. */
 kiln_status kiln_safetensors_load(const char *path, kiln_module *m);
 
+/* ---- Reading tensors by name --------------------------------------------------------
+ * Any safetensors file (Kiln's, PyTorch's, a Hugging Face checkpoint's), read
+ * one named tensor at a time, without a module:
+ *
+ *   kiln_safetensors *f = NULL;
+ *   KILN_TRY(kiln_safetensors_open("model.safetensors", &f));
+ *   for (int i = 0; i < kiln_safetensors_tensor_count(f); i++)
+ *       puts(kiln_safetensors_tensor_name(f, i));
+ *   kiln_tensor *w = kiln_safetensors_get(f, "0.weight", KILN_CPU); // NULL + error
+ *   kiln_safetensors_close(f);                                       // w stays valid
+ *
+ * A handle holds the parsed header and an open file descriptor; the data
+ * stays on disk until kiln_safetensors_get reads one tensor's bytes. */
+typedef struct kiln_safetensors kiln_safetensors;
+
+/* Open `path` and validate its header: the file is a regular file
+ * (directories, pipes and devices are refused), the 8-byte header length
+ * fits the file and 100 MiB, the JSON is an object of {dtype, shape,
+ * data_offsets} entries plus an optional "__metadata__" map of strings,
+ * every dtype is one Kiln holds, every range lies inside the file with
+ * exactly the bytes its dtype and shape need, no two ranges overlap and no
+ * name repeats. Only the header is read, never the data. *out gets a
+ * handle the caller closes with kiln_safetensors_close. Errors:
+ * KILN_ERR_IO naming the file and what was wrong. Blocks (file I/O). */
+kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out);
+/* Close the file and free the handle (NULL is a no-op). Every string the
+ * handle lent (names, metadata) dies with it; tensors returned by
+ * kiln_safetensors_get do not. */
+void kiln_safetensors_close(kiln_safetensors *f);
+/* The number of tensors in the file (the "__metadata__" entry is not
+ * one). */
+int kiln_safetensors_tensor_count(const kiln_safetensors *f);
+/* The name of tensor i (0 <= i < count, in the header's order), borrowed
+ * from the handle; NULL when i is out of range. */
+const char *kiln_safetensors_tensor_name(const kiln_safetensors *f, int i);
+/* Dtype and shape of tensor `name` from the header, without reading data
+ * (either out pointer may be NULL). KILN_ERR_INVALID_ARGUMENT naming the
+ * tensor and the file when the file has no such tensor. Does not block. */
+kiln_status kiln_safetensors_tensor_info(const kiln_safetensors *f, const char *name, kiln_dtype *dtype,
+                                         kiln_shape *shape);
+/* Read tensor `name` into a new contiguous tensor on `device` (KILN_CPU,
+ * or a CUDA device), of the file's dtype and shape. Returns a new
+ * reference the caller releases (kiln_release), or NULL with the error set:
+ * KILN_ERR_INVALID_ARGUMENT naming the tensor and the file for an unknown name,
+ * KILN_ERR_IO when the read fails, out of memory on the device. Reads the
+ * tensor's bytes from disk into host memory and copies them to the device
+ * before returning: blocks the host. Calls on one handle from several
+ * threads are safe (each reads with pread into its own buffer). */
+kiln_tensor *kiln_safetensors_get(kiln_safetensors *f, const char *name, kiln_device device);
+/* The number of "__metadata__" entries and the key of entry i (borrowed;
+ * NULL when out of range), in the header's order. */
+int kiln_safetensors_metadata_count(const kiln_safetensors *f);
+const char *kiln_safetensors_metadata_key(const kiln_safetensors *f, int i);
+/* The "__metadata__" value of `key`, borrowed from the handle, or NULL
+ * when the file has no such key. Does not block. */
+const char *kiln_safetensors_metadata(const kiln_safetensors *f, const char *key);
+
 /* ---- Training checkpoints ------------------------------------------------------------
  * A checkpoint is a safetensors file that any safetensors reader opens:
  *   - the module's state dict under its names ("0.weight", ...);
@@ -97,7 +154,8 @@ kiln_status kiln_checkpoint_save(const char *path, kiln_module *m, kiln_optimize
 kiln_status kiln_checkpoint_load(const char *path, kiln_module *m, kiln_optimizer *opt, kiln_train_state *state);
 /* The __metadata__ value of `key` in the safetensors file `path`: *value
  * gets a malloc'd copy (free()), or NULL when the key is absent (still
- * KILN_OK). Validates the header; blocks (reads the file). */
+ * KILN_OK). Validates the header; blocks (reads the header, not the
+ * tensors). */
 kiln_status kiln_checkpoint_read_meta(const char *path, const char *key, char **value);
 
 #ifdef __cplusplus

@@ -403,14 +403,12 @@ kiln_status kiln_checkpoint_read_meta(const char *path, const char *key, char **
     if (!path || !key || !value)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_checkpoint_read_meta: NULL argument");
     *value = NULL;
-    uint8_t *bytes;
-    const uint8_t *data;
-    kiln_st_index idx;
-    KILN_TRY(kiln_st_read(path, &bytes, &data, &idx));
-    const char *v = kiln_st_meta_get(&idx, key);
+    kiln_safetensors *f = NULL; /* reads the header only, not the tensors */
+    KILN_TRY(kiln_safetensors_open(path, &f));
+    const char *v = kiln_safetensors_metadata(f, key);
     kiln_status st = KILN_OK;
-    if (v && !(*value = strdup(v))) st = KILN_ERR_OUT_OF_MEMORY;
-    kiln_st_index_free(&idx);
-    free(bytes);
+    if (v && !(*value = strdup(v)))
+        st = KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "out of host memory copying %s's metadata '%s'", path, key);
+    kiln_safetensors_close(f);
     return st;
 }

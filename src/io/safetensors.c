@@ -158,28 +158,6 @@ kiln_status kiln_safetensors_save(const char *path, kiln_module *m) {
     return st;
 }
 
-static kiln_status read_file(const char *path, uint8_t **out, size_t *size) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return KILN_RAISE(KILN_ERR_IO, NULL, "cannot open %s: %s", path, strerror(errno));
-    kiln_status st = KILN_OK;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
-    if (len < 0 || fseek(f, 0, SEEK_SET) != 0) st = KILN_RAISE(KILN_ERR_IO, NULL, "cannot size %s", path);
-    uint8_t *buf = st == KILN_OK ? KILN_MALLOC((size_t)len + 1) : NULL;
-    if (st == KILN_OK && !buf) st = KILN_ERR_OUT_OF_MEMORY;
-    if (st == KILN_OK && fread(buf, 1, (size_t)len, f) != (size_t)len)
-        st = KILN_RAISE(KILN_ERR_IO, NULL, "cannot read %s", path);
-    fclose(f);
-    if (st != KILN_OK) {
-        free(buf);
-        return st;
-    }
-    *out = buf;
-    *size = (size_t)len;
-    return KILN_OK;
-}
-
 static const kiln_st_entry *find_entry(const kiln_st_index *idx, const char *name) {
     for (int i = 0; i < idx->n; i++)
         if (strcmp(idx->items[i].name, name) == 0) return &idx->items[i];
@@ -240,21 +218,6 @@ static kiln_status load_tensors(const char *path, const kiln_st_index *idx, cons
         if (st != KILN_OK)
             return KILN_RAISE(st, NULL, "%s: %s", path, kiln_error_message());
     }
-    return KILN_OK;
-}
-
-kiln_status kiln_st_read(const char *path, uint8_t **bytes, const uint8_t **data, kiln_st_index *idx) {
-    size_t size = 0;
-    KILN_TRY(read_file(path, bytes, &size));
-    kiln_status st = kiln_st_index_parse(path, *bytes, size, idx);
-    if (st != KILN_OK) {
-        free(*bytes);
-        *bytes = NULL;
-        return st;
-    }
-    uint64_t hdr = 0;
-    for (int i = 7; i >= 0; i--) hdr = hdr << 8 | (*bytes)[i];
-    *data = *bytes + 8 + hdr;
     return KILN_OK;
 }
 
