@@ -19,11 +19,13 @@ counts_file=$(mktemp)
 trap 'rm -f "$counts_file"' EXIT
 
 # run_ctest ARGS...: ctest, its output shown as it comes and its closing
-# counts (passed, failed, skipped) added to the run's totals.
+# counts (passed, failed, skipped) added to the run's totals. A tier may
+# run it under a wrapper command: ctest_wrap=(CMD...); run_ctest ARGS...
+ctest_wrap=()
 run_ctest() {
   local log rc=0
   log=$(mktemp)
-  ctest "$@" 2>&1 | tee "$log" || rc=$?
+  "${ctest_wrap[@]}" ctest "$@" 2>&1 | tee "$log" || rc=$?
   awk '/tests passed, [0-9]+ tests? failed out of/ {
          for (i = 1; i <= NF; i++) { if ($i == "failed") f = $(i - 2); if ($i == "of") t = $(i + 1) } }
        /\(Skipped\)$/ { s++ }
@@ -52,11 +54,24 @@ configure_build() { # DIR ARGS...
   cmake --build "$dir" -j"$jobs" || return 1
 }
 
+# The release tier's configure, build and tests run traced by strace
+# (scripts/check-packages.sh --record), then every file they opened or ran
+# is mapped to its Debian package: one used but not installed by
+# scripts/setup.sh (nor a dependency of what it installs, nor Essential)
+# fails the tier. No ccache there: a cache hit reads no headers.
 tier_release() {
-  local d="$top/build-ci/release"
+  local d="$top/build-ci/release" traces="$top/build-ci/release.traces"
   mkdir -p "$top/build-ci"
-  configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON || return 1
-  run_ctest --test-dir "$d" -LE slow "${ctest_args[@]}" || return 1
+  rm -rf "$traces"
+  local rec=("$top/scripts/check-packages.sh" --record "$traces" --)
+  CCACHE_DISABLE=1 "${rec[@]}" cmake -S "$top" -B "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=OFF \
+    -DKILN_WERROR=ON >"$d.configure.log" 2>&1 || { cat "$d.configure.log"; return 1; }
+  CCACHE_DISABLE=1 "${rec[@]}" cmake --build "$d" -j"$jobs" || return 1
+  ctest_wrap=("${rec[@]}")
+  run_ctest --test-dir "$d" -LE slow "${ctest_args[@]}" || { ctest_wrap=(); return 1; }
+  ctest_wrap=()
+  "$top/scripts/check-packages.sh" --traces "$traces" || return 1
+  rm -rf "$traces"
   "$top/scripts/check-install.sh" "$d" || return 1
 }
 

@@ -21,7 +21,7 @@ int main(void) {
     char path[4096];
     snprintf(path, sizeof path, "%s", __FILE__);
     char *slash = strstr(path, "tests/ops/test_ops_doc.c");
-    if (!slash) kt_skip("cannot locate the source tree from __FILE__");
+    if (!slash) kt_missing("cannot locate the source tree from __FILE__");
     strcpy(slash, "docs/ops.md");
     char *doc = read_file(path);
     CHECK_MSG(doc != NULL, "cannot read %s", path);

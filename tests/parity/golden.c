@@ -76,7 +76,7 @@ static bool gd_load(const char *name, golden_file *g) {
     char path[1024];
     snprintf(path, sizeof path, "%s", __FILE__);
     char *at = strstr(path, "tests/parity/golden.c");
-    if (!at) kt_skip("cannot locate the source tree from __FILE__");
+    if (!at) kt_missing("cannot locate the source tree from __FILE__");
     snprintf(at, sizeof path - (size_t)(at - path), "tests/parity/golden/%s.bin", name);
     FILE *f = fopen(path, "rb");
     if (!f) {

@@ -34,12 +34,9 @@ done
 # the activation memory of the plain step (last run), in bytes, from the JSON line
 act=$(tail -n 1 "$out/bench.txt" | sed 's/.*"segments":0,"activation_bytes":\([0-9]*\).*/\1/')
 test "$act" -gt 0
-if command -v python3 > /dev/null; then
-  python3 "$repo/tools/memory_peak.py" "$out/snap-0.json" > "$out/peak.txt"
-  grep -q "^peak inside the trace: " "$out/peak.txt"
-  grep -q "live at the peak, by the allocating op:" "$out/peak.txt"
-  grep -q "conv2d" "$out/peak.txt"
-else
-  echo "python3 not found: tools/memory_peak.py not checked"
-fi
+command -v python3 > /dev/null || { echo "FAILED: python3 not found (scripts/setup.sh installs it)"; exit 1; }
+python3 "$repo/tools/memory_peak.py" "$out/snap-0.json" > "$out/peak.txt"
+grep -q "^peak inside the trace: " "$out/peak.txt"
+grep -q "live at the peak, by the allocating op:" "$out/peak.txt"
+grep -q "conv2d" "$out/peak.txt"
 echo "bench checkpoint smoke: ok"

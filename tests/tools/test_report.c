@@ -232,7 +232,7 @@ static void errors(void) {
 
 int main(void) {
     if (!rt_find_kiln(kiln_bin, sizeof kiln_bin))
-        kt_skip("the kiln binary is not built next to the tests (bin/kiln)");
+        kt_missing("the kiln binary is not built next to the tests (bin/kiln)");
     if (kiln_init() != KILN_OK) {
         fprintf(stderr, "kiln_init: %s\n", kiln_error_message());
         return 1;

@@ -40,9 +40,9 @@ static int load(const char *page, const char *tag, char **dom, char **log) {
 
 int main(void) {
     if (!find_chromium())
-        kt_skip("chromium is not installed (Debian package chromium; scripts/setup.sh installs it)");
+        kt_missing("chromium is not installed (Debian package chromium; scripts/setup.sh installs it)");
     if (!rt_find_kiln(kiln_bin, sizeof kiln_bin))
-        kt_skip("the kiln binary is not built next to the tests (bin/kiln)");
+        kt_missing("the kiln binary is not built next to the tests (bin/kiln)");
     if (kiln_init() != KILN_OK) {
         fprintf(stderr, "kiln_init: %s\n", kiln_error_message());
         return 1;

@@ -8,8 +8,8 @@ set -eu
 kiln=$1
 data=/usr/share/datasets/fashion-mnist
 if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
-  echo "SKIPPED: Fashion-MNIST not installed (Debian package dataset-fashion-mnist)"
-  exit 77
+  echo "FAILED: Fashion-MNIST not installed (Debian package dataset-fashion-mnist; scripts/setup.sh installs it)"
+  exit 1
 fi
 out=$(mktemp -d "${TMPDIR:-/tmp}/kiln_train_ckpt.XXXXXX")
 trap 'rm -rf "$out"' EXIT
