@@ -104,28 +104,36 @@ static void scan_strided(const kiln_strided *s, value_stats *vs) {
     }
 }
 
-/* Statistics of t's values; false when t has no readable floating data. */
-static bool scan_tensor(const kiln_tensor *t, value_stats *vs) {
+/* Statistics of t's values into *vs; *scanned false when t has no
+ * readable floating data (not floating, meta). An error when the values
+ * cannot be read: a CPU tensor in an opaque layout is converted to strided
+ * first, a device tensor copied to the host, and either can run out of
+ * memory. */
+static kiln_status scan_tensor(const kiln_tensor *t, value_stats *vs, bool *scanned) {
     memset(vs, 0, sizeof *vs);
-    if (!t || !kiln_dtype_is_floating(t->dtype)) return false;
+    *scanned = false;
+    if (!t || !kiln_dtype_is_floating(t->dtype)) return KILN_OK;
     kiln_device dev = kiln_get_device(t);
-    if (dev.type == KILN_DEVICE_META) return false;
+    if (dev.type == KILN_DEVICE_META) return KILN_OK;
     if (dev.type == KILN_DEVICE_CPU) {
-        kiln_strided s = kiln_tensor_strided(t);
+        kiln_strided s;
+        KILN_TRY(kiln_tensor_strided(t, &s));
         scan_strided(&s, vs);
-        return true;
+        *scanned = true;
+        return KILN_OK;
     }
     int64_t numel = kiln_numel(t);
     size_t bytes = (size_t)numel * kiln_dtype_size(t->dtype);
-    void *host = bytes ? malloc(bytes) : NULL;
-    if (bytes && !host) return false;
-    bool ok = !bytes || kiln_to_host(t, host, bytes) == KILN_OK;
-    if (ok) {
+    void *host = bytes ? KILN_MALLOC(bytes) : NULL;
+    if (bytes && !host) return kiln_error_last()->status;
+    kiln_status st = bytes ? kiln_to_host(t, host, bytes) : KILN_OK;
+    if (!st) {
         kiln_strided s = {.data = host, .dtype = t->dtype, .ndim = 1, .shape = {numel}, .strides = {1}};
         scan_strided(&s, vs);
+        *scanned = true;
     }
     free(host);
-    return ok;
+    return st;
 }
 
 static bool first_warning(const char *file, int line, kiln_op_id op) {
@@ -162,7 +170,8 @@ static int format_inputs(const kiln_op_call *c, kiln_anomaly_report *r, char *bu
             len += (size_t)snprintf(buf + len, cap - len, "; input %d: absent", i);
             continue;
         }
-        if (!scan_tensor(c->in[i], &vs)) {
+        bool scanned;
+        if (scan_tensor(c->in[i], &vs, &scanned) || !scanned) {
             if (ri) ri->present = true;
             len += (size_t)snprintf(buf + len, cap - len, "; input %d: %s (not checked)", i, dt);
             continue;
@@ -225,7 +234,9 @@ static kiln_status check_call(const kiln_op_call *c) {
     if (c->info->flags & OPF_VIEW) return KILN_OK; /* no kernel ran: its input was checked */
     for (int i = 0; i < c->n_out; i++) {
         value_stats vs;
-        if (!scan_tensor(c->out[i], &vs)) continue;
+        bool scanned;
+        KILN_TRY(scan_tensor(c->out[i], &vs, &scanned));
+        if (!scanned) continue;
         if (vs.n_nan || vs.n_pos_inf || vs.n_neg_inf) return report_anomaly(c, i, &vs);
         if (c->out[i]->dtype == KILN_F16 && vs.max_abs > F16_WARN) warn_f16_near_limit(c, &vs);
     }

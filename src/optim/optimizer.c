@@ -229,7 +229,22 @@ static const kiln_optim_kernels *fused_for(kiln_tensor *const *t, int n) {
     return k;
 }
 
-static void *data_of(kiln_tensor *t) { return t ? kiln_tensor_strided(t).data : NULL; }
+/* A fused kernel reads flat memory: tensors in an opaque layout (a weight
+ * a oneDNN kernel left in nChw16c) are converted to strided first. The
+ * conversion allocates, so it can run out of memory: an error to return. */
+static kiln_status strided_all(kiln_tensor *const *t, int n) {
+    for (int i = 0; i < n; i++)
+        if (t[i]) KILN_TRY(kiln_tensor_ensure_strided(t[i]));
+    return KILN_OK;
+}
+
+/* After strided_all. */
+static void *data_of(kiln_tensor *t) {
+    if (!t) return NULL;
+    kiln_strided v = kiln_tensor_kernel_view(t);
+    KILN_ASSERT(v.layout == KILN_LAYOUT_STRIDED);
+    return v.data;
+}
 
 /* Fused updates waiting for their launch: up to KILN_OPTIM_MULTI
  * parameters of one device go in one call (one kernel on CUDA). The
@@ -285,6 +300,7 @@ static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_ba
     const kiln_optim_kernels *fk = fused_for((kiln_tensor *[]){p, g, s->momentum != 0 ? *buf0 : NULL}, 3);
     if (fk && (s->momentum == 0 || *buf0)) {
         kiln_status rc = make_room(b, fk, kiln_get_device(p), false);
+        if (!rc) rc = strided_all((kiln_tensor *[]){p, g, s->momentum != 0 ? *buf0 : NULL}, 3);
         if (rc) {
             kiln_tensor_drop(g);
             return rc;
@@ -336,6 +352,7 @@ static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_b
     if (fk) {
         double bc1 = 1.0 - pow(a->beta1, (double)step), bc2 = 1.0 - pow(a->beta2, (double)step);
         kiln_status rc = make_room(b, fk, kiln_get_device(p), true);
+        if (!rc) rc = strided_all((kiln_tensor *[]){p, g, *m, *v, a->amsgrad ? *vmax : NULL}, 5);
         if (rc) goto fail;
         b->adam[b->n] = (kiln_adam_step){.dtype = kiln_dtype_of(p), .n = kiln_numel(p), .p = data_of(p),
                                          .g = data_of(g), .m = data_of(*m), .v = data_of(*v),

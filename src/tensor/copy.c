@@ -29,9 +29,10 @@ static kiln_status kernel_copy(kiln_device device, const kiln_strided *dst, cons
 static kiln_tensor *clone_contiguous(const kiln_tensor *t) {
     kiln_tensor *c = kiln_tensor_alloc("kiln_copy_", kiln_shape_of(t), t->dtype, t->storage->device, false);
     if (!c) return NULL;
-    kiln_strided d = kiln_tensor_strided(c), s = kiln_tensor_strided(t);
-    if (kiln_numel(t) && kiln_get_device(t).type != KILN_DEVICE_META &&
-        kernel_copy(kiln_get_device(t), &d, &s)) {
+    kiln_strided d, s;
+    if (kiln_tensor_strided(c, &d) || kiln_tensor_strided(t, &s) ||
+        (kiln_numel(t) && kiln_get_device(t).type != KILN_DEVICE_META &&
+         kernel_copy(kiln_get_device(t), &d, &s))) {
         kiln_tensor_drop(c);
         return NULL;
     }
@@ -46,10 +47,12 @@ static bool same_shape(const kiln_tensor *a, const kiln_tensor *b) {
 }
 
 /* src's strides over dst's shape: missing leading dims and size-1 dims
- * that dst widens get stride 0. False when src does not broadcast. */
+ * that dst widens get stride 0. False when src does not broadcast. src
+ * is strided already (copy_impl converts both sides first). */
 static bool broadcast_src(const kiln_tensor *dst, const kiln_tensor *src, kiln_strided *out) {
     if (src->ndim > dst->ndim) return false;
-    *out = kiln_tensor_strided(src);
+    KILN_ASSERT(src->storage->layout == KILN_LAYOUT_STRIDED);
+    *out = kiln_tensor_kernel_view(src);
     out->ndim = dst->ndim;
     int lead = dst->ndim - src->ndim;
     for (int i = dst->ndim - 1; i >= 0; i--) {
@@ -88,9 +91,12 @@ static kiln_status same_device_copy(kiln_tensor *dst, const kiln_tensor *src) {
         if (!tmp) return kiln_error_last()->status;
         src = tmp;
     }
-    kiln_strided d = kiln_tensor_strided(dst), s;
-    KILN_ASSERT(broadcast_src(dst, src, &s));
-    kiln_status st = kernel_copy(kiln_get_device(dst), &d, &s);
+    kiln_strided d, s;
+    kiln_status st = kiln_tensor_strided(dst, &d);
+    if (!st) {
+        KILN_ASSERT(broadcast_src(dst, src, &s));
+        st = kernel_copy(kiln_get_device(dst), &d, &s);
+    }
     kiln_tensor_drop(tmp);
     return st;
 }
@@ -133,8 +139,9 @@ static kiln_status cross_device_copy(kiln_tensor *dst, const kiln_tensor *src, b
         else if (dd.type == KILN_DEVICE_CPU)
             st = protect_pinned(target, sd);
     }
+    kiln_strided d, s;
+    if (!st && !direct) st = kiln_tensor_strided(dst, &d);
     if (!st && !direct) {
-        kiln_strided d = kiln_tensor_strided(dst), s;
         KILN_ASSERT(broadcast_src(dst, landing, &s));
         st = kernel_copy(dd, &d, &s);
     }
@@ -229,10 +236,11 @@ static kiln_status to_host_impl(const kiln_tensor *t, void *dst, size_t size) {
                           kiln_shape_format(t->ndim, t->shape, a, sizeof a));
     if (dev.type == KILN_DEVICE_CPU) {
         /* dst as a contiguous tensor of t's shape; the kernel gathers. */
-        kiln_strided d = kiln_tensor_strided(t);
+        kiln_strided s;
+        KILN_TRY(kiln_tensor_strided(t, &s));
+        kiln_strided d = s;
         d.data = dst;
         kiln_contiguous_strides(t->ndim, t->shape, d.strides);
-        kiln_strided s = kiln_tensor_strided(t);
         return kernel_copy(dev, &d, &s);
     }
     kiln_tensor *staged = NULL;

@@ -15,10 +15,11 @@ static kiln_tensor *filled(const char *fn, kiln_shape shape, kiln_dtype dtype, k
     if (!t || kiln_numel(t) == 0 || device.type == KILN_DEVICE_META) return t;
     const kiln_tensor_kernels *k = kiln_tensor_kernels_for(device.type);
     void *stream;
-    kiln_strided dst = kiln_tensor_strided(t);
+    kiln_strided dst;
     if (!k) {
         KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "%s: no tensor kernels for this device type", fn);
-    } else if (!kiln_tensor_kernel_stream(device, &stream) && !k->fill(&dst, value, stream)) {
+    } else if (!kiln_tensor_strided(t, &dst) && !kiln_tensor_kernel_stream(device, &stream) &&
+               !k->fill(&dst, value, stream)) {
         return t;
     }
     kiln_tensor_drop(t);

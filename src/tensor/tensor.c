@@ -237,13 +237,10 @@ kiln_strided kiln_tensor_kernel_view(const kiln_tensor *t) {
     return v;
 }
 
-kiln_strided kiln_tensor_strided(const kiln_tensor *t) {
-    if (kiln_tensor_ensure_strided(t)) {
-        fprintf(stderr, "kiln: fatal: converting a tensor to the strided layout failed: %s\n",
-                kiln_error_message());
-        abort();
-    }
-    return kiln_tensor_kernel_view(t);
+kiln_status kiln_tensor_strided(const kiln_tensor *t, kiln_strided *out) {
+    KILN_TRY(kiln_tensor_ensure_strided(t));
+    *out = kiln_tensor_kernel_view(t);
+    return KILN_OK;
 }
 
 /* Opaque layouts exist on the CPU only (the fast CPU kernels make them),

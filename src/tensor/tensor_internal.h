@@ -84,12 +84,12 @@ static inline bool kiln_tensor_sole_owner(const kiln_tensor *t) {
 }
 /* Mark an in-place write to t's storage. */
 void kiln_tensor_bump_version(kiln_tensor *t);
-/* The kernel-side description of t (data pointer with the offset applied;
- * NULL data on meta), always strided: a tensor in an opaque layout is
- * converted first (kiln_tensor_ensure_strided; a failure to convert, which
- * only running out of memory causes, aborts with a message — callers that
- * can report errors call kiln_tensor_ensure_strided themselves first). */
-kiln_strided kiln_tensor_strided(const kiln_tensor *t);
+/* The kernel-side description of t into *out (data pointer with the offset
+ * applied; NULL data on meta), always strided: a tensor in an opaque layout
+ * is converted first (kiln_tensor_ensure_strided). The conversion allocates
+ * a new block, so it can fail (out of memory): the error is set and
+ * returned, *out is left as it was. */
+kiln_status kiln_tensor_strided(const kiln_tensor *t, kiln_strided *out);
 /* The description as it is, opaque layout included (the dispatcher's view
  * for kernels that declare they take opaque layouts). */
 kiln_strided kiln_tensor_kernel_view(const kiln_tensor *t);
