@@ -211,9 +211,33 @@ kiln_tensor *kiln_module_state_get(kiln_module *m, const char *key);
  * integer values only. Errors name the key, both shapes or dtypes. Copies
  * from host memory block. */
 kiln_status kiln_module_state_set(kiln_module *m, const char *key, kiln_tensor *value);
-/* Load a whole state dict. strict: every key of the module must be given
- * and no unknown key may appear (the error names the first one). */
-kiln_status kiln_module_load_state_dict(kiln_module *m, const kiln_named_tensor *items, int n, bool strict);
+/* What a state dict and a module disagree on, PyTorch's _IncompatibleKeys:
+ * the module's keys the state dict does not give (missing_keys) and the
+ * state dict's keys the module does not have (unexpected_keys), each a
+ * malloc'd array of malloc'd names, in the module's and the state dict's
+ * order. The caller owns them: kiln_incompatible_keys_free. */
+typedef struct kiln_incompatible_keys {
+    char **missing_keys;
+    int n_missing;
+    char **unexpected_keys;
+    int n_unexpected;
+} kiln_incompatible_keys;
+/* Free both lists and zero *keys (NULL and a zeroed struct are no-ops). */
+void kiln_incompatible_keys_free(kiln_incompatible_keys *keys);
+/* Load a state dict (items borrowed; values copied in place as
+ * kiln_module_state_set does, which blocks for copies from host memory).
+ * strict: every key of the module must be given and no other key may
+ * appear; otherwise the error lists every missing and unexpected key (as
+ * many as the message holds) and nothing is loaded. Not strict: the keys
+ * that match are loaded, the rest reported in *result; loading nothing at
+ * all (no key matches, while the module or the state dict has keys) is an
+ * error, since it is a renamed or prefixed state dict more often than an
+ * intent. result may be NULL: then keys left out are logged as a warning.
+ * Where given, *result is filled in every case (on errors too, except when
+ * the lists themselves could not be allocated): the caller frees it with
+ * kiln_incompatible_keys_free. */
+kiln_status kiln_module_load_state_dict(kiln_module *m, const kiln_named_tensor *items, int n, bool strict,
+                                        kiln_incompatible_keys *result);
 /* Free (set_to_none, PyTorch's default) or zero every parameter's grad. */
 kiln_status kiln_module_zero_grad(kiln_module *m, bool set_to_none);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/log_internal.h"
 #include "nn/module_internal.h"
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
@@ -354,30 +355,125 @@ kiln_status kiln_module_state_set(kiln_module *m, const char *key, kiln_tensor *
     return st;
 }
 
-kiln_status kiln_module_load_state_dict(kiln_module *m, const kiln_named_tensor *items, int n, bool strict) {
+void kiln_incompatible_keys_free(kiln_incompatible_keys *keys) {
+    if (!keys) return;
+    for (int i = 0; i < keys->n_missing; i++) free(keys->missing_keys[i]);
+    for (int i = 0; i < keys->n_unexpected; i++) free(keys->unexpected_keys[i]);
+    free(keys->missing_keys);
+    free(keys->unexpected_keys);
+    *keys = (kiln_incompatible_keys){0};
+}
+
+static kiln_status key_list_add(char ***list, int *n, const char *name) {
+    char **grown = KILN_REALLOC(*list, sizeof *grown * (size_t)(*n + 1));
+    if (!grown) return kiln_error_last()->status;
+    *list = grown;
+    size_t len = strlen(name) + 1;
+    char *copy = KILN_MALLOC(len);
+    if (!copy) return kiln_error_last()->status;
+    memcpy(copy, name, len);
+    grown[(*n)++] = copy;
+    return KILN_OK;
+}
+
+static bool named_in(const kiln_named_tensor *items, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(items[i].name, name) == 0) return true;
+    return false;
+}
+
+/* "'a', 'b', 'c'" into buf, as many names as fit in cap with room for
+ * "... and N more". */
+static void format_keys(char *buf, size_t cap, char *const *keys, int n) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        size_t need = strlen(keys[i]) + 4;
+        if (len + need + 24 > cap) {
+            snprintf(buf + len, cap - len, "%s... and %d more", i ? ", " : "", n - i);
+            return;
+        }
+        len += (size_t)snprintf(buf + len, cap - len, "%s'%s'", i ? ", " : "", keys[i]);
+    }
+}
+
+/* "2 missing keys ('a', 'b') and 1 unexpected key ('c')" into buf; a
+ * list that is empty is left out. */
+static void format_incompatible(char *buf, size_t cap, const kiln_incompatible_keys *k) {
+    char missing[360], unexpected[360];
+    format_keys(missing, sizeof missing, k->missing_keys, k->n_missing);
+    format_keys(unexpected, sizeof unexpected, k->unexpected_keys, k->n_unexpected);
+    int len = 0;
+    if (k->n_missing)
+        len = snprintf(buf, cap, "%d missing key%s (%s)", k->n_missing, k->n_missing == 1 ? "" : "s", missing);
+    if (k->n_unexpected)
+        snprintf(buf + len, cap - (size_t)len, "%s%d unexpected key%s (%s)", len ? " and " : "", k->n_unexpected,
+                 k->n_unexpected == 1 ? "" : "s", unexpected);
+    else if (!k->n_missing)
+        snprintf(buf, cap, "no keys on either side");
+}
+
+/* The module's keys the state dict lacks, and its keys the module lacks. */
+static kiln_status compare_keys(const kiln_named_tensor *own, int n_own, const kiln_named_tensor *items, int n,
+                                kiln_incompatible_keys *k) {
+    for (int i = 0; i < n_own; i++)
+        if (!named_in(items, n, own[i].name)) KILN_TRY(key_list_add(&k->missing_keys, &k->n_missing, own[i].name));
+    for (int j = 0; j < n; j++)
+        if (!named_in(own, n_own, items[j].name))
+            KILN_TRY(key_list_add(&k->unexpected_keys, &k->n_unexpected, items[j].name));
+    return KILN_OK;
+}
+
+static kiln_status load_state_dict_body(kiln_module *m, const kiln_named_tensor *items, int n, bool strict,
+                                        kiln_incompatible_keys *k) {
+    if (!m) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_module_load_state_dict: module is NULL");
+    if (n < 0 || (n > 0 && !items))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the array and its length",
+                          "kiln_module_load_state_dict: %d items (items %s)", n, items ? "given" : "NULL");
+    for (int j = 0; j < n; j++)
+        if (!items[j].name)
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give every item a name",
+                              "kiln_module_load_state_dict: item %d has no name", j);
     kiln_named_tensor *own = NULL;
     int n_own = 0;
     KILN_TRY(kiln_module_state_dict(m, &own, &n_own));
-    kiln_status st = KILN_OK;
-    for (int i = 0; strict && !st && i < n_own; i++) {
-        bool found = false;
-        for (int j = 0; j < n && !found; j++) found = strcmp(items[j].name, own[i].name) == 0;
-        if (!found)
-            st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass strict=false to load a partial state dict",
-                            "kiln_module_load_state_dict: missing key '%s'", own[i].name);
+    kiln_status st = compare_keys(own, n_own, items, n, k);
+    char keys[800];
+    if (!st && strict && (k->n_missing || k->n_unexpected)) {
+        format_incompatible(keys, sizeof keys, k);
+        st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                        "pass strict=false to load the keys that match (the lists come back in "
+                        "kiln_incompatible_keys), or rename the keys",
+                        "kiln_module_load_state_dict: %s; nothing was loaded", keys);
+    } else if (!st && n - k->n_unexpected == 0 && (n > 0 || n_own > 0)) {
+        format_incompatible(keys, sizeof keys, k);
+        st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                        "compare the names with kiln_module_state_dict's (a prefix such as 'module.' or "
+                        "'model.' added or dropped?)",
+                        "kiln_module_load_state_dict: no key of the state dict matches the module: %s", keys);
     }
+    for (int j = 0; !st && j < n; j++)
+        if (named_in(own, n_own, items[j].name)) st = state_set_body(m, items[j].name, items[j].tensor);
     free(own);
-    for (int j = 0; !st && j < n; j++) {
-        kiln_api_enter();
-        kiln_module_slot *s = find_key(m, "kiln_module_load_state_dict", items[j].name);
-        kiln_api_leave();
-        if (!s) {
-            if (strict) st = kiln_error_last()->status;
-            kiln_error_clear();
-            continue;
-        }
-        st = kiln_module_state_set(m, items[j].name, items[j].tensor);
+    return st;
+}
+
+kiln_status kiln_module_load_state_dict(kiln_module *m, const kiln_named_tensor *items, int n, bool strict,
+                                        kiln_incompatible_keys *result) {
+    kiln_incompatible_keys local = {0}, *k = result ? result : &local;
+    *k = (kiln_incompatible_keys){0};
+    kiln_api_enter();
+    kiln_status st = load_state_dict_body(m, items, n, strict, k);
+    kiln_api_leave();
+    if (!st && !result && (k->n_missing || k->n_unexpected)) {
+        char keys[800];
+        format_incompatible(keys, sizeof keys, k);
+        kiln_log_write(KILN_LOG_WARN,
+                       "kiln_module_load_state_dict (strict=false) loaded the keys that match; %s (pass a "
+                       "kiln_incompatible_keys to get the lists)",
+                       keys);
     }
+    kiln_incompatible_keys_free(&local);
     return st;
 }
 

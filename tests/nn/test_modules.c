@@ -123,6 +123,73 @@ static kiln_module *bn_model_new(void) {
     return m;
 }
 
+static bool keys_are(char *const *got, int n_got, const char *const *want, int n_want) {
+    if (n_got != n_want) return false;
+    for (int i = 0; i < n_got; i++)
+        if (strcmp(got[i], want[i]) != 0) return false;
+    return true;
+}
+
+/* PyTorch's load_state_dict return value: missing and unexpected keys,
+ * for strict and non-strict loads; a strict error lists them all; a load
+ * that matches nothing is an error. sd: b's n keys, in order. */
+static void test_load_state_dict_keys(kiln_module *b, const kiln_named_tensor *sd, int n) {
+    kiln_named_tensor items[10];
+    for (int i = 0; i < n - 2; i++) items[i] = sd[i];
+    items[n - 2] = (kiln_named_tensor){"fc.weight", sd[n - 2].tensor};
+    items[n - 1] = (kiln_named_tensor){"fc.bias", sd[n - 1].tensor};
+    static const char *const missing[] = {"features.6.weight", "features.6.bias"};
+    static const char *const unexpected[] = {"fc.weight", "fc.bias"};
+    kiln_incompatible_keys k = {0};
+    CHECK_OK(kiln_module_load_state_dict(b, items, n, false, &k));
+    CHECK(keys_are(k.missing_keys, k.n_missing, missing, 2));
+    CHECK(keys_are(k.unexpected_keys, k.n_unexpected, unexpected, 2));
+    kiln_incompatible_keys_free(&k);
+    CHECK(k.n_missing == 0 && !k.missing_keys && !k.unexpected_keys);
+    kiln_incompatible_keys_free(&k); /* a zeroed struct: no-op */
+
+    /* Strict: every name in the message, the lists filled, nothing loaded. */
+    kiln_tensor *w = kiln_module_state_get(b, "features.0.weight");
+    uint64_t version = kiln_tensor_version(w);
+    CHECK_FAILS(kiln_module_load_state_dict(b, items, n, true, &k), KILN_ERR_INVALID_ARGUMENT,
+                "2 missing keys ('features.6.weight', 'features.6.bias') and 2 unexpected keys ('fc.weight', "
+                "'fc.bias'); nothing was loaded");
+    CHECK(keys_are(k.missing_keys, k.n_missing, missing, 2));
+    CHECK(keys_are(k.unexpected_keys, k.n_unexpected, unexpected, 2));
+    CHECK(kiln_tensor_version(w) == version);
+    kiln_incompatible_keys_free(&k);
+
+    /* A prefixed state dict matches nothing: an error even when not strict. */
+    kiln_named_tensor prefixed[10];
+    char names[10][64];
+    for (int i = 0; i < n; i++) {
+        snprintf(names[i], sizeof names[i], "module.%s", sd[i].name);
+        prefixed[i] = (kiln_named_tensor){names[i], sd[i].tensor};
+    }
+    CHECK_FAILS(kiln_module_load_state_dict(b, prefixed, n, false, &k), KILN_ERR_INVALID_ARGUMENT,
+                "no key of the state dict matches the module: 8 missing keys ('features.0.weight'");
+    CHECK(strstr(kiln_error_message(), "'module.features.6.bias')") != NULL);
+    CHECK(k.n_missing == n && k.n_unexpected == n);
+    kiln_incompatible_keys_free(&k);
+    CHECK_FAILS(kiln_module_load_state_dict(b, NULL, 0, false, NULL), KILN_ERR_INVALID_ARGUMENT,
+                "no key of the state dict matches");
+    CHECK(kiln_tensor_version(w) == version);
+    kiln_release(w);
+    CHECK_FAILS(kiln_module_load_state_dict(b, NULL, 3, false, NULL), KILN_ERR_INVALID_ARGUMENT, "items NULL");
+
+    /* A strict error with more names than the message holds says how many
+     * more there are. */
+    kiln_named_tensor many[40];
+    char long_names[40][48];
+    for (int i = 0; i < 40; i++) {
+        snprintf(long_names[i], sizeof long_names[i], "a.rather.long.prefix.of.layer.%02d.weight", i);
+        many[i] = (kiln_named_tensor){long_names[i], sd[0].tensor};
+    }
+    CHECK_FAILS(kiln_module_load_state_dict(b, many, 40, true, &k), KILN_ERR_INVALID_ARGUMENT, " more)");
+    CHECK(k.n_unexpected == 40 && k.n_missing == n);
+    kiln_incompatible_keys_free(&k);
+}
+
 static void test_state_dict(void) {
     kiln_manual_seed(3);
     kiln_module *a = bn_model_new();
@@ -147,7 +214,7 @@ static void test_state_dict(void) {
     free(bufs);
 
     kiln_scope_begin();
-    CHECK_OK(kiln_module_load_state_dict(b, sd, n, true));
+    CHECK_OK(kiln_module_load_state_dict(b, sd, n, true, NULL));
     for (int i = 0; i < n; i++) {
         double *va = kt_values(sd[i].tensor), *vb = kt_values(kiln_module_state_get(b, sd[i].name));
         CHECK_MSG(va && vb && memcmp(va, vb, (size_t)kiln_numel(sd[i].tensor) * sizeof(double)) == 0,
@@ -163,10 +230,12 @@ static void test_state_dict(void) {
                 KILN_ERR_INVALID_ARGUMENT, "num_batches_tracked");
     CHECK_FAILS(kiln_module_state_set(b, "features.9.weight", kiln_zeros(KILN_SHAPE(1), KILN_F32, KILN_CPU)),
                 KILN_ERR_INVALID_ARGUMENT, "features.9.weight");
-    CHECK_FAILS(kiln_module_load_state_dict(b, sd, n - 1, true), KILN_ERR_INVALID_ARGUMENT, "features.6.bias");
-    CHECK_OK(kiln_module_load_state_dict(b, sd, n - 1, false));
+    CHECK_FAILS(kiln_module_load_state_dict(b, sd, n - 1, true, NULL), KILN_ERR_INVALID_ARGUMENT,
+                "features.6.bias");
+    CHECK_OK(kiln_module_load_state_dict(b, sd, n - 1, false, NULL));
     CHECK_NULL_ERR(kiln_module_state_get(b, "features.1.nope"), "features.1.nope");
     CHECK_OK(kiln_scope_end());
+    test_load_state_dict_keys(b, sd, n);
     free(sd);
     kiln_module_free(a);
     kiln_module_free(b);

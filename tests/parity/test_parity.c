@@ -67,7 +67,7 @@ static bool load_params(kiln_module *m, const golden_file *g) {
         ok = vals[i].tensor != NULL;
     }
     if (ok && vals) {
-        kiln_status st = kiln_module_load_state_dict(m, vals, n, true);
+        kiln_status st = kiln_module_load_state_dict(m, vals, n, true, NULL);
         CHECK_MSG(st == KILN_OK, "load_state_dict: %s", kiln_error_message());
         ok = st == KILN_OK;
     }
