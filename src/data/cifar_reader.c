@@ -126,15 +126,29 @@ typedef struct cifar_file {
     int64_t count;
 } cifar_file;
 
+/* With no header to announce a size, a batch file is bounded by the
+ * largest real one: CIFAR-100's training file holds 50000 records. Above
+ * KILN_CIFAR_MAX_RECORDS a raw file is refused before it is read, and a
+ * gzip one stops inflating there (a small bomb cannot reach gigabytes). */
+#define KILN_CIFAR_MAX_RECORDS 60000
+
 static kiln_status cifar_load(const char *path, int num_classes, cifar_file *f) {
-    KILN_TRY(kiln_file_read_all(path, KILN_DATA_MAX_FILE_BYTES, &f->bytes, &f->size));
+    size_t cap = (size_t)KILN_CIFAR_MAX_RECORDS * kiln_cifar_record_bytes(num_classes);
+    /* A gzip file of incompressible records is a little larger than they are. */
+    KILN_TRY(kiln_file_read_all(path, cap + cap / 16 + 4096, &f->bytes, &f->size));
     char name[4200];
     snprintf(name, sizeof name, "%s", path);
+    if (!kiln_is_gzip(f->bytes, f->size) && f->size > cap) {
+        char b[32];
+        return KILN_RAISE(KILN_ERR_IO, "split the records over several batch files",
+                          "%s: %zu bytes is more than %d CIFAR-%d records (%s): a batch file holds at most "
+                          "that",
+                          path, f->size, KILN_CIFAR_MAX_RECORDS, num_classes, kiln_format_bytes(cap, b, sizeof b));
+    }
     if (kiln_is_gzip(f->bytes, f->size)) {
         uint8_t *plain;
         size_t plain_size;
-        kiln_status st =
-            kiln_gunzip_memory(path, f->bytes, f->size, KILN_DATA_MAX_FILE_BYTES, 0, &plain, &plain_size);
+        kiln_status st = kiln_gunzip_memory(path, f->bytes, f->size, cap, 0, &plain, &plain_size);
         free(f->bytes);
         f->bytes = plain;
         f->size = plain_size;

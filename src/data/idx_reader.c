@@ -233,24 +233,84 @@ kiln_status kiln_idx_load_file(const char *path, int ndim, uint8_t **out, size_t
     return kiln_idx_decode(path, raw, raw_size, ndim, out, out_size, shown, shown_size);
 }
 
+/* Deflate expands at most 1032-fold (RFC 1951: a 258-byte match in about
+ * two bits at best), so a gzip file of n bytes decodes to at most this. */
+static uint64_t gzip_max_decoded(size_t compressed) { return (uint64_t)compressed * 1032 + 1024; }
+
+/* The header of one IDX file as read from disk (raw or gzip), decoded
+ * alone: never the data. A gzip header that declares more than the
+ * compressed bytes can hold is refused here, before anything inflates. */
+static kiln_status idx_probe(const char *path, const uint8_t *raw, size_t raw_size, int ndim,
+                             int64_t *count) {
+    kiln_idx_array a;
+    size_t total;
+    if (!kiln_is_gzip(raw, raw_size)) {
+        KILN_TRY(kiln_idx_header_parse(path, raw, raw_size, ndim, &a, &total));
+        *count = a.dims[0];
+        return KILN_OK;
+    }
+    char shown[4200];
+    snprintf(shown, sizeof shown, "%s (decompressed)", path);
+    uint8_t *head;
+    size_t head_size;
+    KILN_TRY(kiln_gunzip_memory(path, raw, raw_size, 4 + 4 * (size_t)ndim, 1, &head, &head_size));
+    kiln_status st = kiln_idx_header_parse(shown, head, head_size, ndim, &a, &total);
+    free(head);
+    KILN_TRY(st);
+    if ((uint64_t)total > gzip_max_decoded(raw_size)) {
+        char what[96], declared[32];
+        return KILN_RAISE(KILN_ERR_IO, "the file is truncated or its header is corrupt: download or copy it again",
+                          "%s: the header declares %s (%s), more than a gzip file of %zu bytes can hold "
+                          "(deflate expands at most 1032-fold)",
+                          shown, idx_describe(&a, what, sizeof what),
+                          kiln_format_bytes(total, declared, sizeof declared), raw_size);
+    }
+    *count = a.dims[0];
+    return KILN_OK;
+}
+
+/* Both files read (compressed), both headers checked against each other,
+ * and only then the data decoded: a mismatched pair or a gzip bomb costs
+ * the compressed bytes, not gigabytes of inflated data. */
 kiln_status kiln_idx_open(const char *images_path, const char *labels_path, int num_classes,
                           kiln_dataset **out) {
     *out = NULL;
     if (!images_path || !labels_path)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dataset_open_idx: a path is NULL");
     char images_name[4200], labels_name[4200];
-    uint8_t *images, *labels;
-    size_t images_size, labels_size;
-    KILN_TRY(kiln_idx_load_file(images_path, 3, &images, &images_size, images_name, sizeof images_name));
-    kiln_status st =
-        kiln_idx_load_file(labels_path, 1, &labels, &labels_size, labels_name, sizeof labels_name);
+    uint8_t *images_raw, *labels_raw, *images = NULL, *labels = NULL;
+    size_t images_raw_size, labels_raw_size, images_size = 0, labels_size = 0;
+    KILN_TRY(kiln_file_read_all(images_path, KILN_DATA_MAX_FILE_BYTES, &images_raw, &images_raw_size));
+    kiln_status st = kiln_file_read_all(labels_path, KILN_DATA_MAX_FILE_BYTES, &labels_raw, &labels_raw_size);
     if (st != KILN_OK) {
-        free(images);
+        free(images_raw);
         return st;
     }
+    int64_t n_images = 0, n_labels = 0;
+    st = idx_probe(images_path, images_raw, images_raw_size, 3, &n_images);
+    if (st == KILN_OK) st = idx_probe(labels_path, labels_raw, labels_raw_size, 1, &n_labels);
+    if (st == KILN_OK && n_images != n_labels)
+        st = KILN_RAISE(KILN_ERR_IO, "pass the labels file that belongs to these images",
+                        "image and label counts disagree: %s declares %lld images at offset 4, %s declares "
+                        "%lld labels at offset 4",
+                        images_path, (long long)n_images, labels_path, (long long)n_labels);
+    if (st != KILN_OK) {
+        free(images_raw);
+        free(labels_raw);
+        return st;
+    }
+    /* kiln_idx_decode takes over the raw buffers, on error too. */
+    st = kiln_idx_decode(images_path, images_raw, images_raw_size, 3, &images, &images_size, images_name,
+                         sizeof images_name);
+    if (st == KILN_OK)
+        st = kiln_idx_decode(labels_path, labels_raw, labels_raw_size, 1, &labels, &labels_size, labels_name,
+                             sizeof labels_name);
+    else
+        free(labels_raw);
     kiln_image_set set;
-    st = kiln_idx_build_memory(images_name, images, images_size, labels_name, labels, labels_size,
-                               num_classes, &set);
+    if (st == KILN_OK)
+        st = kiln_idx_build_memory(images_name, images, images_size, labels_name, labels, labels_size,
+                                   num_classes, &set);
     free(images);
     free(labels);
     KILN_TRY(st);

@@ -144,6 +144,25 @@ static void test_idx_gzip(void) {
     im[0] = 0;
     p = df_write_gz("inner-short.gz", im, 6);
     EXPECT_BAD(kiln_dataset_open_idx(p, good_labels, &bad_ds_), p, "(decompressed)", "truncated IDX header");
+    /* The headers are compared before any data inflates: a stream that
+     * holds 2000 images of 28x28 cut after 4 KiB fails on the counts (the
+     * labels file has 4), not on the cut, which inflating would reach first. */
+    size_t big_size;
+    uint8_t *big = df_idx_images(2000, 28, 28, &big_size);
+    p = df_write_gz("big.gz", big, big_size);
+    size_t big_gz_size;
+    uint8_t *big_gz = df_read(p, &big_gz_size);
+    CHECK(big_gz_size > 4096);
+    p = df_write("big-cut.gz", big_gz, 4096);
+    EXPECT_BAD(kiln_dataset_open_idx(p, good_labels, &bad_ds_), p, "counts disagree", "2000 images",
+               "4 labels");
+    /* A header that declares more than deflate can hold in the file's
+     * size is refused before inflating (a 20-byte stream, 1.5 MB declared). */
+    p = df_write_gz("big-head.gz", big, 16);
+    EXPECT_BAD(kiln_dataset_open_idx(p, good_labels, &bad_ds_), p, "(decompressed)", "2000 images of 28x28",
+               "more than a gzip file of", "1032-fold");
+    free(big_gz);
+    free(big);
     free(bomb);
     free(junk);
     free(g);
@@ -198,6 +217,13 @@ static void test_cifar_errors(void) {
     CHECK_FAILS(kiln_dataset_open_cifar(1, &good, 7, &ds), KILN_ERR_INVALID_ARGUMENT, "num_classes 7");
     CHECK_FAILS(kiln_dataset_open_cifar(0, &good, 10, &ds), KILN_ERR_INVALID_ARGUMENT, "0 paths");
     free(c);
+    /* A gzip bomb of 60001 zero records (184 MB in 180 KB): inflating stops
+     * at 60000 records, the most a batch file may hold. */
+    size_t bomb_size = (size_t)60001 * 3073;
+    uint8_t *bomb = calloc(bomb_size, 1);
+    p = df_write_gz("bomb.bin.gz", bomb, bomb_size);
+    free(bomb);
+    EXPECT_BAD(kiln_dataset_open_cifar(1, &p, 10, &bad_ds_), p, "decompresses to more than", "184380000 bytes");
 }
 
 int main(void) {
