@@ -362,10 +362,13 @@ kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const c
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass 0 for no limit",
                           "%s: the budget's max_parameters (%lld) or max_activation (%lld) is negative", name,
                           (long long)budget->max_parameters, (long long)budget->max_activation);
-    if (channels < 1 || height < 1 || width < 1)
+    /* Bounded like every number in a spec (2^30), so the shape arithmetic
+     * below (h + 2 * pad - k, c * h * w saturating) cannot overflow. */
+    if (channels < 1 || height < 1 || width < 1 || channels > (1LL << 30) || height > (1LL << 30) ||
+        width > (1LL << 30))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give the dataset's sample shape",
-                          "%s: input shape (%lld, %lld, %lld) must be positive", name, (long long)channels,
-                          (long long)height, (long long)width);
+                          "%s: input shape (%lld, %lld, %lld): each size must be 1..%lld", name,
+                          (long long)channels, (long long)height, (long long)width, 1LL << 30);
     spec_parser *p = KILN_CALLOC(1, sizeof *p);
     if (!p) return KILN_ERR_OUT_OF_MEMORY;
     p->name = name;

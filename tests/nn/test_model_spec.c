@@ -193,6 +193,15 @@ static void test_parameter_limit(void) {
     b = (kiln_model_spec_budget){.max_activation = -1};
     CHECK_FAILS(kiln_model_spec_parse_limited(res, sizeof res - 1, "res.txt", 8, 4, 4, &b, &m),
                 KILN_ERR_INVALID_ARGUMENT, "max_activation (-1) is negative");
+    /* An input shape from a damaged checkpoint: refused, not overflowed in
+     * the window arithmetic (UBSan saw h + 2 * pad - k overflow here). */
+    const char conv[] = "conv 4 k3 p1\n";
+    CHECK_FAILS(kiln_model_spec_parse_limited(conv, sizeof conv - 1, "conv.txt", 1, INT64_MAX, 28, NULL, &m),
+                KILN_ERR_INVALID_ARGUMENT, "each size must be 1..1073741824");
+    CHECK_FAILS(kiln_model_spec_parse_limited(conv, sizeof conv - 1, "conv.txt", 1, 28, (1LL << 30) + 1, NULL, &m),
+                KILN_ERR_INVALID_ARGUMENT, "conv.txt: input shape (1, 28, 1073741825)");
+    CHECK_OK(kiln_model_spec_parse_limited(conv, sizeof conv - 1, "conv.txt", 1, 28, 28, NULL, &m));
+    kiln_module_free(m);
 }
 
 int main(void) {
