@@ -11,3 +11,10 @@ for d in release asan; do
     ctest --test-dir "$top/build-ci/$d" -L slow --output-on-failure --timeout 1800 || exit 1
   fi
 done
+# Long fuzzing: every parser's target for 10^7 executions (KILN_FUZZ_RUNS)
+# with its dictionary, the inputs that add coverage merged back into
+# tests/fuzz/corpus/ (commit them: the corpus grows in the repository).
+if [ "${KILN_SKIP_LONG_FUZZ:-0}" != 1 ]; then
+  echo "=== long fuzzing: ${KILN_FUZZ_RUNS:-10000000} executions per target"
+  KILN_FUZZ_RUNS=${KILN_FUZZ_RUNS:-10000000} KILN_FUZZ_MERGE=1 "$top/scripts/test.sh" fuzz || exit 1
+fi

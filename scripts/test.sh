@@ -169,7 +169,10 @@ tier_fuzz() {
   # The library and the fuzz targets only: libFuzzer brings its own main.
   CC="$clang" configure_build "$d" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_SANITIZE=fuzzer \
     -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_TOOLS=OFF -DKILN_WITH_CUDA=OFF -DKILN_WERROR=ON || return 1
-  local targets=0 secs=${KILN_FUZZ_SECONDS:-60} f name work
+  # KILN_FUZZ_RUNS=N (scripts/full-check.sh: 10^7) runs each target N
+  # executions instead of KILN_FUZZ_SECONDS, and KILN_FUZZ_MERGE=1 merges
+  # the inputs that add coverage back into tests/fuzz/corpus/NAME.
+  local targets=0 secs=${KILN_FUZZ_SECONDS:-60} f name work budget dict
   for f in "$d"/tests/fuzz/fuzz_*; do
     [ -x "$f" ] || continue
     targets=$((targets + 1))
@@ -178,11 +181,19 @@ tier_fuzz() {
     work="$d/corpus-$name"
     rm -rf "$work" && mkdir -p "$work"
     cp "$top/tests/fuzz/corpus/$name"/* "$work/"
-    echo "tier fuzz: $name for ${secs}s"
+    budget=(-max_total_time="$secs")
+    [ -z "${KILN_FUZZ_RUNS:-}" ] || budget=(-runs="$KILN_FUZZ_RUNS")
+    # The grammar's tokens (tests/fuzz/dict/), where the target has them.
+    dict=()
+    [ ! -f "$top/tests/fuzz/dict/$name.dict" ] || dict=(-dict="$top/tests/fuzz/dict/$name.dict")
+    echo "tier fuzz: $name for ${budget[*]#-} ${dict[*]:+with its dictionary}"
     # A crash, a sanitizer report or a leak exits non-zero and leaves the
     # input as crash-*/leak-* in $d for reproduction.
-    (cd "$d" && "$f" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    (cd "$d" && "$f" "${budget[@]}" "${dict[@]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
       "$work" 2>&1 | tail -n 25) || { echo "0 1 0" >>"$counts_file"; return 1; }
+    if [ "${KILN_FUZZ_MERGE:-0}" = 1 ]; then
+      (cd "$d" && "$f" -merge=1 "${dict[@]}" "$top/tests/fuzz/corpus/$name" "$work" 2>&1 | tail -n 2) || return 1
+    fi
     echo "1 0 0" >>"$counts_file"
   done
   [ "$targets" -gt 0 ] || { echo "tier fuzz: no fuzz target was built"; return 1; }
