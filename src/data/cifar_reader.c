@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/error.h"
 #include "data/readers.h"
 
@@ -93,7 +94,7 @@ static void cifar_copy(const uint8_t *bytes, int64_t count, int num_classes, uin
 /* One allocation for `count` samples: images, then labels. */
 static kiln_status cifar_set_alloc(int64_t count, int num_classes, kiln_image_set *out) {
     size_t n = (size_t)count, bytes;
-    if (__builtin_mul_overflow(n, (size_t)KILN_CIFAR_IMAGE_BYTES + 1, &bytes))
+    if (!kiln_checked_mul_size(n, (size_t)KILN_CIFAR_IMAGE_BYTES + 1, &bytes))
         return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "CIFAR: %lld records do not fit in memory",
                           (long long)count);
     uint8_t *buffer = KILN_MALLOC(bytes);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/error.h"
 #include "data/readers.h"
 #include "tensor/scope.h"
@@ -22,9 +23,9 @@ size_t kiln_sample_bytes(kiln_sample_info info) {
     if (info.channels <= 0 || info.height <= 0 || info.width <= 0 || (unsigned)info.dtype >= KILN_DTYPE_COUNT)
         return 0;
     size_t n;
-    if (__builtin_mul_overflow((size_t)info.channels, (size_t)info.height, &n) ||
-        __builtin_mul_overflow(n, (size_t)info.width, &n) ||
-        __builtin_mul_overflow(n, kiln_dtype_size(info.dtype), &n))
+    if (!kiln_checked_mul_size((size_t)info.channels, (size_t)info.height, &n) ||
+        !kiln_checked_mul_size(n, (size_t)info.width, &n) ||
+        !kiln_checked_mul_size(n, kiln_dtype_size(info.dtype), &n))
         return 0;
     return n;
 }

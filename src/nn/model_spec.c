@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/error.h"
 #include "kiln/nn.h"
 
@@ -90,9 +91,9 @@ static bool parse_int(const char *s, const char *prefix, int64_t min, int64_t *o
     return true;
 }
 
-/* a * b, or INT64_MAX where it would not fit (both are >= 0). */
-static int64_t sat_mul(int64_t a, int64_t b) { return a && b > INT64_MAX / a ? INT64_MAX : a * b; }
-static int64_t sat_add(int64_t a, int64_t b) { return b > INT64_MAX - a ? INT64_MAX : a + b; }
+/* a * b and a + b, or INT64_MAX where they would not fit (src/base/checked.h). */
+#define sat_mul kiln_sat_mul_i64
+#define sat_add kiln_sat_add_i64
 
 /* The layer on this line adds n parameters: refused, before anything of it
  * is allocated, where that takes the model past the caller's limit. */
