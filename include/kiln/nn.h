@@ -306,4 +306,10 @@ kiln_status kiln_model_spec_load(const char *path, int64_t channels, int64_t hei
 #ifdef __cplusplus
 }
 #endif
+
+/* The forward records the caller's line (kiln/ops.h's call-site macros),
+ * so the ops a module runs, and the ops around it, name the user's line. */
+#if !defined(KILN_NO_SITE_MACROS)
+#define kiln_module_forward(...) KILN_SITE_CALL(kiln_module_forward, __VA_ARGS__)
+#endif
 #endif /* KILN_NN_H */

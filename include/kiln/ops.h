@@ -170,12 +170,13 @@ kiln_tensor *kiln_mul_(kiln_tensor *a, kiln_tensor *b);
 }
 #endif
 
-/* Call-site capture. A function-like macro naming itself is not expanded
- * again inside its own expansion, so each macro calls the real function
- * after recording the site. Define KILN_NO_SITE_MACROS to turn them off
- * (the library's own sources do, and define functions as `(kiln_add)`). */
+/* Call-site capture (kiln_site_mark in kiln/tensor.h). A function-like
+ * macro naming itself is not expanded again inside its own expansion, so
+ * each macro calls the real function between recording the site and
+ * closing it. Define KILN_NO_SITE_MACROS to turn them off (the library's
+ * own sources do, and define functions as `(kiln_add)`). */
 #if !defined(KILN_NO_SITE_MACROS)
-#define KILN_SITE_CALL(fn, ...) (kiln_site_mark(__FILE__, __LINE__), fn(__VA_ARGS__))
+#define KILN_SITE_CALL(fn, ...) (kiln_site_mark(__FILE__, __LINE__), kiln_site_done(fn(__VA_ARGS__)))
 #define kiln_add(...) KILN_SITE_CALL(kiln_add, __VA_ARGS__)
 #define kiln_sub(...) KILN_SITE_CALL(kiln_sub, __VA_ARGS__)
 #define kiln_mul(...) KILN_SITE_CALL(kiln_mul, __VA_ARGS__)

@@ -113,11 +113,19 @@ kiln_tensor *kiln_new_full(const kiln_tensor *like, kiln_shape shape, double val
 /* Seed every device's generator (per-device streams are split from it). */
 void kiln_manual_seed(uint64_t seed);
 
-/* Record the caller's file:line for the next outermost public call on this
- * thread (ignored inside the library, so nested calls keep the user's
- * site). The public headers' op macros call it; autograd nodes store the
- * site so diagnostics can name the user's line. */
+/* Call sites. kiln_site_mark records the caller's file:line for the public
+ * call it brackets, kiln_site_done (given that call's result, returned as
+ * is) ends the bracket: the public headers' macros expand `kiln_add(a, b)`
+ * to `(kiln_site_mark(__FILE__, __LINE__), kiln_site_done(kiln_add(a, b)))`.
+ * An outermost public call on this thread takes the innermost bracket still
+ * open as its site, so in `kiln_sum(kiln_module_forward(m, x), ...)` each
+ * call gets its own line, and a call without a macro inside another's
+ * arguments gets the enclosing call's line. Both are ignored inside the
+ * library (a user's callback run by it keeps the user's outer site).
+ * Autograd nodes, the memory history and anomaly reports store the site so
+ * diagnostics can name the user's line. Neither call blocks or fails. */
 void kiln_site_mark(const char *file, int line);
+kiln_tensor *kiln_site_done(kiln_tensor *result);
 
 /* ---- References ---------------------------------------------------------------- */
 

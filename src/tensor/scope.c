@@ -21,10 +21,15 @@ static _Thread_local int api_depth;
 static _Thread_local scope *stack; /* stack[0] is the outermost scope */
 static _Thread_local int stack_depth, stack_capacity;
 
-/* Call sites. The public headers' macros mark a site just before their
- * function's arguments are evaluated, so in `kiln_sum(kiln_mul(a, b))` the
- * marks arrive as sum, mul and the calls as mul, sum: a stack pairs them.
- * Each outermost call (depth 0 -> 1) pops the newest mark as its site. */
+/* Call sites. The public headers' macros bracket each call: a mark just
+ * before the function's arguments are evaluated, kiln_site_done just after
+ * the function returns. So in `kiln_sum(kiln_mul(a, b))` the marks arrive
+ * as sum, mul and mul's is gone again before sum is entered: the newest
+ * mark is always the innermost macro call still running. An outermost
+ * call (depth 0 -> 1) reads it without taking it, so a call without a
+ * macro (kiln_module_forward through a function pointer, a tensor-layer
+ * function) inside a macro call's arguments is given that call's line and
+ * leaves the mark to its owner. */
 #define SITE_STACK 32
 static _Thread_local struct {
     const char *file;
@@ -34,13 +39,18 @@ static _Thread_local int site_count;
 
 void kiln_site_mark(const char *file, int line) {
     if (api_depth > 0) return; /* inside the library: keep the user's site */
-    if (site_count == SITE_STACK) { /* marks of calls that never entered: drop the oldest */
+    if (site_count == SITE_STACK) { /* deeper than the stack, or marks never done: drop the oldest */
         memmove(site_stack, site_stack + 1, sizeof site_stack[0] * (SITE_STACK - 1));
         site_count--;
     }
     site_stack[site_count].file = file;
     site_stack[site_count].line = line;
     site_count++;
+}
+
+kiln_tensor *kiln_site_done(kiln_tensor *result) {
+    if (api_depth == 0 && site_count > 0) site_count--;
+    return result;
 }
 
 const char *kiln_site_get(int *line) {
@@ -50,7 +60,7 @@ const char *kiln_site_get(int *line) {
 
 void kiln_api_enter(void) {
     if (api_depth++ > 0) return;
-    if (site_count > 0) site_current = site_stack[--site_count];
+    if (site_count > 0) site_current = site_stack[site_count - 1];
     else site_current.file = NULL;
 }
 
