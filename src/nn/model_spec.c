@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/checked.h"
 #include "base/error.h"
@@ -383,6 +384,13 @@ kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const c
         const char *nl = memchr(text + pos, '\n', size - pos);
         size_t len = nl ? (size_t)(nl - (text + pos)) : size - pos;
         p->line++;
+        /* A NUL would end the line's text early and drop the rest unseen. */
+        const char *nul = memchr(text + pos, '\0', len);
+        if (nul) {
+            st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "a model spec is text: is this the right file?",
+                            "%s:%d: a NUL byte at column %zu", name, p->line, (size_t)(nul - (text + pos)) + 1);
+            break;
+        }
         st = parse_line(p, text + pos, len);
         pos += len + 1;
     }
@@ -418,7 +426,22 @@ kiln_status kiln_model_spec_load(const char *path, int64_t channels, int64_t hei
     if (!f)
         return KILN_RAISE(KILN_ERR_IO, "check the path (models/ ships the standard specs)", "cannot open model spec %s: %s",
                           path, strerror(errno));
+    /* The type and size from the open file before a byte is read: a
+     * directory, a FIFO or /dev/zero is refused, not read until it ends. */
+    struct stat sb = {0};
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return KILN_RAISE(KILN_ERR_IO, "pass a model spec file (models/ ships the standard specs)",
+                          "model spec %s is %s, not a regular file", path,
+                          S_ISDIR(sb.st_mode) ? "a directory" : "a device, pipe or socket");
+    }
     enum { SPEC_FILE_MAX = 1 << 20 };
+    if (sb.st_size > SPEC_FILE_MAX) {
+        fclose(f);
+        return KILN_RAISE(KILN_ERR_IO, "a spec is one layer a line: is this the right file?",
+                          "model spec %s is %lld bytes, more than the 1 MiB (%d bytes) a spec may hold", path,
+                          (long long)sb.st_size, SPEC_FILE_MAX);
+    }
     char *buf = KILN_MALLOC(SPEC_FILE_MAX + 1);
     if (!buf) {
         fclose(f);
@@ -429,7 +452,9 @@ kiln_status kiln_model_spec_load(const char *path, int64_t channels, int64_t hei
     fclose(f);
     kiln_status st;
     if (bad) st = KILN_RAISE(KILN_ERR_IO, NULL, "cannot read model spec %s", path);
-    else if (n > SPEC_FILE_MAX) st = KILN_RAISE(KILN_ERR_IO, NULL, "model spec %s is larger than 1 MiB", path);
+    else if (n > SPEC_FILE_MAX)
+        st = KILN_RAISE(KILN_ERR_IO, NULL, "model spec %s grew past 1 MiB (%d bytes) while it was read", path,
+                        SPEC_FILE_MAX);
     else st = kiln_model_spec_parse_n(buf, n, path, channels, height, width, out);
     free(buf);
     return st;

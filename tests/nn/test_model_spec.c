@@ -4,6 +4,8 @@
  * bad arguments, shape mismatches and unbalanced residual blocks give
  * errors with file:line; a parameter budget refuses the layer that
  * crosses it, counted exactly as kiln_module_num_parameters counts. */
+#include <unistd.h>
+
 #include "test_util.h"
 
 static kiln_module *load(const char *file, int64_t c, int64_t h, int64_t w) {
@@ -202,6 +204,30 @@ static void test_parameter_limit(void) {
                 KILN_ERR_INVALID_ARGUMENT, "conv.txt: input shape (1, 28, 1073741825)");
     CHECK_OK(kiln_model_spec_parse_limited(conv, sizeof conv - 1, "conv.txt", 1, 28, 28, NULL, &m));
     kiln_module_free(m);
+    m = NULL;
+    /* A NUL byte is an error at its line and column, not the spec's end. */
+    const char nul[] = "conv 4 k3 p1\nrelu\0linear 10\n";
+    CHECK_FAILS(kiln_model_spec_parse_limited(nul, sizeof nul - 1, "nul.txt", 1, 28, 28, NULL, &m),
+                KILN_ERR_INVALID_ARGUMENT, "nul.txt:2: a NUL byte at column 5");
+}
+
+/* kiln_model_spec_load looks at what the path is before reading it. */
+static void test_load_files(void) {
+    kiln_module *m = NULL;
+    CHECK_FAILS(kiln_model_spec_load("/tmp", 1, 28, 28, &m), KILN_ERR_IO, "model spec /tmp is a directory");
+    CHECK_FAILS(kiln_model_spec_load("/dev/zero", 1, 28, 28, &m), KILN_ERR_IO, "not a regular file");
+    char path[] = "/tmp/kiln_spec_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    /* 1.5 MiB of comments: over the 1 MiB limit the message states. */
+    static char big[3 << 19];
+    memset(big, '#', sizeof big);
+    CHECK(write(fd, big, sizeof big) == (ssize_t)sizeof big);
+    close(fd);
+    CHECK_FAILS(kiln_model_spec_load(path, 1, 28, 28, &m), KILN_ERR_IO, "is 1572864 bytes, more than the 1 MiB");
+    unlink(path);
+    CHECK(m == NULL);
 }
 
 int main(void) {
@@ -210,6 +236,7 @@ int main(void) {
     test_errors();
     test_residual_shortcuts();
     test_parameter_limit();
+    test_load_files();
     kiln_shutdown();
     return kt_finish();
 }
