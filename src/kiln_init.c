@@ -83,6 +83,7 @@ kiln_status kiln_init(void) {
         kiln_anomaly_init();
         kiln_memory_context_register();
         if (!st) st = kiln_runtime_init();
+        if (!st) st = kiln_threads_init();
         initialised = st == KILN_OK;
     }
     pthread_mutex_unlock(&init_mutex);

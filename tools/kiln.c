@@ -61,6 +61,32 @@ static int cmd_info(void) {
            (runtime % 1000) / 10);
 #endif
     print_device(KILN_META);
+    printf("threads: %d compute, %d loader worker%s on auto (--threads N, KILN_NUM_THREADS)\n", kiln_num_threads(),
+           kiln_num_loader_workers(), kiln_num_loader_workers() == 1 ? "" : "s");
+    return 0;
+}
+
+/* --threads N, taken out of argv (any position after the command) and
+ * applied before the command runs: the one flag every command that
+ * computes shares. 0 applied or absent, 2 a usage error (printed). */
+static int take_threads_flag(const char *cmd, int *argc, char **argv) {
+    for (int i = 2; i < *argc; i++) {
+        if (strcmp(argv[i], "--threads") != 0) continue;
+        int n = 0;
+        if (i + 1 >= *argc) {
+            fprintf(stderr, "kiln %s: --threads needs a value (a whole number from 1 to %d)\n", cmd,
+                    KILN_MAX_THREADS);
+            return 2;
+        }
+        if (kiln_num_threads_parse(argv[i + 1], "--threads", &n) != KILN_OK || kiln_set_num_threads(n) != KILN_OK) {
+            const kiln_error *e = kiln_error_last();
+            fprintf(stderr, "kiln %s: %s (%s)\n", cmd, e->message, e->hint);
+            return 2;
+        }
+        for (int k = i; k + 2 <= *argc; k++) argv[k] = argv[k + 2];
+        *argc -= 2;
+        i--;
+    }
     return 0;
 }
 
@@ -97,7 +123,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kiln COMMAND [args]\n"
             "commands:\n"
-            "  info            version, build options, devices with memory\n"
+            "  info            version, build options, devices with memory, threads\n"
             "  train [opts]    train a model spec on Fashion-MNIST (kiln train --help)\n"
             "  eval --checkpoint FILE   test accuracy and loss of a checkpoint (kiln eval --help)\n"
             "  export --checkpoint FILE --out DIR   weights + model spec for inference\n"
@@ -107,7 +133,9 @@ static void usage(FILE *f) {
             "  memory [DEVICE] allocator statistics of DEVICE (default cpu)\n"
             "  report RUN_DIR  RUN_DIR/report.html: plots of a run's metrics and memory (kiln report --help)\n"
             "  version         print the version\n"
-            "  help            this text\n");
+            "  help            this text\n"
+            "info, train, eval and bench take --threads N: the CPU compute threads (default: KILN_NUM_THREADS,\n"
+            "else OMP_NUM_THREADS, else every core; docs/training.md)\n");
 }
 
 int main(int argc, char **argv) {
@@ -125,7 +153,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (kiln_init() != KILN_OK) return fail("init");
-    int rc;
+    int rc = 0;
+    if (!strcmp(cmd, "info") || !strcmp(cmd, "train") || !strcmp(cmd, "eval") || !strcmp(cmd, "bench"))
+        rc = take_threads_flag(cmd, &argc, argv);
+    if (rc) {
+        kiln_shutdown();
+        return rc;
+    }
     if (strcmp(cmd, "info") == 0) rc = cmd_info();
     else if (strcmp(cmd, "train") == 0) rc = kiln_cmd_train(argc - 2, argv + 2);
     else if (strcmp(cmd, "eval") == 0) rc = kiln_cmd_eval(argc - 2, argv + 2);

@@ -174,7 +174,7 @@ typedef struct kiln_loader_opts {
     uint64_t seed;        /* shuffling and random transforms */
     bool drop_last;       /* drop a last batch smaller than batch_size */
     int num_workers;      /* 0: batches are made in kiln_loader_next; < 0: auto
-                           * (max(1, cores - 1) on a CPU device, reported) */
+                           * (kiln_num_loader_workers(), reported) */
     int prefetch_factor;  /* batches in flight per worker; 0 means 2 */
     bool pin_memory;      /* assemble batches in pinned host memory */
     kiln_device device;   /* where batches are consumed; CPU: they stay on the host */

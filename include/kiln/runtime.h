@@ -58,6 +58,29 @@ kiln_device kiln_default_device(void);
 kiln_status kiln_device_synchronize(kiln_device device);
 bool kiln_device_equal(kiln_device a, kiln_device b);
 
+/* ---- Threads ------------------------------------------------------------- */
+
+#define KILN_MAX_THREADS 1024
+
+/* The threads CPU compute runs on: OpenMP's pool, which the fast CPU
+ * kernels, oneDNN and OpenBLAS share. kiln_init sets it from
+ * KILN_NUM_THREADS, else OMP_NUM_THREADS when set, else the online cores
+ * (docs/training.md, "Threads"). Call from the main thread between ops: it
+ * resizes the pool for the OpenMP regions this thread starts next.
+ * KILN_ERR_INVALID_ARGUMENT outside 1..KILN_MAX_THREADS. */
+kiln_status kiln_set_num_threads(int n);
+/* The compute threads in force. */
+int kiln_num_threads(void);
+/* The workers a loader with num_workers < 0 (auto) starts: the online
+ * cores the compute threads leave, which is 0 when they take every core
+ * (batches are then made on the consumer's thread). */
+int kiln_num_loader_workers(void);
+/* Parse a thread count given by the user: `text` must be a whole number in
+ * 1..KILN_MAX_THREADS, else KILN_ERR_INVALID_ARGUMENT with a message naming
+ * `what` (the flag or variable, "--threads") and the text. `out` may be
+ * NULL (validate only). */
+kiln_status kiln_num_threads_parse(const char *text, const char *what, int *out);
+
 /* ---- Streams ------------------------------------------------------------- */
 
 /* A queue of work on one device, run in submission order. The CPU backend
@@ -145,6 +168,20 @@ kiln_status kiln_pinned_alloc(size_t bytes, void **ptr);
 kiln_status kiln_pinned_free(void *ptr);
 /* True when `ptr` points into a live pinned block. */
 bool kiln_is_pinned_ptr(const void *ptr);
+
+/* Fault injection, for proving error paths: every allocation through
+ * kiln_memory_alloc and kiln_pinned_alloc (tensor storage on every device,
+ * workspaces, pinned staging buffers) is counted, and once armed with
+ * kiln_memory_fail_nth(n) the n-th of them from that call on (0 is the
+ * next one) fails with KILN_ERR_OUT_OF_MEMORY and a message saying it was
+ * injected; one failure, then allocation works again. n < 0 disarms.
+ * kiln_memory_alloc_count is the number of allocations attempted since the
+ * last kiln_memory_fail_nth (or since start-up), so a caller can count a
+ * step's allocations with n = -1 and then walk n over them. Process-wide,
+ * thread-safe; the environment variable KILN_FAIL_ALLOC=N arms it at
+ * kiln_init. Does not block. */
+void kiln_memory_fail_nth(int64_t n);
+int64_t kiln_memory_alloc_count(void);
 
 /* One statistic, as PyTorch keeps it: current value, peak since the last
  * peak reset, total added and total removed since the last accumulated

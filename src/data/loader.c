@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "data/loader_internal.h"
 #include "tensor/scope.h"
@@ -76,12 +77,6 @@ struct kiln_loader {
     double epoch_start, wait_s;
     int64_t delivered;
 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 kiln_loader_opts kiln_loader_opts_default(void) {
     kiln_loader_opts o;
@@ -253,20 +248,23 @@ static kiln_status check_opts(const kiln_loader_opts *o, kiln_sample_info info) 
     return kiln_transform_check(&o->transforms, info);
 }
 
+/* Auto is kiln_num_loader_workers: the cores the compute threads leave
+ * (src/runtime/threads.c decides both). */
 static int resolve_workers(const kiln_loader_opts *o) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
+    int threads = kiln_num_threads();
     if (o->num_workers >= 0) {
-        if (o->device.type == KILN_DEVICE_CPU && o->num_workers + 1 > cores)
+        if (o->device.type == KILN_DEVICE_CPU && o->num_workers > 0 && o->num_workers + threads > cores)
             kiln_log_write(KILN_LOG_INFO,
-                           "kiln_loader: %d workers + 1 compute thread on %ld cores: they will share cores",
-                           o->num_workers, cores);
+                           "kiln_loader: %d workers + %d compute threads on %ld cores: they will share cores",
+                           o->num_workers, threads, cores);
         return o->num_workers;
     }
-    int n = cores - 1 > 1 ? (int)(cores - 1) : 1;
+    int n = kiln_num_loader_workers();
     kiln_log_write(KILN_LOG_INFO,
-                   "kiln_loader: num_workers auto: %d worker%s for %ld cores (one left for compute)", n,
-                   n == 1 ? "" : "s", cores);
+                   "kiln_loader: num_workers auto: %d worker%s beside %d compute thread%s on %ld cores", n,
+                   n == 1 ? "" : "s", threads, threads == 1 ? "" : "s", cores);
     return n;
 }
 
@@ -452,7 +450,7 @@ kiln_status kiln_loader_epoch_begin(kiln_loader *l, int64_t epoch) {
     l->active = true;
     pthread_cond_broadcast(&l->work_cv);
     pthread_mutex_unlock(&l->mu);
-    l->epoch_start = now_s();
+    l->epoch_start = kiln_clock_now_s();
     l->wait_s = 0;
     l->delivered = 0;
     return KILN_OK;
@@ -599,11 +597,11 @@ kiln_status kiln_loader_next(kiln_loader *l, kiln_tensor **x, kiln_tensor **y) {
     if (l->generation == 0)
         return KILN_RAISE(KILN_ERR_STATE, "call kiln_loader_epoch_begin first",
                           "kiln_loader_next: no epoch has begun");
-    double t0 = now_s();
+    double t0 = kiln_clock_now_s();
     kiln_api_enter(); /* library calls below must not register with the caller's scope */
     kiln_tensor *bx = NULL, *by = NULL;
     kiln_status st = next_impl(l, &bx, &by);
-    l->wait_s += now_s() - t0;
+    l->wait_s += kiln_clock_now_s() - t0;
     if (st || !bx) {
         kiln_api_leave();
         return st;
@@ -631,7 +629,7 @@ kiln_status kiln_loader_stats_get(const kiln_loader *l, kiln_loader_stats *out) 
     out->batches = l->delivered;
     out->batches_per_epoch = l->num_batches;
     out->wait_s = l->wait_s;
-    out->elapsed_s = l->epoch_start > 0 ? now_s() - l->epoch_start : 0;
+    out->elapsed_s = l->epoch_start > 0 ? kiln_clock_now_s() - l->epoch_start : 0;
     out->batches_per_s = out->elapsed_s > 0 ? (double)l->delivered / out->elapsed_s : 0;
     out->num_workers = l->num_workers;
     out->on_device = l->ondev != NULL;

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "kiln/diag.h"
 
@@ -82,12 +83,6 @@ static void fill_name(int pid, char *name, size_t size) {
     name[strcspn(name, "\n")] = '\0';
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 kiln_status kiln_host_processes_sample(kiln_host_process *out, int max, int interval_ms, int *count) {
     if (count) *count = 0;
     if (!out || !count || max < 1 || interval_ms < 0)
@@ -114,13 +109,13 @@ kiln_status kiln_host_processes_sample(kiln_host_process *out, int max, int inte
     }
     closedir(dir);
     for (int i = 0; i < n; i++) cpu_ticks(out[i].pid, &t0[i]);
-    double start = now_seconds();
+    double start = kiln_clock_now_s();
     if (interval_ms > 0) {
         struct timespec ts = {interval_ms / 1000, (long)(interval_ms % 1000) * 1000000L};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }
     }
-    double elapsed = now_seconds() - start;
+    double elapsed = kiln_clock_now_s() - start;
     double hz = (double)sysconf(_SC_CLK_TCK);
     int kept = 0;
     for (int i = 0; i < n; i++) {

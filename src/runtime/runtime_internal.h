@@ -38,6 +38,8 @@ void kiln_streams_shutdown(void);
 
 /* Called by kiln_init / kiln_shutdown. */
 kiln_status kiln_runtime_init(void);
+/* KILN_NUM_THREADS into the OpenMP pool (threads.c); called by kiln_init. */
+kiln_status kiln_threads_init(void);
 void kiln_runtime_shutdown(void);
 
 #endif
