@@ -124,11 +124,6 @@ static double replay_malloc(const bench_trace *t, void **live) {
     return (now_ns() - t0) / (double)t->n_pairs;
 }
 
-static int cmp_double(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
 static int bench_usage(void) {
     fprintf(stderr, "usage: kiln bench alloc [--steps N] [--tensors N] [--repeats N] [--seed N]\n"
                     "  steps: forward/backward passes per repeat (default 50)\n"
@@ -177,8 +172,8 @@ int kiln_bench_alloc(int argc, char **argv) {
         if ((caching[r] = replay_caching(a, &t, live)) < 0) goto failed;
     for (int r = 0; r < repeats; r++)
         if ((plain[r] = replay_malloc(&t, live)) < 0) goto failed;
-    qsort(caching, (size_t)repeats, sizeof *caching, cmp_double);
-    qsort(plain, (size_t)repeats, sizeof *plain, cmp_double);
+    qsort(caching, (size_t)repeats, sizeof *caching, tool_cmp_double);
+    qsort(plain, (size_t)repeats, sizeof *plain, tool_cmp_double);
     double c_med = caching[repeats / 2], p_med = plain[repeats / 2];
     kiln_memory_stats st;
     kiln_caching_allocator_stats(a, &st);
@@ -192,10 +187,10 @@ int kiln_bench_alloc(int argc, char **argv) {
            "allocations\n",
            c_med / p_med, (double)st.reserved_bytes[KILN_POOL_ALL].peak / 1048576.0,
            (double)st.allocated_bytes[KILN_POOL_ALL].peak / 1048576.0, (long long)st.num_device_alloc);
-    printf("{\"bench\":\"alloc\",\"caching_ns_median\":%.1f,\"malloc_ns_median\":%.1f,\"ratio\":%.3f,"
+    printf("{\"bench\":\"alloc\",\"threads\":%d,\"caching_ns_median\":%.1f,\"malloc_ns_median\":%.1f,\"ratio\":%.3f,"
            "\"caching_ns_min\":%.1f,\"malloc_ns_min\":%.1f,\"pairs\":%zu,\"repeats\":%d,\"steps\":%d,"
            "\"tensors\":%d,\"reserved_peak_bytes\":%lld,\"allocated_peak_bytes\":%lld,"
-           "\"device_allocs\":%lld}\n",
+           "\"device_allocs\":%lld}\n", kiln_num_threads(),
            c_med, p_med, c_med / p_med, caching[0], plain[0], t.n_pairs, repeats, steps, tensors,
            (long long)st.reserved_bytes[KILN_POOL_ALL].peak,
            (long long)st.allocated_bytes[KILN_POOL_ALL].peak, (long long)st.num_device_alloc);

@@ -1,8 +1,11 @@
 /* Benchmarks run by `kiln bench NAME`. Each prints a human table, then one
- * last stdout line holding a JSON object with the figures. */
+ * last stdout line holding a JSON object with the figures, which starts
+ * with the benchmark's name and Kiln's compute threads:
+ * {"bench":"NAME","threads":N,...}. Clock and medians: tools/timing.h. */
 #ifndef KILN_BENCH_BENCH_H
 #define KILN_BENCH_BENCH_H
 
+#include "../tools/timing.h"
 #include "kiln/kiln.h"
 
 int kiln_bench_alloc(int argc, char **argv);

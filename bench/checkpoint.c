@@ -36,22 +36,6 @@
 #define MAX_CONFIGS 16
 #define MAX_STEPS 64
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* "segments 3: layers [0, 3) [3, 4) [4, 9), nested: 3" */
 static void print_plan(kiln_module *m, int asked) {
     int start[64], n = kiln_module_num_children(m);
@@ -75,7 +59,7 @@ static int fail(const char *what) {
 static kiln_status step(kiln_module *m, kiln_optimizer *opt, kiln_tensor *x, kiln_tensor *y, kiln_device dev,
                         int64_t grad_bytes, const char *snapshot, double *secs, int64_t *act) {
     if (snapshot && kiln_memory_record_history(dev, true, 0) != KILN_OK) return kiln_error_last()->status;
-    double t0 = now_s();
+    double t0 = tool_now_s();
     kiln_status st = kiln_optimizer_zero_grad(opt, true);
     kiln_memory_stats s0, s1;
     if (!st) st = kiln_device_synchronize(dev);
@@ -89,7 +73,7 @@ static kiln_status step(kiln_module *m, kiln_optimizer *opt, kiln_tensor *x, kil
     kiln_scope_end();
     if (!st) st = kiln_optimizer_step(opt);
     if (!st) st = kiln_device_synchronize(dev);
-    *secs = now_s() - t0;
+    *secs = tool_now_s() - t0;
     if (!st) st = kiln_memory_stats_get(dev, &s1);
     if (snapshot) {
         if (!st) st = kiln_memory_snapshot(dev, snapshot);
@@ -186,15 +170,15 @@ int kiln_bench_checkpoint(int argc, char **argv) {
     for (int k = 0; k < n_cfg; k++) {
         double lo = secs[k][0], hi = secs[k][0];
         for (int i = 1; i < steps; i++) lo = secs[k][i] < lo ? secs[k][i] : lo, hi = secs[k][i] > hi ? secs[k][i] : hi;
-        t_med[k] = median(secs[k], steps);
-        a_med[k] = median(act[k], steps);
+        t_med[k] = tool_median(secs[k], steps);
+        a_med[k] = tool_median(act[k], steps);
         char name[16];
         if (segs[k]) snprintf(name, sizeof name, "%d", segs[k]);
         else snprintf(name, sizeof name, "none");
         printf("%-10s %16.1f %9.1f%% %12.3f %9.1f%%   [%.3f-%.3f s]\n", name, a_med[k] / 1048576.0,
                100.0 * (1.0 - a_med[k] / a_med[0]), t_med[k], 100.0 * (t_med[k] / t_med[0] - 1.0), lo, hi);
     }
-    printf("{\"bench\":\"checkpoint\",\"model\":\"%s\",\"batch\":%ld,\"configs\":[", model, (long)batch);
+    printf("{\"bench\":\"checkpoint\",\"threads\":%d,\"model\":\"%s\",\"batch\":%ld,\"configs\":[", kiln_num_threads(), model, (long)batch);
     for (int k = 0; k < n_cfg; k++)
         printf("%s{\"segments\":%d,\"activation_bytes\":%.0f,\"step_s\":%.4f,\"saved\":%.4f,\"cost\":%.4f}",
                k ? "," : "", segs[k], a_med[k], t_med[k], 1.0 - a_med[k] / a_med[0], t_med[k] / t_med[0] - 1.0);

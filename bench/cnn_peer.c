@@ -1,6 +1,6 @@
 /* Runs the PyTorch peer of `kiln bench cnn` with posix_spawn (no shell, so
- * paths need no quoting), its stdout and stderr on one pipe, and picks the
- * figures out of the line starting "RESULT ". */
+ * paths need no quoting), its stdout and stderr on one pipe, and reads the
+ * JSON object on the line starting "RESULT " with cJSON. */
 #include "cnn_peer.h"
 
 #include <errno.h>
@@ -11,6 +11,8 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 extern char **environ;
 
@@ -50,27 +52,30 @@ const char *bench_cnn_peer_find(const char *explicit_path, char *buf, size_t n, 
     return NULL;
 }
 
-/* The number after "key": in a flat JSON object, or a negative value. */
-static double json_number(const char *json, const char *key) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *p = strstr(json, pat);
-    if (!p) return -1;
-    char *end;
-    double v = strtod(p + strlen(pat), &end);
-    return end == p + strlen(pat) ? -1 : v;
-}
-
-static void json_string(const char *json, const char *key, char *out, size_t n) {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": \"", key);
-    const char *p = strstr(json, pat);
-    out[0] = '\0';
-    if (!p) return;
-    p += strlen(pat);
-    size_t i = 0;
-    while (p[i] && p[i] != '"' && i + 1 < n) out[i] = p[i], i++;
-    out[i] = '\0';
+/* The figures of the peer's RESULT object: img_s_median (> 0), threads
+ * (what torch.get_num_threads() said) and the torch version. False, with
+ * the reason, when the object does not parse or lacks them. */
+static bool parse_result(const char *json, bench_cnn_peer_result *out, char *why, size_t why_n) {
+    cJSON *root = cJSON_Parse(json);
+    if (!cJSON_IsObject(root)) {
+        snprintf(why, why_n, "its RESULT line is not a JSON object");
+        cJSON_Delete(root);
+        return false;
+    }
+    const cJSON *img_s = cJSON_GetObjectItemCaseSensitive(root, "img_s_median");
+    const cJSON *threads = cJSON_GetObjectItemCaseSensitive(root, "threads");
+    const cJSON *torch = cJSON_GetObjectItemCaseSensitive(root, "torch");
+    bool ok = cJSON_IsNumber(img_s) && img_s->valuedouble > 0 && cJSON_IsNumber(threads) &&
+              threads->valuedouble >= 1 && threads->valuedouble <= 1e6;
+    if (ok) {
+        out->img_s = img_s->valuedouble;
+        out->threads = (int)threads->valuedouble;
+        if (cJSON_IsString(torch)) snprintf(out->torch_version, sizeof out->torch_version, "%s", torch->valuestring);
+    } else {
+        snprintf(why, why_n, "its RESULT line lacks a positive img_s_median or a threads count");
+    }
+    cJSON_Delete(root);
+    return ok;
 }
 
 static void strip_newline(char *s) {
@@ -98,9 +103,10 @@ static void read_output(int fd, char *result, size_t result_n, char *last, size_
 }
 
 void bench_cnn_peer_run(const char *python, const char *script, const char *mode, int batch, int steps,
-                        int warmup, bench_cnn_peer_result *out) {
+                        int warmup, int threads, bench_cnn_peer_result *out) {
     memset(out, 0, sizeof *out);
-    char b[16], s[16], w[16];
+    char b[16], s[16], w[16], t[16];
+    snprintf(t, sizeof t, "%d", threads);
     snprintf(b, sizeof b, "%d", batch);
     snprintf(s, sizeof s, "%d", steps);
     snprintf(w, sizeof w, "%d", warmup);
@@ -116,6 +122,8 @@ void bench_cnn_peer_run(const char *python, const char *script, const char *mode
                           "1",
                           "--warmup",
                           w,
+                          "--threads",
+                          t,
                           NULL};
     int fds[2];
     if (pipe(fds) != 0) {
@@ -143,14 +151,19 @@ void bench_cnn_peer_run(const char *python, const char *script, const char *mode
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    double img_s = result[0] ? json_number(result, "img_s_median") : -1;
-    if (img_s > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-        out->ok = true;
-        out->img_s = img_s;
-        json_string(result, "torch", out->torch_version, sizeof out->torch_version);
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    char why[160] = "no RESULT line";
+    if (code == 0 && result[0] && parse_result(result, out, why, sizeof why)) {
+        if (out->threads == threads) {
+            out->ok = true;
+            return;
+        }
+        snprintf(why, sizeof why, "it ran on %d threads, not the %d asked for", out->threads, threads);
+    }
+    if (code == 0) {
+        snprintf(out->reason, sizeof out->reason, "%s %s: %s%s%s", python, script, why, last[0] ? ": " : "", last);
         return;
     }
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     snprintf(out->reason, sizeof out->reason, "%s %s exited with status %d%s%s", python, script, code,
              last[0] ? ": " : "", last);
     if (strstr(last, "No module named 'torch'"))

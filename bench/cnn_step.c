@@ -31,7 +31,12 @@
  *   kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]
  *                  [--mode train|infer|both] [--no-peer] [--data [host|device]]
  *                  [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]
- *                  [--device cpu|cuda:N]   (cuda:N: bench/gpu.c, autotuning off and on) */
+ *                  [--device cpu|cuda:N]   (cuda:N: bench/gpu.c, autotuning off and on)
+ *
+ * Threads: Kiln computes on kiln_num_threads() (kiln --threads N,
+ * KILN_NUM_THREADS) and the peer is given the same count; a peer that
+ * reports another is left out. --workers defaults to
+ * kiln_num_loader_workers(). Both are in the JSON. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,12 +81,6 @@ typedef struct cnn_series {
     int n;
     bool missing; /* the peer gave no figure (reason printed) */
 } cnn_series;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- The model ----------------------------------------------------------------------- */
 
@@ -183,13 +182,13 @@ static kiln_status open_loader(cnn_bench *b, const cnn_config *cfg) {
 /* The next loader batch (registered with the open scope), starting a new
  * epoch when one ends; the time spent waiting goes to b->wait_s. */
 static kiln_status next_batch(cnn_bench *b, kiln_tensor **x, kiln_tensor **y) {
-    double t0 = now_s();
+    double t0 = tool_now_s();
     kiln_status st = kiln_loader_next(b->loader, x, y);
     if (!st && !*x) {
         st = kiln_loader_epoch_begin(b->loader, ++b->epoch);
         if (!st) st = kiln_loader_next(b->loader, x, y);
     }
-    b->wait_s += now_s() - t0;
+    b->wait_s += tool_now_s() - t0;
     return st;
 }
 
@@ -254,11 +253,11 @@ static kiln_status infer_step(cnn_bench *b) {
 /* n steps of one mode; *secs gets their wall time (the device is synchronised at the end). */
 static kiln_status run_steps(cnn_bench *b, bool train, int n, double *secs) {
     kiln_module_train(b->model, train);
-    double t0 = now_s();
+    double t0 = tool_now_s();
     kiln_status st = KILN_OK;
     for (int i = 0; i < n && !st; i++) st = train ? train_step(b) : infer_step(b);
     if (!st) st = kiln_device_synchronize(KILN_CPU);
-    *secs = now_s() - t0;
+    *secs = tool_now_s() - t0;
     kiln_module_train(b->model, true);
     return st;
 }
@@ -281,16 +280,10 @@ static kiln_status profile_step(cnn_bench *b, int rows) {
 
 /* ---- Statistics and output --------------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double median(const cnn_series *s) {
     double v[MAX_REPEATS];
     memcpy(v, s->v, sizeof(double) * (size_t)s->n);
-    qsort(v, (size_t)s->n, sizeof v[0], cmp_double);
-    return s->n % 2 ? v[s->n / 2] : 0.5 * (v[s->n / 2 - 1] + v[s->n / 2]);
+    return tool_median(v, s->n);
 }
 
 static double series_min(const cnn_series *s) {
@@ -363,7 +356,7 @@ typedef struct cnn_results {
 
 static void print_json(const cnn_config *cfg, const cnn_results *r) {
     double gt = GFLOP_TRAIN_128 / 128.0, gf = GFLOP_FWD_128 / 128.0;
-    printf("{\"bench\":\"cnn\",");
+    printf("{\"bench\":\"cnn\",\"threads\":%d,", kiln_num_threads());
     json_figure("train_img_s", &r->train, true);
     json_figure("infer_img_s", &r->infer, true);
     json_figure("peer_train_img_s", &r->peer_train, true);
@@ -406,13 +399,13 @@ static void print_json(const cnn_config *cfg, const cnn_results *r) {
     else
         printf("null");
     printf(",\"config\":{\"batch\":%d,\"steps\":%d,\"repeats\":%d,\"warmup\":%d,\"mode\":\"%s\",\"data\":%s,"
-           "\"workers\":%d,\"peer\":%s,\"peer_threads\":2,\"torch\":",
+           "\"workers\":%d,\"peer\":%s,\"peer_threads\":%d,\"torch\":",
            cfg->batch, cfg->steps, cfg->repeats, cfg->warmup,
            cfg->train && cfg->infer ? "both"
            : cfg->train             ? "train"
                                     : "infer",
            cfg->data == DATA_HOST ? "\"host\"" : cfg->data == DATA_DEVICE ? "\"device\"" : "null",
-           cfg->data == DATA_HOST ? cfg->workers : 0, cfg->peer ? "true" : "false");
+           cfg->data == DATA_HOST ? cfg->workers : 0, cfg->peer ? "true" : "false", kiln_num_threads());
     if (r->torch_version[0])
         json_escaped(r->torch_version);
     else
@@ -437,7 +430,7 @@ static int parse_args(int argc, char **argv, cnn_config *c) {
                       .steps = 5,
                       .repeats = 3,
                       .warmup = 3,
-                      .workers = 1,
+                      .workers = kiln_num_loader_workers(),
                       .profile_rows = 15,
                       .train = true,
                       .infer = true,
@@ -563,7 +556,7 @@ static kiln_status run_round(cnn_bench *b, const cnn_config *cfg, int round, boo
     if (!script) return KILN_OK;
     bench_cnn_peer_result pr;
     bench_cnn_peer_run(cfg->python, script, train ? "train" : "infer", cfg->batch, cfg->steps, cfg->warmup,
-                       &pr);
+                       kiln_num_threads(), &pr);
     if (!pr.ok) {
         p->missing = true;
         if (!r->peer_reason[0]) snprintf(r->peer_reason, sizeof r->peer_reason, "%s", pr.reason);
@@ -585,7 +578,7 @@ static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *scri
     }
     if (!st && cfg->infer && cfg->warmup) st = run_steps(b, false, cfg->warmup, &secs);
     b->wait_s = 0;
-    double busy0 = busy_cpu_s(), own0 = own_cpu_s(), t0 = now_s();
+    double busy0 = busy_cpu_s(), own0 = own_cpu_s(), t0 = tool_now_s();
     for (int i = 0; i < cfg->repeats && !st; i++) {
         if (cfg->train) st = run_round(b, cfg, i, true, script, &r->train, &r->peer_train, r, &train_secs);
         if (!st && cfg->infer)
@@ -593,7 +586,7 @@ static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *scri
         fprintf(stderr, "round %d/%d done\n", i + 1, cfg->repeats);
     }
     r->wait_frac = cfg->data && train_secs > 0 ? b->wait_s / train_secs : -1;
-    double busy1 = busy_cpu_s(), wall = now_s() - t0;
+    double busy1 = busy_cpu_s(), wall = tool_now_s() - t0;
     r->foreign_cores =
         busy0 >= 0 && busy1 >= 0 && wall > 0 ? (busy1 - busy0 - (own_cpu_s() - own0)) / wall : -1;
     if (r->foreign_cores < 0 && busy0 >= 0 && busy1 >= 0) r->foreign_cores = 0; /* clock-tick rounding */
@@ -656,8 +649,8 @@ int kiln_bench_cnn(int argc, char **argv) {
         snprintf(r.peer_reason, sizeof r.peer_reason, "--no-peer");
     r.load_before = load_1m();
     printf("kiln bench cnn: OptimizedCNN 3x32x32, batch %d, Adam 1e-3, cross-entropy; %d warm-up, %d rounds "
-           "of %d steps; inputs %s; peer %s\n",
-           cfg.batch, cfg.warmup, cfg.repeats, cfg.steps,
+           "of %d steps; %d threads (kiln and peer); inputs %s; peer %s\n",
+           cfg.batch, cfg.warmup, cfg.repeats, cfg.steps, kiln_num_threads(),
            cfg.data == DATA_HOST     ? "from the loader (synthetic CIFAR, host path) and fixed randn"
            : cfg.data == DATA_DEVICE ? "from the loader (synthetic CIFAR, dataset on the device) and fixed randn"
                                      : "fixed randn",

@@ -24,12 +24,6 @@
 #include <cuda_runtime_api.h>
 #endif
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 typedef struct gpu_args {
     kiln_device device;
     int batch, steps, warmup, repeats, mb, size;
@@ -137,10 +131,10 @@ static kiln_status cnn_rate(cnn_dev *b, bool train, const gpu_args *g, double *i
     if (!st) st = kiln_device_synchronize(b->device);
     *ips = 0;
     for (int r = 0; r < g->repeats && !st; r++) {
-        double t0 = now_s();
+        double t0 = tool_now_s();
         for (int i = 0; i < g->steps && !st; i++) st = cnn_step(b, train);
         if (!st) st = kiln_device_synchronize(b->device);
-        double v = (double)g->batch * g->steps / (now_s() - t0);
+        double v = (double)g->batch * g->steps / (tool_now_s() - t0);
         if (v > *ips) *ips = v;
     }
     kiln_module_train(b->model, true);
@@ -193,8 +187,8 @@ int kiln_bench_cnn_device(int argc, char **argv) {
         printf("%-26s %14s %14s\n", "cuDNN autotuning", "train img/s", "infer img/s");
         printf("%-26s %14.0f %14.0f\n", "off (heuristics' first)", rate[0][1], rate[0][0]);
         printf("%-26s %14.0f %14.0f\n", "on (timed, cached)", rate[1][1], rate[1][0]);
-        printf("{\"bench\":\"cnn\",\"device\":\"%s\",\"batch\":%d,\"train_ips\":%.1f,\"infer_ips\":%.1f,"
-               "\"train_ips_autotune\":%.1f,\"infer_ips_autotune\":%.1f}\n",
+        printf("{\"bench\":\"cnn\",\"threads\":%d,\"device\":\"%s\",\"batch\":%d,\"train_ips\":%.1f,\"infer_ips\":%.1f,"
+               "\"train_ips_autotune\":%.1f,\"infer_ips_autotune\":%.1f}\n", kiln_num_threads(),
                dev, g.batch, rate[0][1], rate[0][0], rate[1][1], rate[1][0]);
     } else {
         fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
@@ -215,10 +209,10 @@ static kiln_status copy_rate(kiln_tensor *dst, kiln_tensor *src, unsigned flags,
     double bytes = (double)kiln_numel(src) * 4;
     *gbs = 0;
     for (int r = 0; r < repeats && !st; r++) {
-        double t0 = now_s();
+        double t0 = tool_now_s();
         st = kiln_copy_(dst, src, flags);
         if (!st) st = kiln_device_synchronize(d);
-        double v = bytes / (now_s() - t0) / 1e9;
+        double v = bytes / (tool_now_s() - t0) / 1e9;
         if (v > *gbs) *gbs = v;
     }
     return st;
@@ -249,7 +243,7 @@ int kiln_bench_copy(int argc, char **argv) {
         printf("kiln bench copy: host -> %s, %d MiB, best of %d\n", dev, g.mb, g.repeats);
         printf("%-10s %8.2f GB/s\n%-10s %8.2f GB/s (%.2fx)\n", "pageable", gb[0], "pinned", gb[1],
                gb[0] > 0 ? gb[1] / gb[0] : 0.0);
-        printf("{\"bench\":\"copy\",\"device\":\"%s\",\"mb\":%d,\"pageable_gbs\":%.2f,\"pinned_gbs\":%.2f}\n",
+        printf("{\"bench\":\"copy\",\"threads\":%d,\"device\":\"%s\",\"mb\":%d,\"pageable_gbs\":%.2f,\"pinned_gbs\":%.2f}\n", kiln_num_threads(),
                dev, g.mb, gb[0], gb[1]);
     } else {
         fprintf(stderr, "kiln bench copy: %s\n", kiln_error_message());
@@ -330,11 +324,11 @@ int kiln_bench_gemm(int argc, char **argv) {
         }
         if (!st) st = kiln_device_synchronize(g.device);
         for (int k = 0; k < g.repeats && !st; k++) {
-            double t0 = now_s();
+            double t0 = tool_now_s();
             kiln_tensor *c = kiln_mm(a, b);
             if (!c) st = kiln_error_last()->status;
             if (!st) st = kiln_device_synchronize(g.device);
-            double v = 2.0 * (double)s * (double)s * (double)s / (now_s() - t0) / 1e12;
+            double v = 2.0 * (double)s * (double)s * (double)s / (tool_now_s() - t0) / 1e12;
             if (v > tflops[r]) tflops[r] = v;
             kiln_release(c);
         }
@@ -356,8 +350,8 @@ int kiln_bench_gemm(int argc, char **argv) {
         else
             printf("%-10s %10.1f %12s %8s\n", runs[r].label, tflops[r], "unknown", "-");
     }
-    printf("{\"bench\":\"gemm\",\"device\":\"%s\",\"gpu\":\"%s\",\"size\":%lld,\"f32\":%.2f,\"tf32\":%.2f,"
-           "\"f16\":%.2f,\"bf16\":%.2f}\n",
+    printf("{\"bench\":\"gemm\",\"threads\":%d,\"device\":\"%s\",\"gpu\":\"%s\",\"size\":%lld,\"f32\":%.2f,\"tf32\":%.2f,"
+           "\"f16\":%.2f,\"bf16\":%.2f}\n", kiln_num_threads(),
            dev, name, (long long)s, tflops[0], tflops[1], tflops[2], tflops[3]);
     return 0;
 }

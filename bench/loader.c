@@ -26,16 +26,10 @@ typedef struct loader_result {
     int64_t batches;
 } loader_result;
 
-static double bench_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One epoch: returns seconds, or a negative value on error. */
 static double run_epoch(kiln_loader *l, int64_t epoch, int64_t *batches, double *bytes, double *wait_s) {
     if (kiln_loader_epoch_begin(l, epoch)) return -1;
-    double t0 = bench_now_s();
+    double t0 = tool_now_s();
     *batches = 0;
     *bytes = 0;
     for (;;) {
@@ -47,7 +41,7 @@ static double run_epoch(kiln_loader *l, int64_t epoch, int64_t *batches, double 
         kiln_release(x);
         kiln_release(y);
     }
-    double secs = bench_now_s() - t0;
+    double secs = tool_now_s() - t0;
     kiln_loader_stats st;
     kiln_loader_stats_get(l, &st);
     *wait_s = st.wait_s;
@@ -153,7 +147,7 @@ int kiln_bench_loader(int argc, char **argv) {
         if (!rc) print_row(names[d], -1, &res[d][3]);
     }
     if (!rc) {
-        printf("{\"bench\":\"loader\",\"batch\":%lld,\"fashion_mnist\":", (long long)batch);
+        printf("{\"bench\":\"loader\",\"threads\":%d,\"batch\":%lld,\"fashion_mnist\":", kiln_num_threads(), (long long)batch);
         if (sets[0])
             printf("{\"batches_per_s\":[%.1f,%.1f,%.1f],\"mb_per_s\":[%.1f,%.1f,%.1f],"
                    "\"on_device_batches_per_s\":%.1f}",

@@ -78,7 +78,7 @@ int kiln_bench_profiler(int argc, char **argv) {
         printf("%-6s %12.1f\n", modes[m], ns[m]);
     }
     kiln_release(a);
-    printf("{\"bench\":\"profiler\",\"n\":%d,\"ns_per_op_none\":%.1f,\"ns_per_op_off\":%.1f,\"ns_per_op_on\":%.1f}\n", n,
+    printf("{\"bench\":\"profiler\",\"threads\":%d,\"n\":%d,\"ns_per_op_none\":%.1f,\"ns_per_op_off\":%.1f,\"ns_per_op_on\":%.1f}\n", kiln_num_threads(), n,
            ns[0], ns[1], ns[2]);
     return 0;
 }

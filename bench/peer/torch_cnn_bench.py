@@ -14,7 +14,7 @@ One line per repeat, then `RESULT {json}` with the median, min and max.
 `--steps 0` builds the model and the data and exits (a baseline for RSS).
 
 Run with Debian's interpreter, which has torch:
-  /usr/bin/python3 bench/peer/torch_cnn_bench.py --mode train --steps 5
+  /usr/bin/python3 bench/peer/torch_cnn_bench.py --mode train --steps 5 --threads 2
 Extra options: --checkpoint (torch.utils.checkpoint around each conv stage)
 and --bf16 (CPU autocast to bfloat16), as in the reference measurements.
 """
@@ -56,7 +56,8 @@ class OptimizedCNN(nn.Module):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["train", "infer"], default="train")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, required=True,
+                   help="torch.set_num_threads: kiln bench cnn passes Kiln's own thread count")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=20)
@@ -93,7 +94,8 @@ def make_step(args, model, x, y):
 
 def main():
     args = parse_args()
-    # Debian's torch defaults to one intra-op thread on this machine.
+    # The same intra-op threads as Kiln's side (Debian's torch would
+    # otherwise pick its own default).
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = OptimizedCNN(use_checkpoint=args.checkpoint)
