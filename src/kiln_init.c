@@ -15,10 +15,9 @@
 #include "diag/anomaly.h"
 #include "ops/cpu_tables.h"
 #ifdef KILN_WITH_CUDA
-#include "kernels/cuda/cuda_ops.h"
+#include "ops/cuda_tables.h"
 #endif
 #if defined(KILN_WITH_CUDA) && !defined(KILN_CUDA_EMULATION)
-#include "kernels/cuda/cuda_fast.h"
 #define KILN_CUDA_FAST_TABLE 1
 #endif
 #include "ops/autocast.h"

@@ -1,18 +1,18 @@
-/* The CUDA fast table (kernels/cuda/cuda_fast.h): cuBLASLt GEMM always in
- * the real CUDA build, cuDNN entries with KILN_WITH_CUDNN; plus the
- * helpers every library path shares (fallback to the hand-written kernel
- * with a one-time warning, the device guard). Real CUDA build only (a
- * *_cublas.c file: the emulation build has no cuBLASLt). */
+/* The CUDA fast table (cuda_tables.h): the library kernels of
+ * kernels/cuda/cuda_fast.h — cuBLASLt GEMM always in the real CUDA build,
+ * cuDNN with KILN_WITH_CUDNN — in front of the hand-written kernels of the
+ * reference table. The policy around a library path lives here, beside its
+ * row: when the library call fails, the row's run fn runs the hand-written
+ * kernel instead (one warning per op and process), and its workspace fn
+ * reserves at least the hand-written kernel's workspace so that fallback
+ * always has it. Real CUDA build only (a *_cublas.c file: the emulation
+ * build has no cuBLASLt). */
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdio.h>
-
-#include <cuda_runtime_api.h>
 
 #include "base/error.h"
 #include "kernels/cuda/cuda_fast.h"
-#include "kernels/cuda/cuda_ops.h"
-#include "runtime/cuda_backend.h"
+#include "ops/cuda_tables.h"
 
 #define FLOAT3 (KILN_DT(KILN_F32) | KILN_DT(KILN_F16) | KILN_DT(KILN_BF16))
 
@@ -21,54 +21,11 @@ static pthread_once_t fast_table_once = PTHREAD_ONCE_INIT;
 static atomic_bool warned[KILN_OP_COUNT];
 static atomic_uint_fast64_t fallbacks[KILN_OP_COUNT];
 
-static void build_fast_table(void) {
-    fast_table[KILN_OP_MM] =
-        (kiln_op_kernel){kiln_cublaslt_mm, kiln_cublaslt_mm_workspace, FLOAT3, kiln_cublaslt_mm_supports};
-    fast_table[KILN_OP_BMM] =
-        (kiln_op_kernel){kiln_cublaslt_bmm, kiln_cublaslt_bmm_workspace, FLOAT3, kiln_cublaslt_bmm_supports};
-    fast_table[KILN_OP_LINEAR] = (kiln_op_kernel){kiln_cublaslt_linear, kiln_cublaslt_linear_workspace,
-                                                  FLOAT3, kiln_cublaslt_linear_supports};
-    fast_table[KILN_OP_LINEAR_ACT] =
-        (kiln_op_kernel){kiln_cublaslt_linear_act, kiln_cublaslt_linear_act_workspace, FLOAT3,
-                         kiln_cublaslt_linear_act_supports};
-#ifdef KILN_WITH_CUDNN
-    fast_table[KILN_OP_CONV2D] =
-        (kiln_op_kernel){kiln_cudnn_conv2d, kiln_cudnn_conv2d_workspace, FLOAT3, kiln_cudnn_conv2d_supports};
-    fast_table[KILN_OP_CONV2D_RELU] = (kiln_op_kernel){
-        kiln_cudnn_conv2d_relu, kiln_cudnn_conv2d_relu_workspace, FLOAT3, kiln_cudnn_conv2d_relu_supports};
-    fast_table[KILN_OP_CONV2D_GRAD_INPUT] =
-        (kiln_op_kernel){kiln_cudnn_conv2d_grad_input, kiln_cudnn_conv2d_grad_input_workspace, FLOAT3,
-                         kiln_cudnn_conv2d_grad_input_supports};
-    fast_table[KILN_OP_CONV2D_GRAD_WEIGHT] =
-        (kiln_op_kernel){kiln_cudnn_conv2d_grad_weight, kiln_cudnn_conv2d_grad_weight_workspace, FLOAT3,
-                         kiln_cudnn_conv2d_grad_weight_supports};
-    fast_table[KILN_OP_AVG_POOL2D] = (kiln_op_kernel){kiln_cudnn_avg_pool2d, kiln_cudnn_avg_pool2d_workspace,
-                                                      FLOAT3, kiln_cudnn_avg_pool2d_supports};
-    fast_table[KILN_OP_AVG_POOL2D_BACKWARD] =
-        (kiln_op_kernel){kiln_cudnn_avg_pool2d_backward, kiln_cudnn_avg_pool2d_backward_workspace, FLOAT3,
-                         kiln_cudnn_avg_pool2d_backward_supports};
-    fast_table[KILN_OP_BATCH_NORM] = (kiln_op_kernel){kiln_cudnn_batch_norm, kiln_cudnn_batch_norm_workspace,
-                                                      FLOAT3, kiln_cudnn_batch_norm_supports};
-    fast_table[KILN_OP_BATCH_NORM_BACKWARD] =
-        (kiln_op_kernel){kiln_cudnn_batch_norm_backward, kiln_cudnn_batch_norm_backward_workspace, FLOAT3,
-                         kiln_cudnn_batch_norm_backward_supports};
-#endif
-}
-
-const kiln_op_kernel *kiln_cuda_fast_op_kernels(void) {
-    pthread_once(&fast_table_once, build_fast_table);
-    return fast_table;
-}
-
-void kiln_cuda_fast_kernels_shutdown(void) {
-    kiln_cublaslt_shutdown();
-#ifdef KILN_WITH_CUDNN
-    kiln_cudnn_ops_shutdown();
-#endif
-}
-
-kiln_status kiln_cuda_fast_fallback(kiln_op_id op, const char *path, kiln_status failed,
-                                    const kiln_op_args *a) {
+/* Runs the hand-written kernel for op after the library path `path` failed
+ * with `failed` (the error in the thread's error slot): logs one warning
+ * per op and process naming the path and the error, clears it, and returns
+ * the hand-written kernel's status. */
+static kiln_status fallback(kiln_op_id op, const char *path, kiln_status failed, const kiln_op_args *a) {
     atomic_fetch_add(&fallbacks[op], 1);
     bool was = atomic_exchange(&warned[op], true);
     if (!was)
@@ -87,37 +44,76 @@ kiln_status kiln_cuda_fast_fallback(kiln_op_id op, const char *path, kiln_status
     return k->run(a);
 }
 
+/* The larger of the library path's workspace and the hand-written kernel's. */
+static size_t fast_workspace(kiln_op_id op, kiln_op_workspace_fn lib, const kiln_op_args *a) {
+    const kiln_op_kernel *k = &kiln_cuda_op_kernels()[op];
+    size_t ref = k->workspace ? k->workspace(a) : 0;
+    size_t need = lib ? lib(a) : 0;
+    return need > ref ? need : ref;
+}
+
+/* The run and workspace fns of op ID's row around the library kernel `lib`
+ * (its workspace fn `lib_workspace`, or NULL), named `path` in the
+ * fallback's warning. */
+#define FAST_FNS(ID, lib, lib_workspace, path)                                                               \
+    static kiln_status ID##_run(const kiln_op_args *a) {                                                     \
+        kiln_status st = lib(a);                                                                             \
+        return st ? fallback(KILN_OP_##ID, path, st, a) : KILN_OK;                                           \
+    }                                                                                                        \
+    static size_t ID##_workspace(const kiln_op_args *a) {                                                    \
+        return fast_workspace(KILN_OP_##ID, lib_workspace, a);                                               \
+    }
+
+FAST_FNS(MM, kiln_cublaslt_mm, NULL, "cuBLASLt mm")
+FAST_FNS(BMM, kiln_cublaslt_bmm, NULL, "cuBLASLt bmm")
+FAST_FNS(LINEAR, kiln_cublaslt_linear, NULL, "cuBLASLt linear")
+FAST_FNS(LINEAR_ACT, kiln_cublaslt_linear_act, NULL, "cuBLASLt linear_act")
+#ifdef KILN_WITH_CUDNN
+FAST_FNS(CONV2D, kiln_cudnn_conv2d, kiln_cudnn_conv2d_workspace, "cuDNN conv2d")
+FAST_FNS(CONV2D_RELU, kiln_cudnn_conv2d_relu, kiln_cudnn_conv2d_relu_workspace, "cuDNN conv2d_relu")
+FAST_FNS(CONV2D_GRAD_INPUT, kiln_cudnn_conv2d_grad_input, kiln_cudnn_conv2d_grad_input_workspace,
+         "cuDNN conv2d backward-data")
+FAST_FNS(CONV2D_GRAD_WEIGHT, kiln_cudnn_conv2d_grad_weight, kiln_cudnn_conv2d_grad_weight_workspace,
+         "cuDNN conv2d backward-weights")
+FAST_FNS(AVG_POOL2D, kiln_cudnn_avg_pool2d, NULL, "cuDNN avg_pool2d")
+FAST_FNS(AVG_POOL2D_BACKWARD, kiln_cudnn_avg_pool2d_backward, NULL, "cuDNN avg_pool2d_backward")
+FAST_FNS(BATCH_NORM, kiln_cudnn_batch_norm, NULL, "cuDNN batch_norm")
+FAST_FNS(BATCH_NORM_BACKWARD, kiln_cudnn_batch_norm_backward, NULL, "cuDNN batch_norm_backward")
+#endif
+#undef FAST_FNS
+
+static void build_fast_table(void) {
+#define ROW(ID, supports)                                                                                    \
+    fast_table[KILN_OP_##ID] = (kiln_op_kernel){ID##_run, ID##_workspace, FLOAT3, supports}
+    ROW(MM, kiln_cublaslt_mm_supports);
+    ROW(BMM, kiln_cublaslt_bmm_supports);
+    ROW(LINEAR, kiln_cublaslt_linear_supports);
+    ROW(LINEAR_ACT, kiln_cublaslt_linear_act_supports);
+#ifdef KILN_WITH_CUDNN
+    ROW(CONV2D, kiln_cudnn_conv2d_supports);
+    ROW(CONV2D_RELU, kiln_cudnn_conv2d_relu_supports);
+    ROW(CONV2D_GRAD_INPUT, kiln_cudnn_conv2d_grad_input_supports);
+    ROW(CONV2D_GRAD_WEIGHT, kiln_cudnn_conv2d_grad_weight_supports);
+    ROW(AVG_POOL2D, kiln_cudnn_avg_pool2d_supports);
+    ROW(AVG_POOL2D_BACKWARD, kiln_cudnn_avg_pool2d_backward_supports);
+    ROW(BATCH_NORM, kiln_cudnn_batch_norm_supports);
+    ROW(BATCH_NORM_BACKWARD, kiln_cudnn_batch_norm_backward_supports);
+#endif
+#undef ROW
+}
+
+const kiln_op_kernel *kiln_cuda_fast_op_kernels(void) {
+    pthread_once(&fast_table_once, build_fast_table);
+    return fast_table;
+}
+
+void kiln_cuda_fast_kernels_shutdown(void) {
+    kiln_cublaslt_shutdown();
+#ifdef KILN_WITH_CUDNN
+    kiln_cudnn_ops_shutdown();
+#endif
+}
+
 uint64_t kiln_cuda_fast_fallbacks(kiln_op_id op) {
     return op >= 0 && op < KILN_OP_COUNT ? (uint64_t)atomic_load(&fallbacks[op]) : 0;
-}
-
-size_t kiln_cuda_reference_workspace(kiln_op_id op, const kiln_op_args *a) {
-    const kiln_op_kernel *k = &kiln_cuda_op_kernels()[op];
-    return k->workspace ? k->workspace(a) : 0;
-}
-
-kiln_status kiln_cuda_fast_enter(const void *ptr, int *device, int *previous) {
-    struct cudaPointerAttributes attr;
-    *device = -1, *previous = -1;
-    KILN_CUDA_TRY(-1, cudaPointerGetAttributes(&attr, ptr));
-    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "allocate the tensor on the cuda device",
-                          "CUDA library path given host pointer %p", ptr);
-    KILN_CUDA_TRY(attr.device, cudaGetDevice(previous));
-    if (*previous != attr.device) KILN_CUDA_TRY(attr.device, cudaSetDevice(attr.device));
-    *device = attr.device;
-    return KILN_OK;
-}
-
-void kiln_cuda_fast_leave(int device, int previous) {
-    if (previous >= 0 && previous != device) (void)KILN_CUDA_CHECK(previous, cudaSetDevice(previous));
-}
-
-bool kiln_cuda_fast_is_contiguous(const kiln_strided *s) {
-    int64_t expect = 1;
-    for (int k = s->ndim - 1; k >= 0; k--) {
-        if (s->shape[k] != 1 && s->strides[k] != expect) return false;
-        expect *= s->shape[k];
-    }
-    return true;
 }

@@ -1,9 +1,9 @@
-/* The CUDA op kernel table (compiled only with the CUDA backend, real or
- * emulated): assembled from the op groups of src/kernels/cuda/ops_*.cu. */
+/* The CUDA reference kernel table (compiled only with the CUDA backend, real
+ * or emulated): assembled from the op groups' rows (cuda_table_*_cuda.c),
+ * which point at the kernels of src/kernels/cuda/ops_*.cu. */
 #include <pthread.h>
 
-#include "kernels/cuda/cuda_ops.h"
-#include "ops/op_registry.h"
+#include "ops/cuda_tables.h"
 
 static kiln_op_kernel cuda_table[KILN_OP_COUNT];
 static pthread_once_t cuda_table_once = PTHREAD_ONCE_INIT;

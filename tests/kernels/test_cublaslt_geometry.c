@@ -130,8 +130,9 @@ static float act_x(const kiln_op_args *a, int64_t b, int64_t r, int64_t k) {
     return at(x, i);
 }
 
-static void check(const char *name, kiln_op_id op, kiln_op_args *a, int64_t batch, int64_t rows, int64_t cols,
-                  int64_t K, x_at_fn xf, w_at_fn wf, y_ptr_fn yf, const float *bias, bool relu) {
+static void check(const char *name, kiln_cublaslt_gemm op, kiln_op_args *a, int64_t batch, int64_t rows,
+                  int64_t cols, int64_t K, x_at_fn xf, w_at_fn wf, y_ptr_fn yf, const float *bias,
+                  bool relu) {
     kiln_cublaslt_geometry g;
     bool ok = kiln_cublaslt_geometry_of(op, a, &g);
     CHECK_MSG(ok, "%s: the cuBLASLt entry declined it", name);
@@ -161,34 +162,36 @@ static void test_mm(void) {
                           view(w, 2, (int64_t[]){K, N}, (int64_t[]){N, 1})};
     kiln_strided out = view(y, 2, (int64_t[]){M, N}, (int64_t[]){N, 1});
     kiln_op_args a = args_of(2, in, &out, &attrs);
-    check("mm plain", KILN_OP_MM, &a, 1, M, N, K, mm_x, mm_w, mm_y, NULL, false);
+    check("mm plain", KILN_CUBLASLT_MM, &a, 1, M, N, K, mm_x, mm_w, mm_y, NULL, false);
     /* both operands transposed views (x^T of a (K, M) buffer, w^T of (N, K)) */
     in[0] = view(x, 2, (int64_t[]){M, K}, (int64_t[]){1, M});
     in[1] = view(w, 2, (int64_t[]){K, N}, (int64_t[]){1, K});
     a = args_of(2, in, &out, &attrs);
-    check("mm transposed operands", KILN_OP_MM, &a, 1, M, N, K, mm_x, mm_w, mm_y, NULL, false);
+    check("mm transposed operands", KILN_CUBLASLT_MM, &a, 1, M, N, K, mm_x, mm_w, mm_y, NULL, false);
     /* padded leading dims: rows of x 9 apart, of y 4 apart */
     float *xp = filled(M * 9, 3), *yp = calloc((size_t)(M * 4), sizeof(float));
     in[0] = view(xp, 2, (int64_t[]){M, K}, (int64_t[]){9, 1});
     in[1] = view(w, 2, (int64_t[]){K, N}, (int64_t[]){N, 1});
     kiln_strided outp = view(yp, 2, (int64_t[]){M, N}, (int64_t[]){4, 1});
     a = args_of(2, in, &outp, &attrs);
-    check("mm padded rows", KILN_OP_MM, &a, 1, M, N, K, mm_x, mm_w, mm_y, NULL, false);
+    check("mm padded rows", KILN_CUBLASLT_MM, &a, 1, M, N, K, mm_x, mm_w, mm_y, NULL, false);
     /* declined: an operand with no unit stride; an output transposed */
     kiln_cublaslt_geometry g;
     in[0] = view(xp, 2, (int64_t[]){M, 3}, (int64_t[]){9, 2});
     in[1] = view(w, 2, (int64_t[]){3, N}, (int64_t[]){N, 1});
     a = args_of(2, in, &out, &attrs);
-    CHECK_MSG(!kiln_cublaslt_geometry_of(KILN_OP_MM, &a, &g), "mm with a stride-2 operand must be declined");
+    CHECK_MSG(!kiln_cublaslt_geometry_of(KILN_CUBLASLT_MM, &a, &g),
+              "mm with a stride-2 operand must be declined");
     in[0] = view(x, 2, (int64_t[]){M, K}, (int64_t[]){K, 1});
     in[1] = view(w, 2, (int64_t[]){K, N}, (int64_t[]){N, 1});
     kiln_strided outt = view(y, 2, (int64_t[]){M, N}, (int64_t[]){1, M});
     a = args_of(2, in, &outt, &attrs);
-    CHECK_MSG(!kiln_cublaslt_geometry_of(KILN_OP_MM, &a, &g), "mm into a transposed output must be declined");
+    CHECK_MSG(!kiln_cublaslt_geometry_of(KILN_CUBLASLT_MM, &a, &g),
+              "mm into a transposed output must be declined");
     kiln_strided zero = view(y, 2, (int64_t[]){M, 0}, (int64_t[]){0, 1});
     in[1] = view(w, 2, (int64_t[]){K, 0}, (int64_t[]){0, 1});
     a = args_of(2, in, &zero, &attrs);
-    CHECK_MSG(!kiln_cublaslt_geometry_of(KILN_OP_MM, &a, &g), "an empty mm must be declined");
+    CHECK_MSG(!kiln_cublaslt_geometry_of(KILN_CUBLASLT_MM, &a, &g), "an empty mm must be declined");
     free(x), free(w), free(y), free(xp), free(yp);
 }
 
@@ -202,12 +205,13 @@ static void test_bmm(void) {
                           view(w, 3, (int64_t[]){B, K, N}, (int64_t[]){K * N, N, 1})};
     kiln_strided out = view(y, 3, (int64_t[]){B, M, N}, (int64_t[]){M * N, N, 1});
     kiln_op_args a = args_of(2, in, &out, &attrs);
-    check("bmm plain", KILN_OP_BMM, &a, B, M, N, K, bmm_x, bmm_w, bmm_y, NULL, false);
+    check("bmm plain", KILN_CUBLASLT_BMM, &a, B, M, N, K, bmm_x, bmm_w, bmm_y, NULL, false);
     /* w broadcast over the batch (stride 0), x transposed per batch */
     in[0] = view(x, 3, (int64_t[]){B, M, K}, (int64_t[]){M * K, 1, M});
     in[1] = view(w, 3, (int64_t[]){B, K, N}, (int64_t[]){0, N, 1});
     a = args_of(2, in, &out, &attrs);
-    check("bmm broadcast w, transposed x", KILN_OP_BMM, &a, B, M, N, K, bmm_x, bmm_w, bmm_y, NULL, false);
+    check("bmm broadcast w, transposed x", KILN_CUBLASLT_BMM, &a, B, M, N, K, bmm_x, bmm_w, bmm_y, NULL,
+          false);
     free(x), free(w), free(y);
 }
 
@@ -222,16 +226,17 @@ static void test_linear(void) {
                           view(b, 1, (int64_t[]){N}, (int64_t[]){1})};
     kiln_strided out = view(y, 3, (int64_t[]){D0, D1, N}, (int64_t[]){D1 * N, N, 1});
     kiln_op_args a = args_of(3, in, &out, &attrs);
-    check("linear 3-d + bias", KILN_OP_LINEAR, &a, 1, D0 * D1, N, K, lin_x, lin_w, lin_y, b, false);
+    check("linear 3-d + bias", KILN_CUBLASLT_LINEAR, &a, 1, D0 * D1, N, K, lin_x, lin_w, lin_y, b, false);
     in[2].ndim = -1; /* no bias */
     a = args_of(3, in, &out, &attrs);
-    check("linear 3-d, no bias", KILN_OP_LINEAR, &a, 1, D0 * D1, N, K, lin_x, lin_w, lin_y, NULL, false);
+    check("linear 3-d, no bias", KILN_CUBLASLT_LINEAR, &a, 1, D0 * D1, N, K, lin_x, lin_w, lin_y, NULL,
+          false);
     /* leading dims that do not merge (x's dim 0 padded): declined */
     float *xp = filled(D0 * 20, 9);
     in[0] = view(xp, 3, (int64_t[]){D0, D1, K}, (int64_t[]){20, K, 1});
     a = args_of(3, in, &out, &attrs);
     kiln_cublaslt_geometry g;
-    CHECK_MSG(!kiln_cublaslt_geometry_of(KILN_OP_LINEAR, &a, &g),
+    CHECK_MSG(!kiln_cublaslt_geometry_of(KILN_CUBLASLT_LINEAR, &a, &g),
               "linear with unmergeable leading dims must be declined");
     free(x), free(w), free(b), free(y), free(xp);
 }
@@ -248,11 +253,12 @@ static void test_linear_act(void) {
                           view(b, 1, (int64_t[]){O}, (int64_t[]){1})};
     kiln_strided out = view(y, 2, (int64_t[]){Nb, O}, (int64_t[]){O, 1});
     kiln_op_args a = args_of(3, in, &out, &attrs);
-    check("linear_act relu + bias", KILN_OP_LINEAR_ACT, &a, 1, Nb, O, K, act_x, lin_w, mm_y, b, true);
+    check("linear_act relu + bias", KILN_CUBLASLT_LINEAR_ACT, &a, 1, Nb, O, K, act_x, lin_w, mm_y, b, true);
     attrs.flag = 0;
     in[2].ndim = -1;
     a = args_of(3, in, &out, &attrs);
-    check("linear_act none, no bias", KILN_OP_LINEAR_ACT, &a, 1, Nb, O, K, act_x, lin_w, mm_y, NULL, false);
+    check("linear_act none, no bias", KILN_CUBLASLT_LINEAR_ACT, &a, 1, Nb, O, K, act_x, lin_w, mm_y, NULL,
+          false);
     free(x), free(w), free(b), free(y);
 }
 

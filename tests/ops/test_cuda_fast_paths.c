@@ -30,6 +30,7 @@
 
 #if defined(KILN_WITH_CUDA) && !defined(KILN_CUDA_EMULATION)
 #include "kernels/cuda/cuda_fast.h"
+#include "ops/cuda_tables.h"
 #define HAVE_FAST_TABLE 1
 #endif
 

@@ -1,6 +1,8 @@
-/* The CUDA fast table (docs/cuda.md, "Fast paths"): NVIDIA's libraries in
- * front of the hand-written kernels of cuda_ops.h, in the real CUDA build
- * only (the emulation build has neither library and registers none).
+/* The CUDA library kernels (docs/cuda.md, "Fast paths"): NVIDIA's libraries
+ * in front of the hand-written kernels of cuda_ops.h, in the real CUDA build
+ * only (the emulation build has neither library). Plain kernel functions
+ * with the op_args.h signatures, like every kernel: the CUDA fast table
+ * that points ops at them is src/ops/cuda_fast_table_cublas.c.
  *
  *   cuBLASLt (gemm_cublaslt_cublas.c): mm, bmm, linear (bias epilogue),
  *     linear_act (bias and relu epilogues);
@@ -13,10 +15,13 @@
  *
  * Every entry has a supports fn that declines what its library path does
  * not cover (layouts, dtypes, attributes): the dispatcher then runs the
- * hand-written kernel. When a library call fails at run time the entry runs
- * the hand-written kernel itself (kiln_cuda_fast_fallback), after one
- * warning line per op and process. Each entry's workspace fn asks for at
- * least the hand-written kernel's workspace, so that fallback always has it.
+ * hand-written kernel, and so does the run fn itself if it is handed such
+ * args. When a library call fails at run time the run fn returns that
+ * status with the thread's error set, and the fast table runs the
+ * hand-written kernel instead (after one warning per op and process). A
+ * workspace fn gives the library path's own need (the table reserves at
+ * least the hand-written kernel's, for that fallback); entries without one
+ * need none.
  *
  * Unverified on a GPU: compiled and linked in the nvcc tier only, until a
  * scripts/gpu-check.sh run is recorded in docs/cuda.md. */
@@ -24,34 +29,13 @@
 #define KILN_SRC_KERNELS_CUDA_CUDA_FAST_H
 
 #include "kernels/op_args.h"
-#include "ops/op_registry.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The table (src/ops/cuda_fast_table_cublas.c), registered by kiln_init
- * unless KILN_CUDA_KERNELS=reference. */
-const kiln_op_kernel *kiln_cuda_fast_op_kernels(void);
-/* Frees the libraries' handles, cached descriptors and the persistent
- * workspaces (kiln_shutdown, before the runtime goes). Blocks the host
- * until each device's work is done. */
-void kiln_cuda_fast_kernels_shutdown(void);
-
-/* Runs the hand-written kernel for op after a library path failed with
- * `failed` (the error in the thread's error slot): logs one warning per op
- * and process naming `path` and the error, clears it, and returns the
- * hand-written kernel's status. */
-kiln_status kiln_cuda_fast_fallback(kiln_op_id op, const char *path, kiln_status failed,
-                                    const kiln_op_args *a);
-/* The hand-written kernel's workspace bytes for these args (0: none). */
-size_t kiln_cuda_reference_workspace(kiln_op_id op, const kiln_op_args *a);
-/* How many times a library path fell back since the process started (the
- * comparison test checks the fast path really ran). */
-uint64_t kiln_cuda_fast_fallbacks(kiln_op_id op);
-
 /* The device owning ptr (a CUDA device pointer) made current; *previous
- * receives the caller's device for kiln_cuda_fast_leave. */
+ * receives the caller's device for kiln_cuda_fast_leave (fast_guard_cublas.c). */
 kiln_status kiln_cuda_fast_enter(const void *ptr, int *device, int *previous);
 void kiln_cuda_fast_leave(int device, int previous);
 
@@ -65,13 +49,16 @@ kiln_status kiln_cublaslt_linear(const kiln_op_args *a);
 bool kiln_cublaslt_mm_supports(const kiln_op_args *a);
 bool kiln_cublaslt_bmm_supports(const kiln_op_args *a);
 bool kiln_cublaslt_linear_supports(const kiln_op_args *a);
-size_t kiln_cublaslt_mm_workspace(const kiln_op_args *a);
-size_t kiln_cublaslt_bmm_workspace(const kiln_op_args *a);
-size_t kiln_cublaslt_linear_workspace(const kiln_op_args *a);
 /* linear_act (the fused flatten + linear + relu of ops.def) */
 kiln_status kiln_cublaslt_linear_act(const kiln_op_args *a);
 bool kiln_cublaslt_linear_act_supports(const kiln_op_args *a);
-size_t kiln_cublaslt_linear_act_workspace(const kiln_op_args *a);
+/* The GEMMs the cuBLASLt entries compute. */
+typedef enum kiln_cublaslt_gemm {
+    KILN_CUBLASLT_MM = 0,
+    KILN_CUBLASLT_BMM,
+    KILN_CUBLASLT_LINEAR,
+    KILN_CUBLASLT_LINEAR_ACT,
+} kiln_cublaslt_gemm;
 /* How a GEMM op's args map onto one cublasLtMatmul, in cuBLASLt's
  * column-major terms: D (m x n, leading dim ldd) = op(A) (m x k) @ op(B)
  * (k x n) (+ bias[i]) (relu), A stored (m x k) or, with trans_a, (k x m)
@@ -85,7 +72,7 @@ typedef struct kiln_cublaslt_geometry {
     const void *a, *b, *bias;
     void *d;
 } kiln_cublaslt_geometry;
-bool kiln_cublaslt_geometry_of(kiln_op_id op, const kiln_op_args *a, kiln_cublaslt_geometry *out);
+bool kiln_cublaslt_geometry_of(kiln_cublaslt_gemm gemm, const kiln_op_args *a, kiln_cublaslt_geometry *out);
 /* cuBLASLt's version (cublasLtGetVersion) for reports. */
 size_t kiln_cublaslt_version(void);
 void kiln_cublaslt_shutdown(void);
@@ -107,14 +94,10 @@ kiln_status kiln_cudnn_avg_pool2d(const kiln_op_args *a);
 kiln_status kiln_cudnn_avg_pool2d_backward(const kiln_op_args *a);
 bool kiln_cudnn_avg_pool2d_supports(const kiln_op_args *a);
 bool kiln_cudnn_avg_pool2d_backward_supports(const kiln_op_args *a);
-size_t kiln_cudnn_avg_pool2d_workspace(const kiln_op_args *a);
-size_t kiln_cudnn_avg_pool2d_backward_workspace(const kiln_op_args *a);
 kiln_status kiln_cudnn_batch_norm(const kiln_op_args *a);
 kiln_status kiln_cudnn_batch_norm_backward(const kiln_op_args *a);
 bool kiln_cudnn_batch_norm_supports(const kiln_op_args *a);
 bool kiln_cudnn_batch_norm_backward_supports(const kiln_op_args *a);
-size_t kiln_cudnn_batch_norm_workspace(const kiln_op_args *a);
-size_t kiln_cudnn_batch_norm_backward_workspace(const kiln_op_args *a);
 void kiln_cudnn_ops_shutdown(void);
 
 /* The eval-mode statistics batch norm reports (mean = running mean,

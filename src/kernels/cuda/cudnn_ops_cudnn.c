@@ -7,8 +7,8 @@
  * kiln_autotune_mode_current(KILN_DEVICE_CUDA) gives: with
  * kiln_set_cudnn_benchmark(true) it times the candidates there, on the
  * call's real buffers, before the dispatcher allocates the workspace) and
- * asks for the chosen algorithm's workspace (or the hand-written kernel's,
- * if larger); the run fn asks again (now answered from the tuner's memory)
+ * asks for the chosen algorithm's workspace (the fast table reserves the
+ * hand-written kernel's too, if larger); the run fn asks again (now answered from the tuner's memory)
  * and runs it. conv2d's bias is added after the convolution with
  * cudnnAddTensor; conv2d_relu (the fused op) adds cudnnActivationForward
  * (ReLU, NaN propagated) in place. Math: f32 data uses FMA only unless kiln_allow_tf32();
@@ -205,13 +205,16 @@ static kiln_status with_descriptors(const dnn_key *key_in, const void *owner, co
 
 static bool dense4(const kiln_strided *s) { return s->ndim == 4 && kiln_cuda_fast_is_contiguous(s); }
 
+/* The four convolution entries. */
+typedef enum conv_op { CONV_FWD, CONV_FWD_RELU, CONV_BWD_DATA, CONV_BWD_WEIGHT } conv_op;
+
 /* The provider call of a conv op's args (pointers included); false when
  * cuDNN's path does not take them. */
-static bool conv_call_of(kiln_op_id op, const kiln_op_args *a, kiln_cudnn_conv_call *c) {
+static bool conv_call_of(conv_op op, const kiln_op_args *a, kiln_cudnn_conv_call *c) {
     memset(c, 0, sizeof *c);
     const kiln_op_attrs *at = a->attrs;
     const kiln_strided *x, *w, *y;
-    if (op == KILN_OP_CONV2D || op == KILN_OP_CONV2D_RELU) {
+    if (op == CONV_FWD || op == CONV_FWD_RELU) {
         x = &a->in[0], w = &a->in[1], y = &a->out[0];
         c->cfg.pass = KILN_AUTOTUNE_CONV_FWD;
         const kiln_strided *b = &a->in[2];
@@ -219,7 +222,7 @@ static bool conv_call_of(kiln_op_id op, const kiln_op_args *a, kiln_cudnn_conv_c
             if (b->ndim != 1 || b->dtype != y->dtype || (b->shape[0] > 1 && b->strides[0] != 1)) return false;
             c->cfg.bias = true;
         }
-    } else if (op == KILN_OP_CONV2D_GRAD_INPUT) {
+    } else if (op == CONV_BWD_DATA) {
         y = &a->in[0], w = &a->in[1], x = &a->out[0];
         c->cfg.pass = KILN_AUTOTUNE_CONV_BWD_DATA;
     } else {
@@ -251,7 +254,7 @@ static bool conv_call_of(kiln_op_id op, const kiln_op_args *a, kiln_cudnn_conv_c
     return true;
 }
 
-static bool conv_supports(kiln_op_id op, const kiln_op_args *a) {
+static bool conv_supports(conv_op op, const kiln_op_args *a) {
     kiln_cudnn_conv_call c;
     return conv_call_of(op, a, &c);
 }
@@ -270,14 +273,13 @@ static const void *conv_owner(const kiln_cudnn_conv_call *c) {
                                                         : c->w;
 }
 
-static size_t conv_workspace(kiln_op_id op, const kiln_op_args *a) {
-    size_t ref = kiln_cuda_reference_workspace(op, a);
+static size_t conv_workspace(conv_op op, const kiln_op_args *a) {
     kiln_cudnn_conv_call c;
-    if (!conv_call_of(op, a, &c)) return ref;
+    if (!conv_call_of(op, a, &c)) return 0;
     int device = -1, previous = -1;
     if (kiln_cuda_fast_enter(conv_owner(&c), &device, &previous) != KILN_OK) {
         kiln_error_clear(); /* the run fn meets it again and falls back */
-        return ref;
+        return 0;
     }
     c.device = device;
     kiln_autotune_choice choice;
@@ -288,7 +290,7 @@ static size_t conv_workspace(kiln_op_id op, const kiln_op_args *a) {
         kiln_error_clear(); /* likewise: the run fn warns once and falls back */
     kiln_cudnn_conv_call_release(&c);
     kiln_cuda_fast_leave(device, previous);
-    return need > ref ? need : ref;
+    return need;
 }
 
 static kiln_status conv_bias_body(cudnnHandle_t h, const dnn_entry *e, const kiln_op_args *a, int device) {
@@ -305,7 +307,7 @@ static kiln_status conv_relu_body(cudnnHandle_t h, const dnn_entry *e, const kil
     return KILN_OK;
 }
 
-static kiln_status conv_run_locked(kiln_op_id op, const kiln_op_args *a, kiln_cudnn_conv_call *c) {
+static kiln_status conv_run_locked(conv_op op, const kiln_op_args *a, kiln_cudnn_conv_call *c) {
     kiln_autotune_choice choice;
     KILN_TRY(conv_choose(c, &choice));
     size_t need = kiln_cudnn_conv_workspace(c, choice.index);
@@ -323,7 +325,7 @@ static kiln_status conv_run_locked(kiln_op_id op, const kiln_op_args *a, kiln_cu
         k.x[0] = 1, k.x[1] = a->out[0].shape[1], k.x[2] = 1, k.x[3] = 1;
         KILN_TRY(with_descriptors(&k, a->out[0].data, a, conv_bias_body));
     }
-    if (op == KILN_OP_CONV2D_RELU) {
+    if (op == CONV_FWD_RELU) {
         dnn_key k;
         memset(&k, 0, sizeof k);
         k.kind = KIND_RELU, k.dtype = (int)a->out[0].dtype;
@@ -333,9 +335,18 @@ static kiln_status conv_run_locked(kiln_op_id op, const kiln_op_args *a, kiln_cu
     return KILN_OK;
 }
 
-static kiln_status conv_run(kiln_op_id op, const char *name, const kiln_op_args *a) {
+/* The hand-written kernel of each convolution entry, for args it declines. */
+static kiln_status conv_reference(conv_op op, const kiln_op_args *a) {
+    return op == CONV_FWD        ? kiln_cuda_conv2d(a)
+           : op == CONV_FWD_RELU ? kiln_cuda_conv2d_relu(a)
+           : op == CONV_BWD_DATA ? kiln_cuda_conv2d_grad_input(a)
+                                 : kiln_cuda_conv2d_grad_weight(a);
+}
+
+/* A library failure is returned as it is: the fast table falls back. */
+static kiln_status conv_run(conv_op op, const kiln_op_args *a) {
     kiln_cudnn_conv_call c;
-    if (!conv_call_of(op, a, &c)) return kiln_cuda_op_kernels()[op].run(a);
+    if (!conv_call_of(op, a, &c)) return conv_reference(op, a);
     int device = -1, previous = -1;
     kiln_status st = kiln_cuda_fast_enter(conv_owner(&c), &device, &previous);
     if (!st) {
@@ -344,36 +355,26 @@ static kiln_status conv_run(kiln_op_id op, const char *name, const kiln_op_args 
         kiln_cudnn_conv_call_release(&c);
         kiln_cuda_fast_leave(device, previous);
     }
-    return st ? kiln_cuda_fast_fallback(op, name, st, a) : KILN_OK;
+    return st;
 }
 
-kiln_status kiln_cudnn_conv2d(const kiln_op_args *a) { return conv_run(KILN_OP_CONV2D, "cuDNN conv2d", a); }
-kiln_status kiln_cudnn_conv2d_relu(const kiln_op_args *a) {
-    return conv_run(KILN_OP_CONV2D_RELU, "cuDNN conv2d_relu", a);
-}
-bool kiln_cudnn_conv2d_relu_supports(const kiln_op_args *a) { return conv_supports(KILN_OP_CONV2D_RELU, a); }
-size_t kiln_cudnn_conv2d_relu_workspace(const kiln_op_args *a) {
-    return conv_workspace(KILN_OP_CONV2D_RELU, a);
-}
-kiln_status kiln_cudnn_conv2d_grad_input(const kiln_op_args *a) {
-    return conv_run(KILN_OP_CONV2D_GRAD_INPUT, "cuDNN conv2d backward-data", a);
-}
-kiln_status kiln_cudnn_conv2d_grad_weight(const kiln_op_args *a) {
-    return conv_run(KILN_OP_CONV2D_GRAD_WEIGHT, "cuDNN conv2d backward-weights", a);
-}
-bool kiln_cudnn_conv2d_supports(const kiln_op_args *a) { return conv_supports(KILN_OP_CONV2D, a); }
-bool kiln_cudnn_conv2d_grad_input_supports(const kiln_op_args *a) {
-    return conv_supports(KILN_OP_CONV2D_GRAD_INPUT, a);
-}
+kiln_status kiln_cudnn_conv2d(const kiln_op_args *a) { return conv_run(CONV_FWD, a); }
+kiln_status kiln_cudnn_conv2d_relu(const kiln_op_args *a) { return conv_run(CONV_FWD_RELU, a); }
+kiln_status kiln_cudnn_conv2d_grad_input(const kiln_op_args *a) { return conv_run(CONV_BWD_DATA, a); }
+kiln_status kiln_cudnn_conv2d_grad_weight(const kiln_op_args *a) { return conv_run(CONV_BWD_WEIGHT, a); }
+bool kiln_cudnn_conv2d_supports(const kiln_op_args *a) { return conv_supports(CONV_FWD, a); }
+bool kiln_cudnn_conv2d_relu_supports(const kiln_op_args *a) { return conv_supports(CONV_FWD_RELU, a); }
+bool kiln_cudnn_conv2d_grad_input_supports(const kiln_op_args *a) { return conv_supports(CONV_BWD_DATA, a); }
 bool kiln_cudnn_conv2d_grad_weight_supports(const kiln_op_args *a) {
-    return conv_supports(KILN_OP_CONV2D_GRAD_WEIGHT, a);
+    return conv_supports(CONV_BWD_WEIGHT, a);
 }
-size_t kiln_cudnn_conv2d_workspace(const kiln_op_args *a) { return conv_workspace(KILN_OP_CONV2D, a); }
+size_t kiln_cudnn_conv2d_workspace(const kiln_op_args *a) { return conv_workspace(CONV_FWD, a); }
+size_t kiln_cudnn_conv2d_relu_workspace(const kiln_op_args *a) { return conv_workspace(CONV_FWD_RELU, a); }
 size_t kiln_cudnn_conv2d_grad_input_workspace(const kiln_op_args *a) {
-    return conv_workspace(KILN_OP_CONV2D_GRAD_INPUT, a);
+    return conv_workspace(CONV_BWD_DATA, a);
 }
 size_t kiln_cudnn_conv2d_grad_weight_workspace(const kiln_op_args *a) {
-    return conv_workspace(KILN_OP_CONV2D_GRAD_WEIGHT, a);
+    return conv_workspace(CONV_BWD_WEIGHT, a);
 }
 
 /* ---- Average pooling -------------------------------------------------------------------- */
@@ -440,25 +441,14 @@ bool kiln_cudnn_avg_pool2d_backward_supports(const kiln_op_args *a) {
 
 kiln_status kiln_cudnn_avg_pool2d(const kiln_op_args *a) {
     dnn_key k;
-    if (!pool_key(a->attrs, &a->in[0], &a->out[0], &k))
-        return kiln_cuda_op_kernels()[KILN_OP_AVG_POOL2D].run(a);
-    kiln_status st = with_descriptors(&k, a->out[0].data, a, pool_fwd_body);
-    return st ? kiln_cuda_fast_fallback(KILN_OP_AVG_POOL2D, "cuDNN avg_pool2d", st, a) : KILN_OK;
+    if (!pool_key(a->attrs, &a->in[0], &a->out[0], &k)) return kiln_cuda_avg_pool2d(a);
+    return with_descriptors(&k, a->out[0].data, a, pool_fwd_body);
 }
 
 kiln_status kiln_cudnn_avg_pool2d_backward(const kiln_op_args *a) {
     dnn_key k;
-    if (!pool_bwd_key(a, &k)) return kiln_cuda_op_kernels()[KILN_OP_AVG_POOL2D_BACKWARD].run(a);
-    kiln_status st = with_descriptors(&k, a->out[0].data, a, pool_bwd_body);
-    return st ? kiln_cuda_fast_fallback(KILN_OP_AVG_POOL2D_BACKWARD, "cuDNN avg_pool2d_backward", st, a)
-              : KILN_OK;
-}
-
-size_t kiln_cudnn_avg_pool2d_workspace(const kiln_op_args *a) {
-    return kiln_cuda_reference_workspace(KILN_OP_AVG_POOL2D, a);
-}
-size_t kiln_cudnn_avg_pool2d_backward_workspace(const kiln_op_args *a) {
-    return kiln_cuda_reference_workspace(KILN_OP_AVG_POOL2D_BACKWARD, a);
+    if (!pool_bwd_key(a, &k)) return kiln_cuda_avg_pool2d_backward(a);
+    return with_descriptors(&k, a->out[0].data, a, pool_bwd_body);
 }
 
 /* ---- Batch norm ------------------------------------------------------------------------------ */
@@ -524,9 +514,8 @@ bool kiln_cudnn_batch_norm_supports(const kiln_op_args *a) {
 
 kiln_status kiln_cudnn_batch_norm(const kiln_op_args *a) {
     dnn_key k;
-    if (!bn_key(a, &k)) return kiln_cuda_op_kernels()[KILN_OP_BATCH_NORM].run(a);
-    kiln_status st = with_descriptors(&k, a->out[1].data, a, bn_fwd_body);
-    return st ? kiln_cuda_fast_fallback(KILN_OP_BATCH_NORM, "cuDNN batch_norm", st, a) : KILN_OK;
+    if (!bn_key(a, &k)) return kiln_cuda_batch_norm(a);
+    return with_descriptors(&k, a->out[1].data, a, bn_fwd_body);
 }
 
 /* (grad_out, x, weight, mean, invstd) -> (grad_x, grad_weight, grad_bias), training only. */
@@ -567,17 +556,8 @@ bool kiln_cudnn_batch_norm_backward_supports(const kiln_op_args *a) {
 
 kiln_status kiln_cudnn_batch_norm_backward(const kiln_op_args *a) {
     dnn_key k;
-    if (!bn_bwd_key(a, &k)) return kiln_cuda_op_kernels()[KILN_OP_BATCH_NORM_BACKWARD].run(a);
-    kiln_status st = with_descriptors(&k, a->out[0].data, a, bn_bwd_body);
-    return st ? kiln_cuda_fast_fallback(KILN_OP_BATCH_NORM_BACKWARD, "cuDNN batch_norm_backward", st, a)
-              : KILN_OK;
-}
-
-size_t kiln_cudnn_batch_norm_workspace(const kiln_op_args *a) {
-    return kiln_cuda_reference_workspace(KILN_OP_BATCH_NORM, a);
-}
-size_t kiln_cudnn_batch_norm_backward_workspace(const kiln_op_args *a) {
-    return kiln_cuda_reference_workspace(KILN_OP_BATCH_NORM_BACKWARD, a);
+    if (!bn_bwd_key(a, &k)) return kiln_cuda_batch_norm_backward(a);
+    return with_descriptors(&k, a->out[0].data, a, bn_bwd_body);
 }
 
 void kiln_cudnn_ops_shutdown(void) {

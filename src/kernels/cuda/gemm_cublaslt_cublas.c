@@ -434,7 +434,8 @@ static kiln_status lt_run_locked(const gemm_rm *g, void *stream, int device) {
     return st;
 }
 
-static kiln_status lt_gemm(kiln_op_id op, const char *name, const kiln_op_args *a, const gemm_rm *g) {
+/* A library failure is returned as it is: the fast table falls back. */
+static kiln_status lt_gemm(const kiln_op_args *a, const gemm_rm *g) {
     int device = -1, previous = -1;
     kiln_status st = kiln_cuda_fast_enter(a->out[0].data, &device, &previous);
     if (!st) {
@@ -443,17 +444,17 @@ static kiln_status lt_gemm(kiln_op_id op, const char *name, const kiln_op_args *
         pthread_mutex_unlock(&lt_mutex);
         kiln_cuda_fast_leave(device, previous);
     }
-    return st ? kiln_cuda_fast_fallback(op, name, st, a) : KILN_OK;
+    return st;
 }
 
-bool kiln_cublaslt_geometry_of(kiln_op_id op, const kiln_op_args *a, kiln_cublaslt_geometry *out) {
+bool kiln_cublaslt_geometry_of(kiln_cublaslt_gemm gemm, const kiln_op_args *a, kiln_cublaslt_geometry *out) {
     gemm_rm g;
     lt_shape s;
-    bool ok = op == KILN_OP_MM           ? mm_geometry(a, &g)
-              : op == KILN_OP_BMM        ? bmm_geometry(a, &g)
-              : op == KILN_OP_LINEAR     ? linear_geometry(a, &g)
-              : op == KILN_OP_LINEAR_ACT ? linear_act_geometry(a, &g)
-                                         : false;
+    bool ok = gemm == KILN_CUBLASLT_MM           ? mm_geometry(a, &g)
+              : gemm == KILN_CUBLASLT_BMM        ? bmm_geometry(a, &g)
+              : gemm == KILN_CUBLASLT_LINEAR     ? linear_geometry(a, &g)
+              : gemm == KILN_CUBLASLT_LINEAR_ACT ? linear_act_geometry(a, &g)
+                                                 : false;
     if (!ok || !to_shape(&g, &s)) return false;
     memset(out, 0, sizeof *out);
     out->m = s.m, out->n = s.n, out->k = s.k, out->batch = s.batch;
@@ -489,40 +490,29 @@ bool kiln_cublaslt_linear_act_supports(const kiln_op_args *a) {
 }
 kiln_status kiln_cublaslt_linear_act(const kiln_op_args *a) {
     gemm_rm g;
-    if (!linear_act_geometry(a, &g)) return kiln_cuda_op_kernels()[KILN_OP_LINEAR_ACT].run(a);
-    return lt_gemm(KILN_OP_LINEAR_ACT, "cuBLASLt linear_act", a, &g);
-}
-size_t kiln_cublaslt_linear_act_workspace(const kiln_op_args *a) {
-    return kiln_cuda_reference_workspace(KILN_OP_LINEAR_ACT, a);
+    if (!linear_act_geometry(a, &g)) return kiln_cuda_linear_act(a);
+    return lt_gemm(a, &g);
 }
 
 kiln_status kiln_cublaslt_mm(const kiln_op_args *a) {
     gemm_rm g;
-    if (!mm_geometry(a, &g)) return kiln_cuda_op_kernels()[KILN_OP_MM].run(a);
-    return lt_gemm(KILN_OP_MM, "cuBLASLt mm", a, &g);
+    if (!mm_geometry(a, &g)) return kiln_cuda_mm(a);
+    return lt_gemm(a, &g);
 }
 kiln_status kiln_cublaslt_bmm(const kiln_op_args *a) {
     gemm_rm g;
-    if (!bmm_geometry(a, &g)) return kiln_cuda_op_kernels()[KILN_OP_BMM].run(a);
-    return lt_gemm(KILN_OP_BMM, "cuBLASLt bmm", a, &g);
+    if (!bmm_geometry(a, &g)) return kiln_cuda_bmm(a);
+    return lt_gemm(a, &g);
 }
 kiln_status kiln_cublaslt_linear(const kiln_op_args *a) {
     gemm_rm g;
-    if (!linear_geometry(a, &g)) return kiln_cuda_op_kernels()[KILN_OP_LINEAR].run(a);
-    return lt_gemm(KILN_OP_LINEAR, "cuBLASLt linear", a, &g);
+    if (!linear_geometry(a, &g)) return kiln_cuda_linear(a);
+    return lt_gemm(a, &g);
 }
 
-/* The persistent workspace serves cuBLASLt; the call's own workspace is the
- * hand-written kernel's, for a fallback. */
-size_t kiln_cublaslt_mm_workspace(const kiln_op_args *a) {
-    return kiln_cuda_reference_workspace(KILN_OP_MM, a);
-}
-size_t kiln_cublaslt_bmm_workspace(const kiln_op_args *a) {
-    return kiln_cuda_reference_workspace(KILN_OP_BMM, a);
-}
-size_t kiln_cublaslt_linear_workspace(const kiln_op_args *a) {
-    return kiln_cuda_reference_workspace(KILN_OP_LINEAR, a);
-}
+/* cuBLASLt needs no per-call workspace: the persistent one above serves it
+ * (the entries have no workspace fn; the table reserves the hand-written
+ * kernel's for a fallback). */
 
 void kiln_cublaslt_shutdown(void) {
     pthread_mutex_lock(&lt_mutex);

@@ -190,9 +190,4 @@ inline unsigned blocks_for(int64_t work) { return kiln_cuda::grid_for(work); }
 
 } // namespace kiln_nn
 
-/* The parts of kiln_cuda_fill_nn, one per file of the group. */
-void kiln_cuda_fill_conv(kiln_op_kernel *table);  /* ops_conv.cu */
-void kiln_cuda_fill_pool(kiln_op_kernel *table);  /* ops_pool.cu */
-void kiln_cuda_fill_index(kiln_op_kernel *table); /* ops_index.cu */
-
 #endif

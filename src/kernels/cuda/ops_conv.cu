@@ -19,7 +19,6 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/nn_common.h"
 #include "kernels/nn_geometry.h"
-#include "ops/op_registry.h"
 
 namespace {
 
@@ -394,11 +393,12 @@ kiln_status run_conv2d_grad_weight(const kiln_op_args *a) {
 
 } // namespace
 
-/* Called by kiln_cuda_fill_nn (ops_nn.cu). */
-void kiln_cuda_fill_conv(kiln_op_kernel *t) {
-    t[KILN_OP_CONV2D] = kiln_op_kernel{run_conv2d, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_CONV2D_RELU] = kiln_op_kernel{run_conv2d_relu, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_CONV2D_GRAD_INPUT] = kiln_op_kernel{run_conv2d_grad_input, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_CONV2D_GRAD_WEIGHT] =
-        kiln_op_kernel{run_conv2d_grad_weight, wgrad_workspace, KILN_DT_FLOAT, nullptr};
+/* The exported kernels (cuda_ops.h); src/ops/cuda_table_nn_cuda.c points
+ * the table at them. */
+extern "C" kiln_status kiln_cuda_conv2d(const kiln_op_args *a) { return run_conv2d(a); }
+extern "C" kiln_status kiln_cuda_conv2d_relu(const kiln_op_args *a) { return run_conv2d_relu(a); }
+extern "C" kiln_status kiln_cuda_conv2d_grad_input(const kiln_op_args *a) { return run_conv2d_grad_input(a); }
+extern "C" kiln_status kiln_cuda_conv2d_grad_weight(const kiln_op_args *a) {
+    return run_conv2d_grad_weight(a);
 }
+extern "C" size_t kiln_cuda_conv2d_grad_weight_workspace(const kiln_op_args *a) { return wgrad_workspace(a); }

@@ -24,7 +24,6 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_dtype.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "ops/op_registry.h"
 
 namespace {
 
@@ -564,51 +563,9 @@ kiln_status ew_dropout(const kiln_op_args *a) {
 
 } // namespace
 
-#define KILN_DT_NUM_ (KILN_DT_FLOAT | KILN_DT_INT)
-
-/* The dtype masks are the CPU table's (kernels/cpu/ops_elementwise.h). */
-extern "C" void kiln_cuda_fill_elementwise(kiln_op_kernel *t) {
-#define SET(ID, fn, dtypes) t[KILN_OP_##ID] = kiln_op_kernel{fn, NULL, (dtypes), NULL};
-    SET(ADD, ew_add, KILN_DT_ALL)
-    SET(SUB, ew_sub, KILN_DT_NUM_)
-    SET(MUL, ew_mul, KILN_DT_ALL)
-    SET(DIV, ew_div, KILN_DT_FLOAT)
-    SET(POW, ew_pow, KILN_DT_FLOAT)
-    SET(ADD_SCALAR, ew_add_scalar, KILN_DT_NUM_)
-    SET(MUL_SCALAR, ew_mul_scalar, KILN_DT_NUM_)
-    SET(POW_SCALAR, ew_pow_scalar, KILN_DT_FLOAT)
-    SET(NEG, ew_neg, KILN_DT_NUM_)
-    SET(EXP, ew_exp, KILN_DT_FLOAT)
-    SET(LOG, ew_log, KILN_DT_FLOAT)
-    SET(SQRT, ew_sqrt, KILN_DT_FLOAT)
-    SET(RSQRT, ew_rsqrt, KILN_DT_FLOAT)
-    SET(ABS, ew_abs, KILN_DT_NUM_)
-    SET(CLAMP, ew_clamp, KILN_DT_NUM_)
-    SET(WHERE, ew_where, KILN_DT_ALL)
-    SET(CAST, ew_cast, KILN_DT_ALL)
-    SET(EQ, ew_eq, KILN_DT(KILN_BOOL))
-    SET(NE, ew_ne, KILN_DT(KILN_BOOL))
-    SET(LT, ew_lt, KILN_DT(KILN_BOOL))
-    SET(LE, ew_le, KILN_DT(KILN_BOOL))
-    SET(GT, ew_gt, KILN_DT(KILN_BOOL))
-    SET(GE, ew_ge, KILN_DT(KILN_BOOL))
-    SET(ISFINITE, ew_isfinite, KILN_DT(KILN_BOOL))
-    SET(RELU, ew_relu, KILN_DT_NUM_)
-    SET(LEAKY_RELU, ew_leaky_relu, KILN_DT_FLOAT)
-    SET(GELU, ew_gelu, KILN_DT_FLOAT)
-    SET(SIGMOID, ew_sigmoid, KILN_DT_FLOAT)
-    SET(TANH, ew_tanh, KILN_DT_FLOAT)
-    SET(SILU, ew_silu, KILN_DT_FLOAT)
-    SET(RELU_BACKWARD, ew_relu_backward, KILN_DT_FLOAT)
-    SET(LEAKY_RELU_BACKWARD, ew_leaky_relu_backward, KILN_DT_FLOAT)
-    SET(GELU_BACKWARD, ew_gelu_backward, KILN_DT_FLOAT)
-    SET(SIGMOID_BACKWARD, ew_sigmoid_backward, KILN_DT_FLOAT)
-    SET(TANH_BACKWARD, ew_tanh_backward, KILN_DT_FLOAT)
-    SET(SILU_BACKWARD, ew_silu_backward, KILN_DT_FLOAT)
-    SET(DROPOUT, ew_dropout, KILN_DT_FLOAT)
-    SET(COPY, ew_copy, KILN_DT_ALL)
-    SET(RELU_, ew_relu_, KILN_DT_NUM_)
-    SET(ADD_, ew_add_, KILN_DT_ALL)
-    SET(MUL_, ew_mul_, KILN_DT_ALL)
-#undef SET
-}
+/* The exported kernels (cuda_ops.h), one per row of KILN_CUDA_EW_KERNELS;
+ * src/ops/cuda_table_elementwise_cuda.c points the table at them. */
+#define KILN_CUDA_EW_EXPORT(ID, name, dtypes)                                                                \
+    extern "C" kiln_status kiln_cuda_ew_##name(const kiln_op_args *a) { return ew_##name(a); }
+KILN_CUDA_EW_KERNELS(KILN_CUDA_EW_EXPORT)
+#undef KILN_CUDA_EW_EXPORT

@@ -1,5 +1,5 @@
 /* CUDA kernels for mm, bmm, linear and linear_act (reduce group;
- * registered by ops_reduce.cu): one tiled shared-memory GEMM on any
+ * exported through cuda_ops.h): one tiled shared-memory GEMM on any
  * strides (linear_act: K may span several dims of x, and relu runs in the
  * store).
  *
@@ -327,3 +327,10 @@ kiln_status linear_act_op(const kiln_op_args *a) {
 }
 
 } // namespace kiln_cuda
+
+/* The exported kernels (cuda_ops.h); src/ops/cuda_table_reduce_cuda.c
+ * points the table at them. */
+extern "C" kiln_status kiln_cuda_mm(const kiln_op_args *a) { return kiln_cuda::mm_op(a); }
+extern "C" kiln_status kiln_cuda_bmm(const kiln_op_args *a) { return kiln_cuda::bmm_op(a); }
+extern "C" kiln_status kiln_cuda_linear(const kiln_op_args *a) { return kiln_cuda::linear_op(a); }
+extern "C" kiln_status kiln_cuda_linear_act(const kiln_op_args *a) { return kiln_cuda::linear_act_op(a); }

@@ -24,7 +24,6 @@
  * randperm serves, data loader shuffles, but not a fast path). */
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/nn_common.h"
-#include "ops/op_registry.h"
 
 /* runtime/counters.h (C11 atomics, not includable from C++): a blocking
  * wait counts as a host synchronisation, seen by kiln's profiler. */
@@ -495,15 +494,20 @@ kiln_status run_randperm(const kiln_op_args *a) {
 
 } // namespace
 
-void kiln_cuda_fill_index(kiln_op_kernel *t) {
-    const uint32_t all = KILN_DT_ALL, numeric = KILN_DT_FLOAT | KILN_DT_INT;
-    t[KILN_OP_CAT] = kiln_op_kernel{run_cat, nullptr, all, nullptr};
-    t[KILN_OP_GATHER] = kiln_op_kernel{run_gather, index_check_workspace, all, nullptr};
-    t[KILN_OP_SCATTER_ADD] = kiln_op_kernel{run_scatter_add, index_check_workspace, numeric, nullptr};
-    t[KILN_OP_PAD] = kiln_op_kernel{run_pad, nullptr, all, nullptr};
-    t[KILN_OP_FLIP] = kiln_op_kernel{run_flip, nullptr, all, nullptr};
-    t[KILN_OP_EMBEDDING] = kiln_op_kernel{run_embedding, index_check_workspace, all, nullptr};
-    t[KILN_OP_EMBEDDING_BACKWARD] =
-        kiln_op_kernel{run_embedding_backward, embedding_backward_workspace, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_RANDPERM] = kiln_op_kernel{run_randperm, randperm_workspace, KILN_DT(KILN_I64), nullptr};
+/* The exported kernels (cuda_ops.h); src/ops/cuda_table_nn_cuda.c points
+ * the table at them. */
+extern "C" kiln_status kiln_cuda_cat(const kiln_op_args *a) { return run_cat(a); }
+extern "C" kiln_status kiln_cuda_gather(const kiln_op_args *a) { return run_gather(a); }
+extern "C" kiln_status kiln_cuda_scatter_add(const kiln_op_args *a) { return run_scatter_add(a); }
+extern "C" kiln_status kiln_cuda_pad(const kiln_op_args *a) { return run_pad(a); }
+extern "C" kiln_status kiln_cuda_flip(const kiln_op_args *a) { return run_flip(a); }
+extern "C" kiln_status kiln_cuda_embedding(const kiln_op_args *a) { return run_embedding(a); }
+extern "C" kiln_status kiln_cuda_embedding_backward(const kiln_op_args *a) {
+    return run_embedding_backward(a);
 }
+extern "C" kiln_status kiln_cuda_randperm(const kiln_op_args *a) { return run_randperm(a); }
+extern "C" size_t kiln_cuda_index_check_workspace(const kiln_op_args *a) { return index_check_workspace(a); }
+extern "C" size_t kiln_cuda_embedding_backward_workspace(const kiln_op_args *a) {
+    return embedding_backward_workspace(a);
+}
+extern "C" size_t kiln_cuda_randperm_workspace(const kiln_op_args *a) { return randperm_workspace(a); }

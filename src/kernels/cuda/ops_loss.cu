@@ -1,5 +1,5 @@
 /* CUDA kernels for nll_loss (with label smoothing), its backward, and
- * mse_loss (reduce group; registered by ops_reduce.cu). Semantics of the
+ * mse_loss (reduce group; exported through cuda_ops.h). Semantics of the
  * CPU reference (kernels/cpu/ops_loss.c): with w = weight or ones, eps the
  * label smoothing, C classes on dim 1 of log_probs (dim 0 unbatched),
  *
@@ -324,3 +324,17 @@ size_t mse_loss_workspace(const kiln_op_args *a) {
 }
 
 } // namespace kiln_cuda
+
+/* The exported kernels (cuda_ops.h); src/ops/cuda_table_reduce_cuda.c
+ * points the table at them. */
+extern "C" kiln_status kiln_cuda_nll_loss(const kiln_op_args *a) { return kiln_cuda::nll_loss_op(a); }
+extern "C" size_t kiln_cuda_nll_loss_workspace(const kiln_op_args *a) {
+    return kiln_cuda::nll_loss_workspace(a);
+}
+extern "C" kiln_status kiln_cuda_nll_loss_backward(const kiln_op_args *a) {
+    return kiln_cuda::nll_loss_backward_op(a);
+}
+extern "C" kiln_status kiln_cuda_mse_loss(const kiln_op_args *a) { return kiln_cuda::mse_loss_op(a); }
+extern "C" size_t kiln_cuda_mse_loss_workspace(const kiln_op_args *a) {
+    return kiln_cuda::mse_loss_workspace(a);
+}

@@ -11,7 +11,6 @@
  * and the running ones in eval), then writes the channel's outputs. */
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/nn_common.h"
-#include "ops/op_registry.h"
 
 namespace {
 
@@ -254,11 +253,9 @@ kiln_status run_batch_norm_backward(const kiln_op_args *a) {
 
 } // namespace
 
-extern "C" void kiln_cuda_fill_nn(kiln_op_kernel *table) {
-    kiln_cuda_fill_conv(table);
-    kiln_cuda_fill_pool(table);
-    kiln_cuda_fill_index(table);
-    table[KILN_OP_BATCH_NORM] = kiln_op_kernel{run_batch_norm, nullptr, KILN_DT_FLOAT, nullptr};
-    table[KILN_OP_BATCH_NORM_BACKWARD] =
-        kiln_op_kernel{run_batch_norm_backward, nullptr, KILN_DT_FLOAT, nullptr};
+/* The exported kernels (cuda_ops.h); src/ops/cuda_table_nn_cuda.c points
+ * the table at them. */
+extern "C" kiln_status kiln_cuda_batch_norm(const kiln_op_args *a) { return run_batch_norm(a); }
+extern "C" kiln_status kiln_cuda_batch_norm_backward(const kiln_op_args *a) {
+    return run_batch_norm_backward(a);
 }

@@ -14,7 +14,6 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/nn_common.h"
 #include "kernels/nn_geometry.h"
-#include "ops/op_registry.h"
 
 namespace {
 
@@ -315,15 +314,23 @@ kiln_status run_adaptive_avg_pool2d_backward(const kiln_op_args *a) {
 
 } // namespace
 
-void kiln_cuda_fill_pool(kiln_op_kernel *t) {
-    t[KILN_OP_MAX_POOL2D] = kiln_op_kernel{run_max_pool2d, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_MAX_POOL2D_BACKWARD] = kiln_op_kernel{run_max_pool2d_backward, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_RELU_MAX_POOL2D] = kiln_op_kernel{run_relu_max_pool2d, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_RELU_MAX_POOL2D_BACKWARD] =
-        kiln_op_kernel{run_relu_max_pool2d_backward, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_AVG_POOL2D] = kiln_op_kernel{run_avg_pool2d, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_AVG_POOL2D_BACKWARD] = kiln_op_kernel{run_avg_pool2d_backward, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_ADAPTIVE_AVG_POOL2D] = kiln_op_kernel{run_adaptive_avg_pool2d, nullptr, KILN_DT_FLOAT, nullptr};
-    t[KILN_OP_ADAPTIVE_AVG_POOL2D_BACKWARD] =
-        kiln_op_kernel{run_adaptive_avg_pool2d_backward, nullptr, KILN_DT_FLOAT, nullptr};
+/* The exported kernels (cuda_ops.h); src/ops/cuda_table_nn_cuda.c points
+ * the table at them. */
+extern "C" kiln_status kiln_cuda_max_pool2d(const kiln_op_args *a) { return run_max_pool2d(a); }
+extern "C" kiln_status kiln_cuda_max_pool2d_backward(const kiln_op_args *a) {
+    return run_max_pool2d_backward(a);
+}
+extern "C" kiln_status kiln_cuda_relu_max_pool2d(const kiln_op_args *a) { return run_relu_max_pool2d(a); }
+extern "C" kiln_status kiln_cuda_relu_max_pool2d_backward(const kiln_op_args *a) {
+    return run_relu_max_pool2d_backward(a);
+}
+extern "C" kiln_status kiln_cuda_avg_pool2d(const kiln_op_args *a) { return run_avg_pool2d(a); }
+extern "C" kiln_status kiln_cuda_avg_pool2d_backward(const kiln_op_args *a) {
+    return run_avg_pool2d_backward(a);
+}
+extern "C" kiln_status kiln_cuda_adaptive_avg_pool2d(const kiln_op_args *a) {
+    return run_adaptive_avg_pool2d(a);
+}
+extern "C" kiln_status kiln_cuda_adaptive_avg_pool2d_backward(const kiln_op_args *a) {
+    return run_adaptive_avg_pool2d_backward(a);
 }

@@ -1,8 +1,8 @@
 /* CUDA kernels of the reduce op group (cuda_ops.h): sum, mean, amax, amin,
  * argmax and norm over attrs.dims (n_dims 0: every dim), keepdim, on any
  * strides. Softmax, the losses and the matrix products of the group live
- * in ops_softmax.cu, ops_loss.cu and ops_gemm.cu; this file's
- * kiln_cuda_fill_reduce registers them all.
+ * in ops_softmax.cu, ops_loss.cu and ops_gemm.cu (all declared in
+ * cuda_ops.h).
  *
  * Semantics are those of the CPU reference kernels (kernels/cpu/
  * ops_reduce.c): floating inputs accumulate in double, integer sums in
@@ -21,24 +21,6 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/cuda_dtype.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "ops/op_registry.h"
-
-namespace kiln_cuda {
-/* The other files of the group (ops_softmax.cu, ops_loss.cu, ops_gemm.cu). */
-kiln_status softmax_op(const kiln_op_args *a);
-kiln_status log_softmax_op(const kiln_op_args *a);
-kiln_status softmax_backward_op(const kiln_op_args *a);
-kiln_status log_softmax_backward_op(const kiln_op_args *a);
-kiln_status nll_loss_op(const kiln_op_args *a);
-size_t nll_loss_workspace(const kiln_op_args *a);
-kiln_status nll_loss_backward_op(const kiln_op_args *a);
-kiln_status mse_loss_op(const kiln_op_args *a);
-size_t mse_loss_workspace(const kiln_op_args *a);
-kiln_status mm_op(const kiln_op_args *a);
-kiln_status bmm_op(const kiln_op_args *a);
-kiln_status linear_op(const kiln_op_args *a);
-kiln_status linear_act_op(const kiln_op_args *a);
-} // namespace kiln_cuda
 
 namespace {
 
@@ -481,24 +463,12 @@ kiln_status cuda_norm(const kiln_op_args *a) {
 
 } // namespace
 
-/* The dtype masks are the CPU table's (src/ops/cpu_table_reduce.c). */
-extern "C" void kiln_cuda_fill_reduce(kiln_op_kernel *t) {
-    const uint32_t fl = KILN_DT_FLOAT;
-    t[KILN_OP_SUM] = kiln_op_kernel{cuda_sum, reduce_workspace, fl | KILN_DT(KILN_I64), NULL};
-    t[KILN_OP_MEAN] = kiln_op_kernel{cuda_mean, reduce_workspace, fl, NULL};
-    t[KILN_OP_AMAX] = kiln_op_kernel{cuda_amax, reduce_workspace, KILN_DT_ALL, NULL};
-    t[KILN_OP_AMIN] = kiln_op_kernel{cuda_amin, reduce_workspace, KILN_DT_ALL, NULL};
-    t[KILN_OP_ARGMAX] = kiln_op_kernel{cuda_argmax, reduce_workspace, KILN_DT(KILN_I64), NULL};
-    t[KILN_OP_NORM] = kiln_op_kernel{cuda_norm, reduce_workspace, fl, NULL};
-    t[KILN_OP_SOFTMAX] = kiln_op_kernel{kiln_cuda::softmax_op, NULL, fl, NULL};
-    t[KILN_OP_LOG_SOFTMAX] = kiln_op_kernel{kiln_cuda::log_softmax_op, NULL, fl, NULL};
-    t[KILN_OP_SOFTMAX_BACKWARD] = kiln_op_kernel{kiln_cuda::softmax_backward_op, NULL, fl, NULL};
-    t[KILN_OP_LOG_SOFTMAX_BACKWARD] = kiln_op_kernel{kiln_cuda::log_softmax_backward_op, NULL, fl, NULL};
-    t[KILN_OP_NLL_LOSS] = kiln_op_kernel{kiln_cuda::nll_loss_op, kiln_cuda::nll_loss_workspace, fl, NULL};
-    t[KILN_OP_NLL_LOSS_BACKWARD] = kiln_op_kernel{kiln_cuda::nll_loss_backward_op, NULL, fl, NULL};
-    t[KILN_OP_MSE_LOSS] = kiln_op_kernel{kiln_cuda::mse_loss_op, kiln_cuda::mse_loss_workspace, fl, NULL};
-    t[KILN_OP_MM] = kiln_op_kernel{kiln_cuda::mm_op, NULL, fl, NULL};
-    t[KILN_OP_BMM] = kiln_op_kernel{kiln_cuda::bmm_op, NULL, fl, NULL};
-    t[KILN_OP_LINEAR] = kiln_op_kernel{kiln_cuda::linear_op, NULL, fl, NULL};
-    t[KILN_OP_LINEAR_ACT] = kiln_op_kernel{kiln_cuda::linear_act_op, NULL, fl, NULL};
-}
+/* The exported kernels (cuda_ops.h); src/ops/cuda_table_reduce_cuda.c
+ * points the table at them. */
+extern "C" kiln_status kiln_cuda_sum(const kiln_op_args *a) { return cuda_sum(a); }
+extern "C" kiln_status kiln_cuda_mean(const kiln_op_args *a) { return cuda_mean(a); }
+extern "C" kiln_status kiln_cuda_amax(const kiln_op_args *a) { return cuda_amax(a); }
+extern "C" kiln_status kiln_cuda_amin(const kiln_op_args *a) { return cuda_amin(a); }
+extern "C" kiln_status kiln_cuda_argmax(const kiln_op_args *a) { return cuda_argmax(a); }
+extern "C" kiln_status kiln_cuda_norm(const kiln_op_args *a) { return cuda_norm(a); }
+extern "C" size_t kiln_cuda_reduce_workspace(const kiln_op_args *a) { return reduce_workspace(a); }

@@ -1,5 +1,5 @@
 /* CUDA kernels for softmax and log_softmax along attrs.dims[0] and their
- * backward ops (reduce group; registered by ops_reduce.cu). Semantics of
+ * backward ops (reduce group; exported through cuda_ops.h). Semantics of
  * the CPU reference (kernels/cpu/ops_softmax.c):
  *
  *   softmax      y = exp(x - m) / s,        m = max x (NaN wins), s = sum exp(x - m)
@@ -243,3 +243,14 @@ kiln_status log_softmax_op(const kiln_op_args *a) { return softmax_dispatch(a, 1
 kiln_status softmax_backward_op(const kiln_op_args *a) { return softmax_dispatch(a, 0, true); }
 kiln_status log_softmax_backward_op(const kiln_op_args *a) { return softmax_dispatch(a, 1, true); }
 } // namespace kiln_cuda
+
+/* The exported kernels (cuda_ops.h); src/ops/cuda_table_reduce_cuda.c
+ * points the table at them. */
+extern "C" kiln_status kiln_cuda_softmax(const kiln_op_args *a) { return kiln_cuda::softmax_op(a); }
+extern "C" kiln_status kiln_cuda_log_softmax(const kiln_op_args *a) { return kiln_cuda::log_softmax_op(a); }
+extern "C" kiln_status kiln_cuda_softmax_backward(const kiln_op_args *a) {
+    return kiln_cuda::softmax_backward_op(a);
+}
+extern "C" kiln_status kiln_cuda_log_softmax_backward(const kiln_op_args *a) {
+    return kiln_cuda::log_softmax_backward_op(a);
+}
