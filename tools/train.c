@@ -3,20 +3,25 @@
  * checkpoints and print a summary (docs/training.md).
  *
  * With no arguments it trains the tutorial CNN (models/
- * tutorial_cnn_28x28x1.txt) for one epoch, Adam lr 1e-3, batch 128: the
- * recipe of the tutorial. Output goes to runs/<timestamp>/ (metrics.jsonl,
+ * tutorial_cnn_28x28x1.txt) with the default recipe: 3 epochs, batch 128,
+ * Adam with a one-cycle schedule (warm-up over 30% of the steps to the peak
+ * lr 3e-3, cosine down), label smoothing 0.1 (docs/training.md, "The
+ * default recipe"). Output goes to runs/<timestamp>/ (metrics.jsonl,
  * checkpoint.safetensors after every epoch, model.safetensors at the end,
  * trace.json with --profile).
  *
  * Losses and correct counts accumulate on the device; at the end of each
  * --log-every window they go to pinned host memory by non-blocking copies
- * behind an event, and the window's record is written once the event has
- * completed (checked without blocking at later steps; at the epoch's end the
- * host waits for it). So no step waits for the device to display a loss.
- * Ctrl-C finishes the
- * step, writes a checkpoint and exits 130; --resume continues from one. */
+ * behind an event, and the window's record (and, without a TTY, its
+ * progress line, with that window's step and loss) is written once the
+ * event has completed (checked without blocking at later steps; the epoch's
+ * last window waits). So no step waits for the device to display a loss.
+ * Ctrl-C finishes the step, writes a checkpoint and exits 130; --resume
+ * continues from one. */
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -27,9 +32,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "base/error.h"
 #include "kiln/kiln.h"
 #include "ops/cpu_tables.h"
+#include "timing.h"
 #include "train.h"
 #include "train_run.h"
 
@@ -111,12 +119,6 @@ static void sigint_watch_stop(sigint_watch *w) {
     pthread_sigmask(SIG_SETMASK, &w->old_mask, NULL);
 }
 
-double train_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int train_fail(const char *cmd, const char *what) {
     const kiln_error *e = kiln_error_last();
     fprintf(stderr, "kiln %s: %s: %s\n", cmd, what, e->message);
@@ -140,7 +142,8 @@ static void usage(FILE *f) {
                "  --label-smoothing E  cross-entropy label smoothing (default 0.1; 0 turns it off)\n"
                "  --limit N          use only the first N training and test samples (quick runs)\n"
                "  --seed S           seed for initialisation, shuffling and dropout (default 0)\n"
-               "  --workers N        loader threads (default -1: auto)\n"
+               "  --workers N        loader threads (default -1: auto, the cores --threads leaves)\n"
+               "  --threads N        CPU compute threads (default: KILN_NUM_THREADS, else every core)\n"
                "  --log-every N      steps per metrics record and progress line (default 50)\n"
                "  --out DIR          output directory (default runs/<timestamp>)\n"
                "  --resume PATH      continue from a checkpoint (a file, or a run directory holding\n"
@@ -477,24 +480,14 @@ static void fmt_duration(double s, char *buf, size_t size) {
     else snprintf(buf, size, "%ldm%02lds", t / 60, t % 60);
 }
 
-static void progress(train_run *r, int epoch, int64_t i, int64_t nb, double loss, double img_s, double ep_t0,
-                     double wait_pct, bool final) {
+/* A non-TTY progress line: one per window, written when the window's sums
+ * have landed, with the window's own step and loss. */
+static void progress_line(const train_run *r, const window_readback *w, double loss, int64_t nb) {
     char eta[32];
-    double elapsed = train_now_s() - ep_t0;
-    fmt_duration(i ? elapsed / (double)i * (double)(nb - i) : 0, eta, sizeof eta);
-    double mib = (double)kiln_memory_allocated(r->dev) / (1 << 20);
-    if (r->tty) {
-        int width = 24, fill = nb ? (int)(width * i / nb) : width;
-        char bar[32];
-        for (int k = 0; k < width; k++) bar[k] = k < fill ? '#' : '.';
-        bar[width] = '\0';
-        fprintf(stderr, "\repoch %d/%d [%s] %lld/%lld loss %.4f %.0f img/s ETA %s mem %.0f MiB wait %.0f%%  %s",
-                epoch + 1, r->a.epochs, bar, (long long)i, (long long)nb, loss, img_s, eta, mib, wait_pct,
-                final ? "\n" : "");
-    } else {
-        fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f img/s ETA %s mem %.0f MiB wait %.0f%%\n",
-                epoch + 1, r->a.epochs, (long long)i, (long long)nb, loss, img_s, eta, mib, wait_pct);
-    }
+    fmt_duration(w->eta_s, eta, sizeof eta);
+    fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f %.0f img/s ETA %s mem %.0f MiB wait %.0f%%\n", w->epoch,
+            r->a.epochs, (long long)w->batch, (long long)nb, loss, w->epoch_img_s, eta,
+            (double)w->mem_alloc / (1 << 20), w->wait_pct);
     fflush(stderr);
 }
 
@@ -522,27 +515,62 @@ static kiln_status save_checkpoint(train_run *r, int epoch, int64_t batch_in_epo
     return KILN_OK;
 }
 
-/* The last checkpoint record of a resumed run's metrics.jsonl: the partial
- * epoch's loss sum and image count. */
-static void read_resume_sums(train_run *r, int64_t step) {
-    char path[PATH_MAX + 32], line[1024];
+/* One field of a checkpoint record as a number in [lo, hi] (whole when
+ * `whole`); else 1 with an error naming the file, line and field. The
+ * value is range-checked as a double before any conversion, so a huge
+ * number cannot overflow. */
+static int resume_field(const cJSON *rec, const char *field, double lo, double hi, bool whole, const char *path,
+                        long line, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, field);
+    if (cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi &&
+        (!whole || v->valuedouble == floor(v->valuedouble))) {
+        *out = v->valuedouble;
+        return 0;
+    }
+    char text[64] = "missing";
+    if (cJSON_IsNumber(v)) snprintf(text, sizeof text, "%.9g", v->valuedouble);
+    else if (v) snprintf(text, sizeof text, "not a number");
+    fprintf(stderr,
+            "kiln train: cannot resume: %s:%ld: checkpoint record's %s is %s, outside %.9g..%.9g: the file was "
+            "edited or belongs to another run (remove that line, or resume into a fresh --out)\n",
+            path, line, field, text, lo, hi);
+    return 1;
+}
+
+/* The checkpoint record of step `step` in a resumed run's metrics.jsonl:
+ * the partial epoch's loss sum and image count (the last such record
+ * wins). No metrics file, or no record, leaves them 0: the epoch record
+ * then covers only the resumed part. Lines that do not parse are skipped
+ * (a crash may leave half a line); a record of this step whose numbers are
+ * out of range is refused: 0, or 1 with the error printed. */
+static int read_resume_sums(train_run *r, int64_t step) {
+    char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->out_dir);
     FILE *f = fopen(path, "r");
-    if (!f) return;
-    while (fgets(line, sizeof line, f)) {
-        long long s = -1, imgs = 0;
-        double sum = 0;
-        const char *p = strstr(line, "\"event\":\"checkpoint\"");
-        const char *ps = p ? strstr(line, "\"step\":") : NULL;
-        const char *pl = p ? strstr(line, "\"epoch_loss_sum\":") : NULL;
-        const char *pi = p ? strstr(line, "\"epoch_images\":") : NULL;
-        if (!ps || !pl || !pi || sscanf(ps, "\"step\":%lld", &s) != 1 || s != step) continue;
-        if (sscanf(pl, "\"epoch_loss_sum\":%lf", &sum) == 1 && sscanf(pi, "\"epoch_images\":%lld", &imgs) == 1) {
-            r->resume_loss_sum = sum;
-            r->resume_images = imgs;
+    if (!f) return 0;
+    char *text = NULL;
+    size_t cap = 0;
+    long line = 0;
+    int rc = 0;
+    double max_images = (double)kiln_dataset_length(r->train_ds);
+    while (rc == 0 && getline(&text, &cap, f) > 0) {
+        line++;
+        if (!strstr(text, "\"checkpoint\"")) continue; /* step records: no need to parse */
+        cJSON *rec = cJSON_Parse(text);
+        const cJSON *ev = cJSON_GetObjectItemCaseSensitive(rec, "event");
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(rec, "step");
+        double sum = 0, images = 0;
+        if (cJSON_IsString(ev) && !strcmp(ev->valuestring, "checkpoint") && cJSON_IsNumber(s) &&
+            s->valuedouble == (double)step) {
+            rc = resume_field(rec, "epoch_loss_sum", 0, DBL_MAX, false, path, line, &sum);
+            if (!rc) rc = resume_field(rec, "epoch_images", 0, max_images, true, path, line, &images);
+            if (!rc) r->resume_loss_sum = sum, r->resume_images = (int64_t)images;
         }
+        cJSON_Delete(rec);
     }
+    free(text);
     fclose(f);
+    return rc;
 }
 
 /* ---- Training ------------------------------------------------------------------------------ */
@@ -559,138 +587,198 @@ static kiln_status accumulate(kiln_tensor **acc, kiln_tensor *v) {
 
 typedef enum { EPOCH_DONE, EPOCH_STOPPED } epoch_end;
 
-/* One epoch: steps with progress and per-window metrics records, then the
- * test-set evaluation, the epoch record and a checkpoint. *how says
- * whether it was cut short (Ctrl-C or --max-steps: checkpoint written). */
-static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t *images, epoch_end *how,
-                             bool *leak_reported) {
-    *how = EPOCH_DONE;
-    kiln_status st = kiln_loader_epoch_begin(r->train_ld, epoch);
-    if (st != KILN_OK) return st;
-    int64_t nb = kiln_loader_num_batches(r->train_ld), i = 0, win_img = 0, ep_img = 0;
-    double ep_loss = 0;
-    /* Resume mid-epoch: the loader's order is a function of (seed, epoch);
-     * the batches already trained are drawn and dropped. */
-    if (epoch == r->start_epoch && r->skip_batches > 0) {
-        for (; i < r->skip_batches && st == KILN_OK; i++) {
-            kiln_scope_begin();
-            kiln_tensor *x = NULL, *y = NULL;
-            st = kiln_loader_next(r->train_ld, &x, &y);
-            bool end = st == KILN_OK && !x;
-            kiln_scope_end();
-            if (end)
-                return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
-                                  "resume with the --limit and --batch of the interrupted run",
-                                  "the checkpoint stopped %lld batches into epoch %d, but this run's epoch has %lld",
-                                  (long long)r->skip_batches, epoch + 1, (long long)nb);
-        }
-        ep_loss = r->resume_loss_sum, ep_img = r->resume_images;
-        if (st != KILN_OK) return st;
+/* One epoch's running state: its batches and images, the open metrics
+ * window (sums on the device), the closed window whose sums are on their
+ * way to the host, and the latest landed loss the progress bar shows. */
+typedef struct epoch_state {
+    int epoch;
+    int64_t nb, i, i0;        /* batches: in the epoch, done, skipped on resume */
+    int64_t images, img_base; /* images of the epoch; img_base of them trained before a stop */
+    int64_t hits_img;         /* images since the epoch (re)started: train_acc's denominator */
+    double t0;                /* the first step's start (after skipped batches) */
+    double loss_sum, correct; /* landed windows' sums (loss_sum from before a stop too) */
+    kiln_tensor *win_loss, *win_hits; /* the open window's device sums */
+    int win_n;
+    int64_t win_img;
+    double win_t0, win_wait0;
+    window_readback rb;       /* the closed window on its way */
+    bool landed;              /* a window of this epoch has landed: shown_* are set */
+    double shown_loss;
+    int64_t shown_batch;
+    double last_draw;         /* the TTY bar's last redraw */
+} epoch_state;
+
+/* Land the closed window's sums (wait for them when `wait`, else only if
+ * they are there) and write its record and, without a TTY, its progress
+ * line: the one writer of both. */
+static kiln_status window_land(train_run *r, epoch_state *e, bool wait) {
+    double wl = 0, wh = 0;
+    bool ready = false;
+    KILN_TRY(train_readback_finish(&e->rb, wait, &wl, &wh, &ready));
+    if (!ready) return KILN_OK;
+    e->shown_loss = train_window_record(r, &e->rb, wl, wh);
+    e->shown_batch = e->rb.batch;
+    e->landed = true;
+    e->loss_sum += wl, e->correct += wh;
+    if (!r->tty) progress_line(r, &e->rb, e->shown_loss, e->nb);
+    return KILN_OK;
+}
+
+/* Close the open window at time t: take what its record shows and start
+ * its sums' copies to the host. The previous window has landed. */
+static kiln_status window_close(train_run *r, epoch_state *e, double t) {
+    kiln_loader_stats ls;
+    kiln_loader_stats_get(r->train_ld, &ls);
+    kiln_memory_stats ms;
+    memset(&ms, 0, sizeof ms);
+    kiln_memory_stats_get(r->dev, &ms);
+    window_readback *w = &e->rb;
+    double elapsed = t - e->t0;
+    w->n = e->win_n, w->epoch = e->epoch + 1, w->step = r->step, w->img = e->win_img, w->batch = e->i;
+    w->lr = kiln_optimizer_get_lr(r->opt), w->img_s = (double)e->win_img / (t - e->win_t0);
+    w->wait_s = ls.wait_s - e->win_wait0, w->window_s = t - e->win_t0;
+    /* Since the epoch (re)started: a resumed epoch's batches and images
+     * from before the stop are not this run's work. */
+    w->epoch_img_s = elapsed > 0 ? (double)(e->images - e->img_base) / elapsed : 0;
+    w->eta_s = e->i > e->i0 ? elapsed / (double)(e->i - e->i0) * (double)(e->nb - e->i) : 0;
+    w->wait_pct = ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0;
+    w->mem_alloc = (long long)ms.allocated_bytes[KILN_POOL_ALL].current;
+    w->mem_res = (long long)ms.reserved_bytes[KILN_POOL_ALL].current;
+    w->mem_peak = (long long)ms.allocated_bytes[KILN_POOL_ALL].peak;
+    w->amp_scale = train_amp_scale(r);
+    e->win_n = 0, e->win_img = 0, e->win_t0 = t, e->win_wait0 = ls.wait_s;
+    return train_readback_start(r, w, &e->win_loss, &e->win_hits);
+}
+
+/* The TTY bar: the batch now, and the latest landed window's loss with
+ * the batch it belongs to ("–" until one has landed this epoch). */
+static void progress_bar(train_run *r, const epoch_state *e, double t) {
+    kiln_loader_stats ls;
+    kiln_loader_stats_get(r->train_ld, &ls);
+    double elapsed = t - e->t0;
+    char eta[32], loss[48];
+    fmt_duration(e->i > e->i0 ? elapsed / (double)(e->i - e->i0) * (double)(e->nb - e->i) : 0, eta, sizeof eta);
+    if (e->landed) snprintf(loss, sizeof loss, "%.4f@%lld", e->shown_loss, (long long)e->shown_batch);
+    else snprintf(loss, sizeof loss, "\xe2\x80\x93");
+    int width = 24, fill = e->nb ? (int)(width * e->i / e->nb) : width;
+    char bar[32];
+    for (int k = 0; k < width; k++) bar[k] = k < fill ? '#' : '.';
+    bar[width] = '\0';
+    fprintf(stderr, "\repoch %d/%d [%s] %lld/%lld loss %s %.0f img/s ETA %s mem %.0f MiB wait %.0f%%  ",
+            e->epoch + 1, r->a.epochs, bar, (long long)e->i, (long long)e->nb, loss,
+            elapsed > 0 ? (double)(e->images - e->img_base) / elapsed : 0, eta,
+            (double)kiln_memory_allocated(r->dev) / (1 << 20), ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0);
+    fflush(stderr);
+}
+
+/* Resume mid-epoch: the loader's order is a function of (seed, epoch);
+ * the batches already trained are drawn and dropped. */
+static kiln_status skip_batches(train_run *r, epoch_state *e) {
+    kiln_status st = KILN_OK;
+    for (; e->i < r->skip_batches && st == KILN_OK; e->i++) {
+        kiln_scope_begin();
+        kiln_tensor *x = NULL, *y = NULL;
+        st = kiln_loader_next(r->train_ld, &x, &y);
+        bool end = st == KILN_OK && !x;
+        kiln_scope_end();
+        if (end)
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "resume with the --limit and --batch of the interrupted run",
+                              "the checkpoint stopped %lld batches into epoch %d, but this run's epoch has %lld",
+                              (long long)r->skip_batches, e->epoch + 1, (long long)e->nb);
     }
-    int64_t i0 = i;
-    double ep_t0 = train_now_s(), win_t0 = ep_t0, last_draw = 0, shown_loss = 0;
+    e->loss_sum = r->resume_loss_sum, e->images = e->img_base = r->resume_images;
+    return st;
+}
+
+/* One optimizer step on the next batch; *b is its images (0: the epoch's
+ * batches are done). */
+static kiln_status train_step(train_run *r, epoch_state *e, int64_t *b) {
+    kiln_scope_begin();
+    kiln_tensor *x = NULL, *y = NULL, *loss = NULL, *hits = NULL;
+    kiln_status st = kiln_loader_next(r->train_ld, &x, &y);
+    *b = st == KILN_OK && x ? kiln_size(x, 0) : 0;
+    if (*b) {
+        kiln_range_push("step");
+        st = kiln_optimizer_zero_grad(r->opt, true);
+        if (st == KILN_OK) st = train_amp_backward(r, x, y, &loss, &hits);
+        if (st == KILN_OK) st = train_amp_step(r);
+        if (st == KILN_OK) st = train_schedule_step(r);
+        if (st == KILN_OK) st = accumulate(&e->win_loss, loss);
+        if (st == KILN_OK) st = accumulate(&e->win_hits, hits);
+        kiln_range_pop();
+    }
+    kiln_scope_end();
+    return st;
+}
+
+/* The epoch's steps, with a metrics record and (without a TTY) a progress
+ * line per --log-every window. A window's sums land at a later step (or,
+ * for the epoch's last window, at once), so no step waits for the device
+ * to show a loss. *how says whether a stop cut the epoch short. */
+static kiln_status run_steps(train_run *r, epoch_state *e, epoch_end *how, bool *leak_reported) {
     kiln_loader_stats ls0;
     kiln_loader_stats_get(r->train_ld, &ls0);
-    double win_wait0 = ls0.wait_s;
-    int win_n = 0;
-    kiln_tensor *win_loss = NULL, *win_hits = NULL;
-    window_readback rb;
-    memset(&rb, 0, sizeof rb);
-    int64_t img_base = ep_img; /* images of a resumed epoch trained before the stop */
-    double ep_correct = 0;
-    int64_t hits_img = 0;
-    while (st == KILN_OK) {
-        kiln_scope_begin();
-        kiln_tensor *x = NULL, *y = NULL, *loss = NULL, *hits = NULL;
-        st = kiln_loader_next(r->train_ld, &x, &y);
-        bool done = st != KILN_OK || !x;
-        int64_t b = done ? 0 : kiln_size(x, 0);
-        if (!done) {
-            kiln_range_push("step");
-            st = kiln_optimizer_zero_grad(r->opt, true);
-            if (st == KILN_OK) st = train_amp_backward(r, x, y, &loss, &hits);
-            if (st == KILN_OK) st = train_amp_step(r);
-            if (st == KILN_OK) st = train_schedule_step(r);
-            if (st == KILN_OK) st = accumulate(&win_loss, loss);
-            if (st == KILN_OK) st = accumulate(&win_hits, hits);
-            kiln_range_pop();
-        }
-        kiln_scope_end();
-        if (done || st != KILN_OK) break;
-        i++, r->step++, win_n++, win_img += b, ep_img += b, hits_img += b;
+    e->t0 = e->win_t0 = tool_now_s();
+    e->win_wait0 = ls0.wait_s;
+    kiln_status st = KILN_OK;
+    for (;;) {
+        int64_t b = 0;
+        if ((st = train_step(r, e, &b)) != KILN_OK || !b) break;
+        e->i++, r->step++, e->win_n++, e->win_img += b, e->images += b, e->hits_img += b;
         if ((st = train_diag_step(r, leak_reported)) != KILN_OK) break;
         bool stop = interrupted || (r->a.max_steps && r->step >= r->a.max_steps);
-        double t = train_now_s();
-        /* The previous window's record, once its sums have landed (at the
-         * next window's end, the epoch's end or a stop: wait for them). */
-        bool window_end = win_n == r->a.log_every || i == nb || stop;
-        {
-            double wl = 0, wh = 0;
-            bool ready = false;
-            if ((st = train_readback_finish(&rb, window_end, &wl, &wh, &ready)) != KILN_OK) break;
-            if (ready) {
-                shown_loss = train_window_record(r, &rb, wl, wh);
-                ep_loss += wl, ep_correct += wh;
-            }
-        }
-        if (window_end) {
-            kiln_loader_stats ls;
-            kiln_loader_stats_get(r->train_ld, &ls);
-            kiln_memory_stats ms;
-            memset(&ms, 0, sizeof ms);
-            kiln_memory_stats_get(r->dev, &ms);
-            rb.n = win_n, rb.epoch = epoch + 1, rb.step = r->step, rb.img = win_img;
-            rb.lr = kiln_optimizer_get_lr(r->opt), rb.img_s = (double)win_img / (t - win_t0);
-            rb.wait_s = ls.wait_s - win_wait0, rb.window_s = t - win_t0;
-            rb.mem_alloc = (long long)ms.allocated_bytes[KILN_POOL_ALL].current;
-            rb.mem_res = (long long)ms.reserved_bytes[KILN_POOL_ALL].current;
-            rb.mem_peak = (long long)ms.allocated_bytes[KILN_POOL_ALL].peak;
-            rb.amp_scale = train_amp_scale(r);
-            if ((st = train_readback_start(r, &rb, &win_loss, &win_hits)) != KILN_OK) break;
-            if (i == nb || stop) { /* the epoch's last window: its record now */
-                double wl = 0, wh = 0;
-                bool ready = false;
-                if ((st = train_readback_finish(&rb, true, &wl, &wh, &ready)) != KILN_OK) break;
-                shown_loss = train_window_record(r, &rb, wl, wh);
-                ep_loss += wl, ep_correct += wh;
-            }
-            double wait_pct = ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0;
-            if (!r->tty) progress(r, epoch, i, nb, shown_loss, (double)(ep_img) / (t - ep_t0), ep_t0, wait_pct, false);
-            win_n = 0, win_img = 0, win_t0 = t, win_wait0 = ls.wait_s;
-        }
-        if (r->tty && (t - last_draw > 0.2 || i == nb)) {
-            kiln_loader_stats ls;
-            kiln_loader_stats_get(r->train_ld, &ls);
-            progress(r, epoch, i, nb, shown_loss, (double)(i - i0) * (double)r->a.batch / (t - ep_t0), ep_t0,
-                     ls.elapsed_s > 0 ? 100 * ls.wait_s / ls.elapsed_s : 0, false);
-            last_draw = t;
+        bool last = e->i == e->nb || stop, window_end = e->win_n == r->a.log_every || last;
+        double t = tool_now_s();
+        /* The previous window lands; before the next one closes, wait for it
+         * (one readback slot). */
+        if ((st = window_land(r, e, window_end)) != KILN_OK) break;
+        if (window_end && (st = window_close(r, e, t)) != KILN_OK) break;
+        if (last && (st = window_land(r, e, true)) != KILN_OK) break;
+        if (r->tty && (t - e->last_draw > 0.2 || e->i == e->nb)) {
+            progress_bar(r, e, t);
+            e->last_draw = t;
         }
         if (stop) {
-            if (r->tty) fprintf(stderr, "\n");
             *how = EPOCH_STOPPED;
-            st = save_checkpoint(r, epoch, i, epoch, ep_loss, ep_img);
-            *images += ep_img - img_base;
             break;
         }
     }
-    kiln_release(win_loss);
-    kiln_release(win_hits);
-    train_readback_free(&rb);
-    if (st != KILN_OK || *how == EPOCH_STOPPED) return st;
-    if (r->tty && i) fprintf(stderr, "\n");
-    double train_time = train_now_s() - ep_t0, test_loss = 0;
+    r->train_s += tool_now_s() - e->t0;
+    if (r->tty && e->i > e->i0) fprintf(stderr, "\n");
+    return st;
+}
+
+/* One epoch: its steps, then the test-set evaluation, the epoch record and
+ * a checkpoint. *how says whether it was cut short (Ctrl-C or --max-steps:
+ * a checkpoint written mid-epoch). *images gains the images trained. */
+static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t *images, epoch_end *how,
+                             bool *leak_reported) {
+    *how = EPOCH_DONE;
+    epoch_state e = {.epoch = epoch};
+    kiln_status st = kiln_loader_epoch_begin(r->train_ld, epoch);
+    if (st != KILN_OK) return st;
+    e.nb = kiln_loader_num_batches(r->train_ld);
+    if (epoch == r->start_epoch && r->skip_batches > 0) st = skip_batches(r, &e);
+    e.i0 = e.i;
+    if (st == KILN_OK) st = run_steps(r, &e, how, leak_reported);
+    kiln_release(e.win_loss);
+    kiln_release(e.win_hits);
+    train_readback_free(&e.rb);
+    if (st != KILN_OK) return st;
+    *images += e.images - e.img_base;
+    if (*how == EPOCH_STOPPED) return save_checkpoint(r, epoch, e.i, epoch, e.loss_sum, e.images);
+    double train_time = tool_now_s() - e.t0, test_loss = 0;
     st = train_evaluate(r->model, r->test_ld, epoch, &test_loss, test_acc, NULL);
     if (st != KILN_OK) return st;
-    double epoch_time = train_now_s() - ep_t0;
-    double train_loss = i ? ep_loss / (double)i : 0;
+    double epoch_time = tool_now_s() - e.t0;
+    double train_loss = e.i ? e.loss_sum / (double)e.i : 0;
     train_metric(r,
-           "{\"event\":\"epoch\",\"epoch\":%d,\"train_loss\":%.9g,\"train_acc\":%.6f,\"test_loss\":%.9g,"
-           "\"test_acc\":%.6f,\"train_s\":%.3f,\"epoch_s\":%.3f}\n",
-           epoch + 1, train_loss, hits_img ? ep_correct / (double)hits_img : 0, test_loss, *test_acc, train_time,
-           epoch_time);
+                 "{\"event\":\"epoch\",\"epoch\":%d,\"train_loss\":%.9g,\"train_acc\":%.6f,\"test_loss\":%.9g,"
+                 "\"test_acc\":%.6f,\"train_s\":%.3f,\"epoch_s\":%.3f}\n",
+                 epoch + 1, train_loss, e.hits_img ? e.correct / (double)e.hits_img : 0, test_loss, *test_acc,
+                 train_time, epoch_time);
     fprintf(stderr, "epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.2f%% (%.1f s)\n", epoch + 1,
             r->a.epochs, train_loss, test_loss, 100 * *test_acc, epoch_time);
-    *images += ep_img - img_base;
     return save_checkpoint(r, epoch + 1, 0, epoch + 1, 0, 0);
 }
 
@@ -765,7 +853,7 @@ static int resume(train_run *r, char *resume_from) {
     r->step = s.step;
     r->start_epoch = (int)s.epoch;
     r->skip_batches = s.batch_in_epoch;
-    if (r->skip_batches) read_resume_sums(r, s.step);
+    if (r->skip_batches && read_resume_sums(r, s.step)) return 1;
     fprintf(stderr, "kiln train: resuming from %s: epoch %lld, step %lld, %lld batches into the epoch\n",
             resume_from, (long long)s.epoch + 1, (long long)s.step, (long long)s.batch_in_epoch);
     return 0;
@@ -805,10 +893,14 @@ static int setup(train_run *r) {
     if ((rc = train_checkpoint_setup(r))) return rc;
     if ((rc = train_schedule_setup(r))) return rc;
     char dev[32];
-    fprintf(stderr, "kiln train: %s (%lld parameters) on %s, %lld training and %lld test images, %d epoch%s, "
-                    "batch %lld, Adam lr %g%s; output in %s\n",
+    kiln_loader_stats ls;
+    kiln_loader_stats_get(r->train_ld, &ls);
+    r->loader_workers = ls.num_workers;
+    fprintf(stderr, "kiln train: %s (%lld parameters) on %s (%d compute thread%s, %d loader worker%s), %lld training "
+                    "and %lld test images, %d epoch%s, batch %lld, Adam lr %g%s; output in %s\n",
             r->a.model ? r->a.model : "model", (long long)kiln_module_num_parameters(r->model),
-            kiln_device_str(r->dev, dev, sizeof dev), (long long)kiln_dataset_length(r->train_ds),
+            kiln_device_str(r->dev, dev, sizeof dev), kiln_num_threads(), kiln_num_threads() == 1 ? "" : "s",
+            r->loader_workers, r->loader_workers == 1 ? "" : "s", (long long)kiln_dataset_length(r->train_ds),
             (long long)kiln_dataset_length(r->test_ds), r->a.epochs, r->a.epochs == 1 ? "" : "s",
             (long long)r->a.batch, kiln_optimizer_get_lr(r->opt), r->a.deterministic ? ", deterministic" : "",
             r->out_dir);
@@ -835,7 +927,7 @@ static int train_and_report(train_run *r) {
     int64_t images = 0;
     bool leak_reported = false;
     if (train_diag_begin(r) != KILN_OK) return fail("diagnostics");
-    double t_train = train_now_s();
+    double t_epochs = tool_now_s();
     epoch_end how = EPOCH_DONE;
     int e = r->start_epoch;
     for (; e < r->a.epochs && how == EPOCH_DONE; e++)
@@ -843,7 +935,7 @@ static int train_and_report(train_run *r) {
             train_diag_end(r, true);
             return fail("training");
         }
-    double train_s = train_now_s() - t_train;
+    double epochs_s = tool_now_s() - t_epochs; /* steps, evaluations and checkpoints */
     train_diag_end(r, leak_reported);
     if (how == EPOCH_STOPPED) {
         fprintf(stderr, "kiln train: %s at step %lld; checkpoint %s (continue with --resume %s)\n",
@@ -860,23 +952,27 @@ static int train_and_report(train_run *r) {
     if (kiln_safetensors_save(path, r->model) != KILN_OK) return fail("weights");
     kiln_memory_stats ms;
     int64_t peak = kiln_memory_stats_get(r->dev, &ms) == KILN_OK ? ms.allocated_bytes[KILN_POOL_ALL].peak : 0;
-    double wall = train_now_s() - r->t0;
-    double img_s = train_s > 0 ? (double)images / train_s : 0;
-    printf("kiln train: test accuracy %.2f%%, %.1f s, %.0f train img/s, peak memory %.1f MiB, checkpoint %s\n",
-           100 * acc, wall, img_s, (double)peak / (1 << 20), r->ckpt_path);
-    char summary[512];
+    double wall = tool_now_s() - r->t0;
+    double img_s = epochs_s > 0 ? (double)images / epochs_s : 0;
+    printf("kiln train: test accuracy %.2f%%, %.1f s (training loop %.1f s), %.0f train img/s, peak memory %.1f MiB, "
+           "checkpoint %s\n",
+           100 * acc, wall, r->train_s, img_s, (double)peak / (1 << 20), r->ckpt_path);
+    /* What each time covers: docs/training.md, "Metrics". */
+    char summary[768];
     snprintf(summary, sizeof summary,
-             "{\"event\":\"summary\",\"test_acc\":%.6f,\"wall_s\":%.3f,\"train_img_s\":%.1f,\"peak_bytes\":%lld,"
-             "\"steps\":%lld,\"epochs\":%d,\"amp\":\"%s\",\"amp_scale\":%g,\"amp_skipped_steps\":%lld}",
-             acc, wall, img_s, (long long)peak, (long long)r->step, r->a.epochs, train_amp_name(r), train_amp_scale(r),
-             (long long)train_amp_skipped(r));
+             "{\"event\":\"summary\",\"test_acc\":%.6f,\"wall_s\":%.3f,\"train_img_s\":%.1f,\"train_s\":%.3f,"
+             "\"images\":%lld,\"peak_bytes\":%lld,\"steps\":%lld,\"epochs\":%d,\"threads\":%d,\"loader_workers\":%d,"
+             "\"amp\":\"%s\","
+             "\"amp_scale\":%g,\"amp_skipped_steps\":%lld}",
+             acc, wall, img_s, r->train_s, (long long)images, (long long)peak, (long long)r->step, r->a.epochs,
+             kiln_num_threads(), r->loader_workers, train_amp_name(r), train_amp_scale(r), (long long)train_amp_skipped(r));
     train_metric(r, "%s\n", summary);
     printf("%s\n", summary); /* the last stdout line */
     return 0;
 }
 
 int kiln_cmd_train(int argc, char **argv) {
-    train_run r = {.t0 = train_now_s()};
+    train_run r = {.t0 = tool_now_s()};
     pthread_mutex_init(&r.metrics_lock, NULL);
     int rc = parse_args(argc, argv, &r.a);
     if (rc) return rc < 0 ? 0 : rc;

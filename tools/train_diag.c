@@ -15,7 +15,7 @@ static void on_trace_ready(void *user) { ((train_run *)user)->trace_ready = true
 
 static void monitor_sample(const kiln_gpu_stats *gpus, int count, kiln_status status, void *user) {
     train_run *r = user;
-    double t = train_now_s() - r->t0;
+    double t = tool_now_s() - r->t0;
     (void)status;
     for (int i = 0; i < count; i++)
         train_metric(r,

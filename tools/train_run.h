@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "kiln/kiln.h"
+#include "timing.h"
 
 /* --amp (train_amp.c). */
 typedef enum train_amp_mode { TRAIN_AMP_AUTO = 0, TRAIN_AMP_OFF, TRAIN_AMP_F16, TRAIN_AMP_BF16 } train_amp_mode;
@@ -43,19 +44,19 @@ typedef struct train_run {
     kiln_loss_opts loss_opts;   /* the training loss (label smoothing) */
     kiln_dataset *train_ds, *test_ds;
     kiln_loader *train_ld, *test_ld;
+    int loader_workers;       /* the training loader's, auto resolved */
     bool tty, monitoring, profiling, trace_ready;
     int64_t step;
     int start_epoch;
     int64_t skip_batches;     /* resume: batches of start_epoch already trained */
     double resume_loss_sum;   /* resume: the epoch's loss sum before the stop */
     int64_t resume_images;
-    double t0;
+    double t0;                /* kiln_cmd_train's start: wall_s counts from here */
+    double train_s;           /* the training loops so far (train_s in the summary) */
     kiln_dtype amp;           /* the autocast dtype, KILN_F32 when mixed precision is off */
     kiln_grad_scaler *scaler; /* with amp (disabled for bf16, which needs no loss scaling) */
 } train_run;
 
-/* Seconds on the monotonic clock. */
-double train_now_s(void);
 /* One JSON line into metrics.jsonl, under the run's lock (the monitor
  * thread writes too). */
 void train_metric(train_run *r, const char *fmt, ...);
@@ -97,14 +98,20 @@ int64_t train_amp_skipped(const train_run *r);
 int train_schedule_setup(train_run *r);
 kiln_status train_schedule_step(train_run *r);
 
-/* A window's sums on their way to the host, with what its record needs. */
+/* A window's sums on their way to the host, with what its record and its
+ * progress line need (taken when the window closed, so both describe the
+ * window's last step, not the step at which its sums landed). */
 typedef struct window_readback {
     bool pending;
     kiln_tensor *loss_host, *hits_host; /* pinned, reused */
     kiln_event *copied;
     int n, epoch;
     int64_t step, img;
+    int64_t batch;       /* the window's last batch in its epoch (1-based) */
     double lr, img_s, wait_s, window_s, amp_scale;
+    double epoch_img_s;  /* images trained this epoch since it (re)started / seconds */
+    double eta_s;        /* the epoch's remaining batches at the epoch's pace so far */
+    double wait_pct;     /* the loader's wait share of the epoch so far */
     long long mem_alloc, mem_res, mem_peak;
 } window_readback;
 void train_readback_free(window_readback *w);

@@ -79,9 +79,9 @@ double train_window_record(train_run *r, const window_readback *w, double wl, do
     double mean = wl / w->n;
     train_metric(r,
                  "{\"event\":\"step\",\"step\":%lld,\"epoch\":%d,\"loss\":%.9g,\"train_acc\":%.6f,\"lr\":%g,"
-                 "\"img_s\":%.1f,\"data_wait_s\":%.4f,\"window_s\":%.4f,\"mem_allocated\":%lld,"
+                 "\"img_s\":%.1f,\"data_wait_s\":%.4f,\"window_s\":%.4f,\"eta_s\":%.3f,\"mem_allocated\":%lld,"
                  "\"mem_reserved\":%lld,\"mem_peak\":%lld,\"amp_scale\":%g}\n",
                  (long long)w->step, w->epoch, mean, wh / (double)w->img, w->lr, w->img_s, w->wait_s, w->window_s,
-                 w->mem_alloc, w->mem_res, w->mem_peak, w->amp_scale);
+                 w->eta_s, w->mem_alloc, w->mem_res, w->mem_peak, w->amp_scale);
     return mean;
 }
