@@ -16,6 +16,7 @@
 #include "kiln/data.h"
 #include "kiln/diag.h"
 #include "kiln/io.h"
+#include "kiln/dist.h"
 
 #ifdef __cplusplus
 extern "C" {

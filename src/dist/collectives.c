@@ -1,0 +1,489 @@
+/* Collectives on CPU tensors over MPI's non-blocking calls, their work
+ * handles and the watchdog that bounds every wait.
+ *
+ * A collective is started at once (MPI_I*) and completes in
+ * kiln_dist_work_wait / _poll, which drive MPI's progress: Open MPI moves a
+ * non-blocking collective forward only inside MPI calls of the process, so
+ * a waiter tests its request in a loop, sleeping a little longer each turn
+ * (up to 1 ms: ranks often share cores) until it completes or the deadline
+ * passes. Completion finishes the host-side part: the division of an
+ * average, the copy back into a non-contiguous tensor. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/clock.h"
+#include "base/error.h"
+#include "dist/dist_internal.h"
+#include "tensor/scope.h"
+#include "tensor/tensor_internal.h"
+
+static const char *const kind_names[DIST_KIND_COUNT] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                                        "barrier"};
+
+const char *kiln_dist_kind_name(dist_kind kind) {
+    return kind >= 0 && kind < DIST_KIND_COUNT ? kind_names[kind] : "collective";
+}
+
+static bool dtype_supported(kiln_dtype dt) {
+    return dt == KILN_F32 || dt == KILN_F64 || dt == KILN_I32 || dt == KILN_I64;
+}
+
+#if KILN_WITH_MPI
+static MPI_Datatype mpi_type(kiln_dtype dt) {
+    switch (dt) {
+    case KILN_F32: return MPI_FLOAT;
+    case KILN_F64: return MPI_DOUBLE;
+    case KILN_I32: return MPI_INT32_T;
+    default: return MPI_INT64_T;
+    }
+}
+
+static kiln_status mpi_fail(int rc, const char *call, const kiln_dist_group *g) {
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    return KILN_RAISE(KILN_ERR_DEVICE, NULL, "kiln_dist: %s failed on rank %d of %d: %s (MPI error %d)", call,
+                      g->rank, g->world, text, rc);
+}
+
+static bool group_uses_mpi(const kiln_dist_group *g) { return g->comm != MPI_COMM_NULL; }
+#else
+static bool group_uses_mpi(const kiln_dist_group *g) {
+    (void)g;
+    return false;
+}
+#endif
+
+/* "f32 [3, 5]" */
+static const char *describe(kiln_dtype dt, const kiln_shape *s, char *buf, size_t size) {
+    char shape[160];
+    snprintf(buf, size, "%s %s", kiln_dtype_name(dt), kiln_shape_format(s->ndim, s->d, shape, sizeof shape));
+    return buf;
+}
+
+static kiln_status check_tensor(const char *fn, const char *what, kiln_tensor *t) {
+    if (!t) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: %s is NULL", fn, what);
+    kiln_device d = kiln_get_device(t);
+    if (d.type != KILN_DEVICE_CPU) {
+        char name[32];
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "move it with kiln_to(t, KILN_CPU, dtype, 0) (NCCL is not built yet)",
+                          "%s: %s is on %s; the MPI process group reduces CPU tensors only", fn, what,
+                          kiln_device_str(d, name, sizeof name));
+    }
+    kiln_dtype dt = kiln_dtype_of(t);
+    if (!dtype_supported(dt))
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "convert it with kiln_to(t, KILN_CPU, KILN_F32, 0)",
+                          "%s: %s has dtype %s; collectives take f32, f64, i32 or i64", fn, what,
+                          kiln_dtype_name(dt));
+    if (kiln_numel(t) > INT32_MAX)
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "split it into pieces below 2^31 elements",
+                          "%s: %s has %lld elements, more than one MPI call carries", fn, what,
+                          (long long)kiln_numel(t));
+    return KILN_OK;
+}
+
+/* ---- Debug mode: every rank describes the collective it is about to start ------------ */
+
+enum { DESC_SEQ, DESC_KIND, DESC_DTYPE, DESC_OP, DESC_ROOT, DESC_NDIM, DESC_DIMS, DESC_LEN = DESC_DIMS + KILN_MAX_DIMS };
+
+static void desc_text(const int64_t *desc, char *buf, size_t size) {
+    kiln_shape s = {.ndim = (int)desc[DESC_NDIM]};
+    for (int i = 0; i < s.ndim && i < KILN_MAX_DIMS; i++) s.d[i] = desc[DESC_DIMS + i];
+    char what[200];
+    int kind = (int)desc[DESC_KIND];
+    if (kind == DIST_BARRIER) {
+        snprintf(buf, size, "barrier #%lld", (long long)desc[DESC_SEQ]);
+        return;
+    }
+    describe((kiln_dtype)desc[DESC_DTYPE], &s, what, sizeof what);
+    snprintf(buf, size, "%s #%lld of %s%s%s", kiln_dist_kind_name((dist_kind)kind), (long long)desc[DESC_SEQ], what,
+             kind == DIST_ALL_REDUCE || kind == DIST_REDUCE_SCATTER ? (desc[DESC_OP] ? " (avg)" : " (sum)") : "",
+             kind == DIST_BROADCAST ? " from the root given" : "");
+}
+
+#if KILN_WITH_MPI
+static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, const char *what,
+                                bool *timed_out);
+
+static kiln_status debug_exchange(kiln_dist_group *g, dist_kind kind, kiln_dist_reduce_op op, int root, kiln_dtype dt,
+                                  const kiln_shape *s) {
+    int64_t mine[DESC_LEN] = {0};
+    mine[DESC_SEQ] = (int64_t)g->seq, mine[DESC_KIND] = kind, mine[DESC_DTYPE] = dt, mine[DESC_OP] = op;
+    mine[DESC_ROOT] = root, mine[DESC_NDIM] = s->ndim;
+    for (int i = 0; i < s->ndim; i++) mine[DESC_DIMS + i] = s->d[i];
+    int64_t *all = KILN_MALLOC(sizeof(int64_t) * DESC_LEN * (size_t)g->world);
+    if (!all) return KILN_ERR_OUT_OF_MEMORY;
+    MPI_Request req;
+    int rc = MPI_Iallgather(mine, DESC_LEN, MPI_INT64_T, all, DESC_LEN, MPI_INT64_T, g->comm, &req);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return mpi_fail(rc, "MPI_Iallgather (KILN_DIST_DEBUG)", g);
+    }
+    char what[256];
+    desc_text(mine, what, sizeof what);
+    bool timed_out = false;
+    kiln_status st = wait_request(g, &req, g->timeout_s, what, &timed_out);
+    if (timed_out) {
+        /* The exchange stays in flight: the buffer must outlive it. */
+        g->in_flight++;
+        return st;
+    }
+    for (int r = 1; r < g->world && !st; r++) {
+        if (!memcmp(all, all + (size_t)r * DESC_LEN, sizeof mine)) continue;
+        char a[256], b[256];
+        desc_text(all, a, sizeof a);
+        desc_text(all + (size_t)r * DESC_LEN, b, sizeof b);
+        st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                        "every rank must call the same collectives in the same order with the same dtype and shape",
+                        "KILN_DIST_DEBUG: the ranks disagree on collective #%llu: rank 0 calls %s, rank %d calls %s "
+                        "(root %lld vs %lld)",
+                        (unsigned long long)g->seq, a, r, b, (long long)all[DESC_ROOT],
+                        (long long)all[(size_t)r * DESC_LEN + DESC_ROOT]);
+    }
+    free(all);
+    return st;
+}
+
+/* Who this rank waits on: every other rank (MPI does not say which one is
+ * missing). */
+static void other_ranks(const kiln_dist_group *g, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int r = 0, n = 0; r < g->world && used + 16 < size; r++) {
+        if (r == g->rank) continue;
+        if (n == 16) {
+            snprintf(buf + used, size - used, ", ...");
+            break;
+        }
+        int k = snprintf(buf + used, size - used, n ? ", %d" : "%d", r);
+        if (k > 0) used += (size_t)k;
+        n++;
+    }
+}
+
+/* Test `req` until it completes or `seconds` pass. A timeout leaves it in
+ * flight and sets *timed_out. */
+static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, const char *what,
+                                bool *timed_out) {
+    *timed_out = false;
+    double start = kiln_clock_now_s();
+    long sleep_ns = 1000;
+    for (;;) {
+        int flag = 0;
+        int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Test", g);
+        if (flag) return KILN_OK;
+        double waited = kiln_clock_now_s() - start;
+        if (waited >= seconds) {
+            char others[128];
+            other_ranks(g, others, sizeof others);
+            *timed_out = true;
+            return KILN_RAISE(KILN_ERR_DEVICE,
+                              "the other ranks skipped or reordered this collective, or are stuck or dead; raise "
+                              "KILN_DIST_TIMEOUT if they are only slow",
+                              "kiln_dist: %s did not complete within %.3g s on rank %d of %d: waiting on rank%s %s "
+                              "(one or more of them did not join it)",
+                              what, seconds, g->rank, g->world, g->world > 2 ? "s" : "", others);
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 1000000) sleep_ns *= 2;
+    }
+}
+#endif
+
+/* ---- Work ------------------------------------------------------------------------------- */
+
+static void work_what(const kiln_dist_work *w, char *buf, size_t size) {
+    char d[200];
+    if (w->kind == DIST_BARRIER) {
+        snprintf(buf, size, "barrier #%llu", (unsigned long long)w->seq);
+        return;
+    }
+    describe(w->dtype, &w->shape, d, sizeof d);
+    snprintf(buf, size, "%s #%llu of %s%s", kiln_dist_kind_name(w->kind), (unsigned long long)w->seq, d,
+             w->kind == DIST_ALL_REDUCE || w->kind == DIST_REDUCE_SCATTER ? (w->op == KILN_DIST_AVG ? " (avg)" : " (sum)")
+                                                                           : "");
+}
+
+static void scale(kiln_tensor *t, double factor) {
+    int64_t n = kiln_numel(t);
+    if (kiln_dtype_of(t) == KILN_F32) {
+        float *p = kiln_data_ptr(t), f = (float)factor;
+        for (int64_t i = 0; i < n; i++) p[i] *= f;
+    } else {
+        double *p = kiln_data_ptr(t);
+        for (int64_t i = 0; i < n; i++) p[i] *= factor;
+    }
+}
+
+/* The host-side end of a collective whose MPI part is done. */
+static kiln_status complete(kiln_dist_work *w) {
+    kiln_status st = KILN_OK;
+    if (w->buffer) {
+        if (w->op == KILN_DIST_AVG && w->group->world > 1) scale(w->buffer, 1.0 / w->group->world);
+        if (w->buffer != w->target) {
+            kiln_api_enter();
+            st = kiln_copy_(w->target, w->buffer, 0);
+            kiln_api_leave();
+        } else {
+            kiln_tensor_bump_version(w->target);
+        }
+    }
+    w->done = true;
+    w->result = st;
+    w->group->in_flight--;
+    return st;
+}
+
+kiln_status kiln_dist_work_wait_s(kiln_dist_work *w, double seconds) {
+    if (!w) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dist_work_wait: work is NULL");
+    if (!isfinite(seconds) || seconds <= 0.0)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give seconds > 0",
+                          "kiln_dist_work_wait_timeout: %g is not a positive number of seconds", seconds);
+    if (w->done) return w->result;
+#if KILN_WITH_MPI
+    char what[256];
+    work_what(w, what, sizeof what);
+    bool timed_out = false;
+    kiln_status st = wait_request(w->group, &w->request, seconds, what, &timed_out);
+    if (timed_out) return st;
+    if (st) {
+        w->done = true, w->result = st;
+        w->group->in_flight--;
+        return st;
+    }
+#endif
+    return complete(w);
+}
+
+kiln_status kiln_dist_work_wait(kiln_dist_work *w) {
+    if (!w) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dist_work_wait: work is NULL");
+    return kiln_dist_work_wait_s(w, w->group->timeout_s);
+}
+
+kiln_status kiln_dist_work_wait_timeout(kiln_dist_work *w, double seconds) { return kiln_dist_work_wait_s(w, seconds); }
+
+kiln_status kiln_dist_work_poll(kiln_dist_work *w, bool *done) {
+    if (!w || !done) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dist_work_poll: NULL argument");
+    *done = w->done;
+    if (w->done) return w->result;
+#if KILN_WITH_MPI
+    int flag = 0;
+    int rc = MPI_Test(&w->request, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        w->done = true, w->result = mpi_fail(rc, "MPI_Test", w->group);
+        w->group->in_flight--;
+        *done = true;
+        return w->result;
+    }
+    if (!flag) return KILN_OK;
+#endif
+    *done = true;
+    return complete(w);
+}
+
+kiln_status kiln_dist_work_free(kiln_dist_work *w) {
+    if (!w) return KILN_OK;
+    if (!w->done) {
+        char what[256];
+        work_what(w, what, sizeof what);
+        return KILN_RAISE(KILN_ERR_STATE, "wait for it first (kiln_dist_work_wait)",
+                          "kiln_dist_work_free: %s is still in flight", what);
+    }
+    if (w->buffer && w->buffer != w->target) kiln_tensor_drop(w->buffer);
+    kiln_tensor_drop(w->target);
+    kiln_tensor_drop(w->input);
+    free(w);
+    return KILN_OK;
+}
+
+/* ---- Starting a collective ------------------------------------------------------------ */
+
+typedef struct start_args {
+    const char *fn;
+    dist_kind kind;
+    kiln_dist_reduce_op op;
+    int root;
+    kiln_tensor *target; /* written */
+    kiln_tensor *input;  /* read (all_gather, reduce_scatter) */
+} start_args;
+
+#if KILN_WITH_MPI
+static kiln_status mpi_start(kiln_dist_work *w, const start_args *a) {
+    kiln_dist_group *g = w->group;
+    void *out = w->buffer ? kiln_data_ptr(w->buffer) : NULL;
+    const void *in = w->input ? kiln_data_ptr(w->input) : NULL;
+    MPI_Datatype type = mpi_type(w->dtype);
+    int rc;
+    const char *call;
+    switch (a->kind) {
+    case DIST_ALL_REDUCE:
+        call = "MPI_Iallreduce";
+        rc = MPI_Iallreduce(MPI_IN_PLACE, out, (int)kiln_numel(w->buffer), type, MPI_SUM, g->comm, &w->request);
+        break;
+    case DIST_BROADCAST:
+        call = "MPI_Ibcast";
+        rc = MPI_Ibcast(out, (int)kiln_numel(w->buffer), type, a->root, g->comm, &w->request);
+        break;
+    case DIST_ALL_GATHER:
+        call = "MPI_Iallgather";
+        rc = MPI_Iallgather(in, (int)kiln_numel(w->input), type, out, (int)kiln_numel(w->input), type, g->comm,
+                            &w->request);
+        break;
+    case DIST_REDUCE_SCATTER:
+        call = "MPI_Ireduce_scatter_block";
+        rc = MPI_Ireduce_scatter_block(in, out, (int)kiln_numel(w->buffer), type, MPI_SUM, g->comm, &w->request);
+        break;
+    default:
+        call = "MPI_Ibarrier";
+        rc = MPI_Ibarrier(g->comm, &w->request);
+        break;
+    }
+    return rc == MPI_SUCCESS ? KILN_OK : mpi_fail(rc, call, g);
+}
+#endif
+
+/* A world of 1: the results are the inputs. */
+static kiln_status local_start(kiln_dist_work *w) {
+    if (w->input && w->buffer) {
+        memcpy(kiln_data_ptr(w->buffer), kiln_data_ptr(w->input),
+               (size_t)kiln_numel(w->input) * kiln_dtype_size(w->dtype));
+    }
+    return KILN_OK;
+}
+
+static kiln_status start(kiln_dist_group *g, const start_args *a, kiln_dist_work **work) {
+    if (work) *work = NULL;
+    if (!g) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "call kiln_dist_init first", "%s: group is NULL", a->fn);
+    kiln_tensor *named = a->input ? a->input : a->target;
+    kiln_dist_work *w = KILN_CALLOC(1, sizeof *w);
+    if (!w) return KILN_ERR_OUT_OF_MEMORY;
+    w->group = g, w->kind = a->kind, w->op = a->op, w->seq = g->seq++;
+    if (named) w->dtype = kiln_dtype_of(named), w->shape = kiln_shape_of(named);
+    kiln_status st = KILN_OK;
+#if KILN_WITH_MPI
+    if (g->debug && group_uses_mpi(g)) {
+        g->seq--; /* the exchange names the collective's own number */
+        st = debug_exchange(g, a->kind, a->op, a->root, w->dtype, &w->shape);
+        g->seq++;
+    }
+#endif
+    kiln_api_enter();
+    if (!st && a->target) {
+        w->target = kiln_retain(a->target);
+        w->buffer = kiln_is_contiguous(a->target) ? w->target : kiln_contiguous(a->target);
+        if (!w->buffer) st = kiln_error_last()->status;
+    }
+    if (!st && a->input) {
+        w->input = kiln_is_contiguous(a->input) ? kiln_retain(a->input) : kiln_contiguous(a->input);
+        if (!w->input) st = kiln_error_last()->status;
+    }
+    kiln_api_leave();
+    if (!st) {
+        g->in_flight++;
+#if KILN_WITH_MPI
+        if (group_uses_mpi(g)) {
+            st = mpi_start(w, a);
+            if (st) g->in_flight--;
+        } else
+#endif
+        {
+            st = local_start(w);
+            if (st) g->in_flight--;
+            else st = complete(w);
+        }
+    }
+    if (st) {
+        w->done = true;
+        kiln_dist_work_free(w);
+        return st;
+    }
+    if (work) {
+        *work = w;
+        return KILN_OK;
+    }
+    st = kiln_dist_work_wait(w);
+    if (st && !w->done) {
+        /* Timed out: MPI still owns the buffers. The work cannot be freed; it
+         * is left to the process (the group reports it in flight). */
+        return st;
+    }
+    kiln_dist_work_free(w);
+    return st;
+}
+
+static kiln_status check_op(const char *fn, kiln_tensor *t, kiln_dist_reduce_op op) {
+    if (op != KILN_DIST_SUM && op != KILN_DIST_AVG)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use KILN_DIST_SUM or KILN_DIST_AVG", "%s: unknown op %d", fn,
+                          (int)op);
+    if (op == KILN_DIST_AVG && !kiln_dtype_is_floating(kiln_dtype_of(t)))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "sum, then divide where you need to",
+                          "%s: KILN_DIST_AVG of an integer tensor (%s)", fn, kiln_dtype_name(kiln_dtype_of(t)));
+    return KILN_OK;
+}
+
+kiln_status kiln_dist_all_reduce(kiln_dist_group *g, kiln_tensor *t, kiln_dist_reduce_op op, kiln_dist_work **work) {
+    const char *fn = "kiln_dist_all_reduce";
+    if (work) *work = NULL;
+    KILN_TRY(check_tensor(fn, "the tensor", t));
+    KILN_TRY(check_op(fn, t, op));
+    return start(g, &(start_args){fn, DIST_ALL_REDUCE, op, 0, t, NULL}, work);
+}
+
+kiln_status kiln_dist_broadcast(kiln_dist_group *g, kiln_tensor *t, int root, kiln_dist_work **work) {
+    const char *fn = "kiln_dist_broadcast";
+    if (work) *work = NULL;
+    KILN_TRY(check_tensor(fn, "the tensor", t));
+    if (g && (root < 0 || root >= g->world))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give a rank in [0, world size)",
+                          "%s: root %d is not a rank of a world of %d", fn, root, g->world);
+    return start(g, &(start_args){fn, DIST_BROADCAST, KILN_DIST_SUM, root, t, NULL}, work);
+}
+
+static kiln_status check_pair(const char *fn, const kiln_dist_group *g, kiln_tensor *big, const char *big_name,
+                              kiln_tensor *small, const char *small_name) {
+    KILN_TRY(check_tensor(fn, big_name, big));
+    KILN_TRY(check_tensor(fn, small_name, small));
+    if (!g) return KILN_OK;
+    if (kiln_dtype_of(big) != kiln_dtype_of(small))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give both the same dtype", "%s: %s is %s but %s is %s", fn,
+                          big_name, kiln_dtype_name(kiln_dtype_of(big)), small_name,
+                          kiln_dtype_name(kiln_dtype_of(small)));
+    if (kiln_numel(big) != (int64_t)g->world * kiln_numel(small)) {
+        char a[160], b[160];
+        kiln_shape sa = kiln_shape_of(big), sb = kiln_shape_of(small);
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "size it world size times the other",
+                          "%s: %s %s has %lld elements, not world size %d x %lld (%s %s)", fn, big_name,
+                          kiln_shape_format(sa.ndim, sa.d, a, sizeof a), (long long)kiln_numel(big), g->world,
+                          (long long)kiln_numel(small), small_name, kiln_shape_format(sb.ndim, sb.d, b, sizeof b));
+    }
+    if (kiln_shares_storage(big, small))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use separate tensors", "%s: %s and %s share storage", fn,
+                          big_name, small_name);
+    return KILN_OK;
+}
+
+kiln_status kiln_dist_all_gather(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in, kiln_dist_work **work) {
+    const char *fn = "kiln_dist_all_gather";
+    if (work) *work = NULL;
+    KILN_TRY(check_pair(fn, g, out, "out", in, "in"));
+    return start(g, &(start_args){fn, DIST_ALL_GATHER, KILN_DIST_SUM, 0, out, in}, work);
+}
+
+kiln_status kiln_dist_reduce_scatter(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in, kiln_dist_reduce_op op,
+                                     kiln_dist_work **work) {
+    const char *fn = "kiln_dist_reduce_scatter";
+    if (work) *work = NULL;
+    KILN_TRY(check_pair(fn, g, in, "in", out, "out"));
+    KILN_TRY(check_op(fn, out, op));
+    return start(g, &(start_args){fn, DIST_REDUCE_SCATTER, op, 0, out, in}, work);
+}
+
+kiln_status kiln_dist_barrier(kiln_dist_group *g, kiln_dist_work **work) {
+    if (work) *work = NULL;
+    return start(g, &(start_args){"kiln_dist_barrier", DIST_BARRIER, KILN_DIST_SUM, 0, NULL, NULL}, work);
+}
