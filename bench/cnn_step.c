@@ -421,7 +421,9 @@ static void usage(void) {
     fprintf(stderr, "usage: kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]\n"
                     "                      [--mode train|infer|both] [--no-peer] [--data [host|device]]\n"
                     "                      [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]\n"
-                    "                      [--device cpu|cuda:N]\n");
+                    "                      [--device cpu|cuda:N] [--threads N]\n"
+                    "--threads N: Kiln's compute threads, and the PyTorch peer's (default: KILN_NUM_THREADS,\n"
+                    "else every core)\n");
 }
 
 /* 0 on success, 2 on a usage error. */

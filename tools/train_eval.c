@@ -98,8 +98,9 @@ int kiln_cmd_eval(int argc, char **argv) {
     int rc = parse("eval", argc, argv, &a, false);
     if (rc < 0) {
         printf("usage: kiln eval --checkpoint FILE [--model SPEC] [--data DIR] [--batch B] [--limit N]\n"
+               "                 [--threads N]\n"
                "  test-set loss and accuracy of a checkpoint on Fashion-MNIST; the model spec comes from\n"
-               "  the checkpoint unless --model is given\n");
+               "  the checkpoint unless --model is given; --threads: the CPU compute threads\n");
         return 0;
     }
     if (rc) return rc;
