@@ -1,0 +1,385 @@
+/* DDP, run as a singleton and as 2 ranks under mpirun (tests/CMakeLists.txt).
+ *
+ * One deterministic batch of 128. The reference is one process training on
+ * all of it; under DDP rank r trains on its slice (64 + 64, or 70 + 58 with
+ * sample-weighted averaging), from a model initialised with a different
+ * seed per rank (so the broadcast at wrap matters). After 5 Adam steps the
+ * parameters must match the reference normwise, for an MLP and a CNN. The
+ * uneven split without the sample counts (plain average) is measurably
+ * different, so the weighting is what makes it pass. Also: no_sync
+ * accumulation over two micro-batches equals one synchronised step on
+ * their union; an unused parameter is named (and reduced as zeros with
+ * find_unused_parameters); ranks with different models fail at wrap on
+ * every rank; BatchNorm buffers are rank 0's after the broadcast; with
+ * small buckets the first bucket's all-reduce starts from a hook, before
+ * backward is over. */
+#include "test_util.h"
+
+#define N_ALL 128
+#define STEPS 5
+
+static kiln_dist_group *world;
+static int rank, size;
+
+/* x (128, 1, 6, 6), y (128): the same on every rank. */
+static void full_batch(kiln_tensor **x, kiln_tensor **y) {
+    static float xs[N_ALL * 36];
+    int64_t ys[N_ALL];
+    for (int i = 0; i < N_ALL * 36; i++) xs[i] = sinf((float)i * 0.37f) + 0.1f * (float)(i % 7);
+    for (int i = 0; i < N_ALL; i++) ys[i] = (i * 7 + i / 3) % 4;
+    *x = kiln_from_data(KILN_SHAPE(N_ALL, 1, 6, 6), KILN_F32, KILN_CPU, xs);
+    *y = kiln_from_data(KILN_SHAPE(N_ALL), KILN_I64, KILN_CPU, ys);
+}
+
+typedef enum arch { MLP, CNN, CNN_BN, DEEP_MLP } arch;
+
+static kiln_module *build(arch a, uint64_t seed) {
+    kiln_manual_seed(seed);
+    kiln_module *layers[6];
+    int n = 0;
+    switch (a) {
+    case MLP:
+        layers[n++] = kiln_nn_flatten(1, -1);
+        layers[n++] = kiln_nn_linear(36, 16, true);
+        layers[n++] = kiln_nn_relu();
+        layers[n++] = kiln_nn_linear(16, 4, true);
+        break;
+    case DEEP_MLP:
+        layers[n++] = kiln_nn_flatten(1, -1);
+        layers[n++] = kiln_nn_linear(36, 32, true);
+        layers[n++] = kiln_nn_relu();
+        layers[n++] = kiln_nn_linear(32, 32, true);
+        layers[n++] = kiln_nn_relu();
+        layers[n++] = kiln_nn_linear(32, 4, true);
+        break;
+    case CNN:
+        layers[n++] = kiln_nn_conv2d(1, 4, 3, 1, 1, 1, 1, true);
+        layers[n++] = kiln_nn_relu();
+        layers[n++] = kiln_nn_flatten(1, -1);
+        layers[n++] = kiln_nn_linear(4 * 36, 4, true);
+        break;
+    case CNN_BN:
+        layers[n++] = kiln_nn_conv2d(1, 4, 3, 1, 1, 1, 1, false);
+        layers[n++] = kiln_nn_batch_norm2d(4, 1e-5, 0.1, true, true);
+        layers[n++] = kiln_nn_relu();
+        layers[n++] = kiln_nn_flatten(1, -1);
+        layers[n++] = kiln_nn_linear(4 * 36, 4, true);
+        break;
+    }
+    return kiln_nn_sequential(n, layers);
+}
+
+typedef struct net {
+    kiln_module *m;
+    kiln_tensor **params;
+    int n;
+    kiln_optimizer *opt;
+    kiln_ddp *ddp;
+} net;
+
+static net make(arch a, uint64_t seed, const kiln_ddp_opts *ddp_opts, bool wrap) {
+    net r = {0};
+    r.m = build(a, seed);
+    CHECK(r.m != NULL);
+    CHECK_OK(kiln_module_parameters(r.m, &r.params, &r.n));
+    kiln_adam_opts o = kiln_adam_defaults();
+    o.lr = 1e-2;
+    if (wrap) CHECK_OK(kiln_ddp_wrap(r.m, world, ddp_opts, &r.ddp));
+    r.opt = kiln_adam(r.params, r.n, &o);
+    CHECK(r.opt != NULL);
+    return r;
+}
+
+static void drop(net *r) {
+    kiln_ddp_free(r->ddp);
+    kiln_optimizer_free(r->opt);
+    free(r->params);
+    kiln_module_free(r->m);
+}
+
+/* One step on rows [lo, hi) of the batch; with DDP, weighted says whether
+ * the rank passes its sample count. */
+static void train_step(net *r, int64_t lo, int64_t hi, bool weighted) {
+    kiln_scope_begin();
+    kiln_tensor *x, *y;
+    full_batch(&x, &y);
+    CHECK_OK(kiln_optimizer_zero_grad(r->opt, true));
+    kiln_tensor *xs = kiln_narrow(x, 0, lo, hi - lo), *ys = kiln_narrow(y, 0, lo, hi - lo);
+    if (r->ddp && weighted) CHECK_OK(kiln_ddp_set_sample_count(r->ddp, hi - lo));
+    kiln_tensor *out = r->ddp ? kiln_ddp_forward(r->ddp, xs) : kiln_module_forward(r->m, xs);
+    CHECK(out != NULL);
+    CHECK_OK(kiln_backward(kiln_cross_entropy(out, ys, NULL), NULL, false));
+    if (r->ddp) CHECK_OK(kiln_ddp_finish_grads(r->ddp));
+    CHECK_OK(kiln_optimizer_step(r->opt));
+    kiln_scope_end();
+}
+
+/* ||a - b|| / ||a|| over all parameters (or their gradients). */
+static double rel_distance(const net *a, const net *b, bool grads) {
+    double d2 = 0, a2 = 0;
+    kiln_scope_begin();
+    for (int i = 0; i < a->n; i++) {
+        kiln_tensor *ta = grads ? kiln_grad(a->params[i]) : a->params[i];
+        kiln_tensor *tb = grads ? kiln_grad(b->params[i]) : b->params[i];
+        CHECK(ta && tb);
+        if (!ta || !tb) continue;
+        const float *p = kiln_data_ptr(kiln_contiguous(ta)), *q = kiln_data_ptr(kiln_contiguous(tb));
+        for (int64_t j = 0; j < kiln_numel(ta); j++) {
+            d2 += ((double)p[j] - q[j]) * ((double)p[j] - q[j]);
+            a2 += (double)p[j] * p[j];
+        }
+    }
+    kiln_scope_end();
+    return sqrt(d2) / (sqrt(a2) + 1e-30);
+}
+
+static void rank_slice(bool uneven, int64_t *lo, int64_t *hi) {
+    if (uneven && size == 2) {
+        *lo = rank == 0 ? 0 : 70;
+        *hi = rank == 0 ? 70 : N_ALL;
+        return;
+    }
+    *lo = (int64_t)N_ALL * rank / size;
+    *hi = (int64_t)N_ALL * (rank + 1) / size;
+}
+
+/* DDP on this rank's slice against one process on the whole batch. */
+static double ddp_vs_single(arch a, bool uneven, bool weighted) {
+    net ref = make(a, 7, NULL, false);
+    net dp = make(a, 7 + (uint64_t)rank * 1000, NULL, true);
+    int64_t lo, hi;
+    rank_slice(uneven, &lo, &hi);
+    for (int s = 0; s < STEPS; s++) {
+        train_step(&ref, 0, N_ALL, false);
+        train_step(&dp, lo, hi, weighted);
+    }
+    double d = rel_distance(&ref, &dp, false);
+    drop(&ref);
+    drop(&dp);
+    return d;
+}
+
+static void test_matches_single_process(void) {
+    const double tol = 2e-5;
+    double mlp = ddp_vs_single(MLP, false, false);
+    double cnn = ddp_vs_single(CNN, false, false);
+    double uneven = ddp_vs_single(MLP, true, true);
+    double cnn_uneven = ddp_vs_single(CNN, true, true);
+    printf("rank %d: DDP vs one process after %d Adam steps: mlp %.3g, cnn %.3g, 70+58 weighted mlp %.3g, cnn %.3g\n",
+           rank, STEPS, mlp, cnn, uneven, cnn_uneven);
+    CHECK_MSG(mlp < tol, "MLP differs by %g", mlp);
+    CHECK_MSG(cnn < tol, "CNN differs by %g", cnn);
+    CHECK_MSG(uneven < tol, "uneven weighted MLP differs by %g", uneven);
+    CHECK_MSG(cnn_uneven < tol, "uneven weighted CNN differs by %g", cnn_uneven);
+    if (size == 2) {
+        /* The plain average of an uneven split is not the full batch's gradient. */
+        double plain = ddp_vs_single(MLP, true, false);
+        printf("rank %d: 70+58 with the plain average: %.3g\n", rank, plain);
+        CHECK_MSG(plain > 20 * tol, "the unweighted uneven split should differ, got %g", plain);
+    }
+}
+
+/* no_sync over two micro-batches (mean loss x 1/2 each) = one synchronised
+ * backward on their union, gradient for gradient. */
+static void test_no_sync(void) {
+    net acc = make(MLP, 11, NULL, true), one = make(MLP, 11, NULL, true);
+    int64_t lo, hi;
+    rank_slice(false, &lo, &hi);
+    int64_t mid = (lo + hi) / 2;
+    kiln_scope_begin();
+    kiln_tensor *x, *y;
+    full_batch(&x, &y);
+    CHECK_OK(kiln_ddp_set_sync(acc.ddp, false));
+    CHECK(!kiln_ddp_is_sync(acc.ddp));
+    kiln_tensor *o1 = kiln_ddp_forward(acc.ddp, kiln_narrow(x, 0, lo, mid - lo));
+    CHECK_OK(kiln_backward(kiln_mul_scalar(kiln_cross_entropy(o1, kiln_narrow(y, 0, lo, mid - lo), NULL), 0.5), NULL,
+                           false));
+    CHECK_OK(kiln_ddp_finish_grads(acc.ddp)); /* no_sync: nothing to do */
+    CHECK_OK(kiln_ddp_set_sync(acc.ddp, true));
+    kiln_tensor *o2 = kiln_ddp_forward(acc.ddp, kiln_narrow(x, 0, mid, hi - mid));
+    CHECK_OK(kiln_backward(kiln_mul_scalar(kiln_cross_entropy(o2, kiln_narrow(y, 0, mid, hi - mid), NULL), 0.5), NULL,
+                           false));
+    CHECK_OK(kiln_ddp_finish_grads(acc.ddp));
+    kiln_tensor *o = kiln_ddp_forward(one.ddp, kiln_narrow(x, 0, lo, hi - lo));
+    CHECK_OK(kiln_backward(kiln_cross_entropy(o, kiln_narrow(y, 0, lo, hi - lo), NULL), NULL, false));
+    CHECK_OK(kiln_ddp_finish_grads(one.ddp));
+    kiln_scope_end();
+    double d = rel_distance(&one, &acc, true);
+    printf("rank %d: no_sync accumulation vs one step: %.3g\n", rank, d);
+    CHECK_MSG(d < 1e-5, "no_sync gradients differ by %g", d);
+    kiln_ddp_stats st;
+    CHECK_OK(kiln_ddp_stats_get(acc.ddp, &st));
+    CHECK_EQ_I(st.synced_steps, 1);
+    CHECK_EQ_I(st.hooks_fired, acc.n);
+    drop(&acc);
+    drop(&one);
+}
+
+/* A custom module whose child "unused" never takes part in the forward. */
+static kiln_tensor *used_only(kiln_module *m, kiln_tensor *x, void *user) {
+    (void)user;
+    return kiln_module_forward(kiln_module_child(m, "used"), x);
+}
+
+static kiln_module *two_heads(void) {
+    kiln_manual_seed(3);
+    kiln_module *m = kiln_nn_custom("TwoHeads", used_only, NULL);
+    CHECK_OK(kiln_module_add_child(m, "used", kiln_nn_linear(8, 3, true)));
+    CHECK_OK(kiln_module_add_child(m, "unused", kiln_nn_linear(8, 3, true)));
+    return m;
+}
+
+static void backward_two_heads(kiln_ddp *d) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_full(KILN_SHAPE(4, 8), 0.5 + rank, KILN_F32, KILN_CPU);
+    kiln_tensor *out = kiln_ddp_forward(d, x);
+    CHECK_OK(kiln_backward(kiln_sum(out, 0, NULL, false), NULL, false));
+    kiln_scope_end();
+}
+
+static void test_unused_parameters(void) {
+    kiln_module *m = two_heads();
+    kiln_ddp *d = NULL;
+    CHECK_OK(kiln_ddp_wrap(m, world, NULL, &d));
+    backward_two_heads(d);
+    CHECK_FAILS(kiln_ddp_finish_grads(d), KILN_ERR_STATE, "'unused.weight'");
+    CHECK_MSG(strstr(kiln_error_message(), "'unused.bias'") && !strstr(kiln_error_message(), "'used."),
+              "error: %s", kiln_error_message());
+    CHECK_FAILS(kiln_ddp_finish_grads(d), KILN_ERR_STATE, "no synchronised backward");
+    kiln_ddp_free(d);
+    kiln_module_free(m);
+
+    m = two_heads();
+    kiln_ddp_opts o = kiln_ddp_opts_default();
+    o.find_unused_parameters = true;
+    CHECK_OK(kiln_ddp_wrap(m, world, &o, &d));
+    backward_two_heads(d);
+    CHECK_OK(kiln_ddp_finish_grads(d));
+    kiln_scope_begin();
+    kiln_tensor *gu = kiln_grad(kiln_module_state_get(m, "unused.weight"));
+    kiln_tensor *gb = kiln_grad(kiln_module_state_get(m, "used.bias"));
+    CHECK(gu && gb);
+    if (gu && gb) {
+        double su = 0, sb = 0;
+        CHECK_OK(kiln_item(kiln_sum(kiln_abs(gu), 0, NULL, false), &su));
+        CHECK_OK(kiln_item(kiln_sum(gb, 0, NULL, false), &sb));
+        CHECK(su == 0.0);
+        CHECK_MSG(fabs(sb - 12.0) < 1e-5, "used.bias grad sum %g, want 12 (4 rows x 3 outputs)", sb);
+    }
+    kiln_scope_end();
+    kiln_ddp_free(d);
+    kiln_module_free(m);
+}
+
+/* Rank 1 builds a wider layer: the wrap fails on every rank, naming it. */
+static void test_model_mismatch(void) {
+    if (size < 2) return;
+    kiln_manual_seed(5);
+    kiln_module *m = kiln_nn_linear(8, rank == 1 ? 5 : 4, true);
+    kiln_ddp *d = NULL;
+    CHECK_FAILS(kiln_ddp_wrap(m, world, NULL, &d), KILN_ERR_INVALID_ARGUMENT, "differs between ranks");
+    CHECK(d == NULL);
+    CHECK_MSG(strstr(kiln_error_message(), "rank 0 has 'parameter weight f32 [4, 8]', rank 1 has 'parameter weight "
+                                           "f32 [5, 8]'") != NULL,
+              "error: %s", kiln_error_message());
+    kiln_module_free(m);
+    /* The group is still in step afterwards. */
+    CHECK_OK(kiln_dist_barrier(world, NULL));
+}
+
+/* One value per rank of the buffer `key`, gathered: (size, numel). */
+static bool buffer_same_as_rank0(kiln_module *m, const char *key) {
+    kiln_tensor *b = kiln_to(kiln_module_state_get(m, key), KILN_CPU, KILN_F64, 0);
+    int64_t n = kiln_numel(b);
+    kiln_tensor *all = kiln_zeros(KILN_SHAPE(size, n), KILN_F64, KILN_CPU);
+    CHECK_OK(kiln_dist_all_gather(world, all, b, NULL));
+    const double *v = kiln_data_ptr(all);
+    bool same = true;
+    for (int r = 1; r < size; r++)
+        for (int64_t j = 0; j < n; j++) same &= v[r * n + j] == v[j];
+    return same;
+}
+
+/* BatchNorm: each rank's forward updates the running statistics with its
+ * own batch (DDP without SyncBatchNorm), so they drift apart; the broadcast
+ * makes them rank 0's again. */
+static void test_batchnorm_buffers(void) {
+    kiln_scope_begin();
+    net dp = make(CNN_BN, 9 + (uint64_t)rank, NULL, true);
+    CHECK(buffer_same_as_rank0(dp.m, "1.running_mean"));
+    int64_t lo, hi;
+    rank_slice(false, &lo, &hi);
+    kiln_tensor *x, *y;
+    full_batch(&x, &y);
+    kiln_tensor *xs = kiln_narrow(x, 0, lo, hi - lo);
+    CHECK(kiln_module_forward(dp.m, xs) != NULL);
+    if (size > 1) CHECK(!buffer_same_as_rank0(dp.m, "1.running_mean"));
+    CHECK_OK(kiln_ddp_broadcast_buffers(dp.ddp));
+    CHECK(buffer_same_as_rank0(dp.m, "1.running_mean"));
+    CHECK(buffer_same_as_rank0(dp.m, "1.running_var"));
+    CHECK(buffer_same_as_rank0(dp.m, "1.num_batches_tracked"));
+    /* kiln_ddp_forward broadcasts first: in eval mode (no update) the
+     * buffers stay rank 0's. */
+    CHECK(kiln_module_forward(dp.m, xs) != NULL);
+    if (size > 1) CHECK(!buffer_same_as_rank0(dp.m, "1.running_var"));
+    kiln_module_train(dp.m, false);
+    CHECK(kiln_ddp_forward(dp.ddp, xs) != NULL);
+    CHECK(buffer_same_as_rank0(dp.m, "1.running_var"));
+    drop(&dp);
+    kiln_scope_end();
+}
+
+/* With one parameter per bucket, every bucket starts from a hook and the
+ * first one starts after the first hook, long before the last. */
+static void test_overlap(void) {
+    kiln_ddp_opts o = kiln_ddp_opts_default();
+    o.bucket_cap_mb = 1e-9;
+    o.first_bucket_mb = 1e-9;
+    net dp = make(DEEP_MLP, 13, &o, true);
+    int64_t lo, hi;
+    rank_slice(false, &lo, &hi);
+    train_step(&dp, lo, hi, true);
+    kiln_ddp_stats st;
+    CHECK_OK(kiln_ddp_stats_get(dp.ddp, &st));
+    printf("rank %d: %d buckets, %lld hooks, first bucket started after %lld hooks, %d started in backward\n", rank,
+           st.num_buckets, (long long)st.hooks_fired, (long long)st.hooks_before_first_start,
+           st.buckets_started_in_backward);
+    CHECK_EQ_I(st.num_parameters, 6);
+    CHECK_EQ_I(st.num_buckets, 6);
+    CHECK_EQ_I(st.hooks_fired, 6);
+    CHECK_MSG(st.hooks_before_first_start >= 1 && st.hooks_before_first_start <= 2,
+              "bucket 0 started after %lld hooks", (long long)st.hooks_before_first_start);
+    CHECK_EQ_I(st.buckets_started_in_backward, 6);
+    /* Reverse order: the last parameter is in bucket 0. */
+    CHECK_EQ_I(kiln_ddp_bucket_of(dp.ddp, 5), 0);
+    CHECK_EQ_I(kiln_ddp_bucket_of(dp.ddp, 0), 5);
+    drop(&dp);
+
+    /* Defaults: a model this small is one bucket. */
+    net one = make(DEEP_MLP, 13, NULL, true);
+    CHECK_OK(kiln_ddp_stats_get(one.ddp, &st));
+    CHECK_EQ_I(st.num_buckets, 1);
+    CHECK_FAILS(kiln_ddp_set_sample_count(one.ddp, 0), KILN_ERR_INVALID_ARGUMENT, "not in [1,");
+    CHECK_FAILS(kiln_ddp_finish_grads(one.ddp), KILN_ERR_STATE, "no synchronised backward");
+    drop(&one);
+}
+
+int main(void) {
+    if (kiln_init()) return 1;
+    CHECK_OK(kiln_dist_init(&world));
+    if (!world) return kt_finish();
+    rank = kiln_dist_rank(world);
+    size = kiln_dist_world_size(world);
+    CHECK_OK(kiln_dist_group_set_timeout(world, 60.0));
+    kiln_scope_begin();
+    test_matches_single_process();
+    test_no_sync();
+    test_unused_parameters();
+    test_model_mismatch();
+    test_batchnorm_buffers();
+    test_overlap();
+    kiln_scope_end();
+    CHECK_OK(kiln_dist_shutdown());
+    kiln_shutdown();
+    return kt_finish();
+}
