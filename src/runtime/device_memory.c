@@ -1,7 +1,9 @@
 /* Per-device caching allocators, the pinned host allocator, their public
  * API, and the per-device random generators. The allocators are created
  * lazily (first use) with the configuration in force at that moment. */
+#include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,8 +199,39 @@ kiln_caching_allocator *kiln_pinned_allocator(void) {
     kiln_caching_allocator *a = kiln_device_allocator(device);                                     \
     if (!a) return kiln_error_last()->status
 
+/* ---- Fault injection -------------------------------------------------------------- */
+
+/* Allocations attempted since the last arming, and the index that fails
+ * (-1: none). Relaxed atomics: the count is exact under concurrency, and
+ * exactly one allocation takes the failure. */
+static _Atomic int64_t fault_count;
+static _Atomic int64_t fault_target = -1;
+
+void kiln_memory_fail_nth(int64_t n) {
+    atomic_store_explicit(&fault_target, n < 0 ? -1 : n, memory_order_relaxed);
+    atomic_store_explicit(&fault_count, 0, memory_order_relaxed);
+}
+
+int64_t kiln_memory_alloc_count(void) { return atomic_load_explicit(&fault_count, memory_order_relaxed); }
+
+/* Counts one allocation; the armed one raises out-of-memory. `device`
+ * NULL: pinned host memory. */
+static kiln_status fault_check(const kiln_device *device, size_t bytes) {
+    int64_t i = atomic_fetch_add_explicit(&fault_count, 1, memory_order_relaxed);
+    int64_t target = atomic_load_explicit(&fault_target, memory_order_relaxed);
+    if (__builtin_expect(target < 0 || i != target, 1)) return KILN_OK;
+    if (!atomic_compare_exchange_strong(&fault_target, &target, -1)) return KILN_OK;
+    char b[32], what[32] = "pinned host memory";
+    if (device && kiln_device_name(*device, what, sizeof what) != KILN_OK) snprintf(what, sizeof what, "device");
+    return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, "injected by kiln_memory_fail_nth or KILN_FAIL_ALLOC",
+                      "%s out of memory: allocation #%lld (%s) failed on purpose", what, (long long)i,
+                      kiln_format_bytes(bytes, b, sizeof b));
+}
+
 kiln_status kiln_memory_alloc(kiln_device device, size_t bytes, kiln_stream *stream, void **ptr) {
     if (!ptr) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_memory_alloc: ptr is NULL");
+    *ptr = NULL;
+    KILN_TRY(fault_check(&device, bytes));
     ALLOCATOR_OR_RETURN(a, device);
     if (!stream) stream = kiln_current_stream(device);
     if (!stream) return kiln_error_last()->status;
@@ -219,6 +252,8 @@ kiln_status kiln_memory_record_stream(kiln_device device, void *ptr, kiln_stream
 
 kiln_status kiln_pinned_alloc(size_t bytes, void **ptr) {
     if (!ptr) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_pinned_alloc: ptr is NULL");
+    *ptr = NULL;
+    KILN_TRY(fault_check(NULL, bytes));
     kiln_caching_allocator *a = kiln_pinned_allocator();
     if (!a) return kiln_error_last()->status;
     return kiln_caching_allocator_malloc(a, bytes, (kiln_alloc_stream)kiln_stream_default(KILN_CPU), ptr);
@@ -369,6 +404,16 @@ kiln_status kiln_runtime_init(void) {
             snprintf(msg, sizeof msg, "%s", kiln_error_message());
             return KILN_RAISE(st, "fix or unset KILN_ALLOC_CONF (see docs/memory.md)", "KILN_ALLOC_CONF: %s", msg);
         }
+    }
+    const char *fail = getenv("KILN_FAIL_ALLOC");
+    if (fail && *fail) {
+        char *end;
+        errno = 0;
+        long long n = strtoll(fail, &end, 10);
+        if (*end || errno || n < 0)
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give the index of the allocation to fail (0 is the first), or unset it",
+                              "KILN_FAIL_ALLOC='%s' is not a non-negative integer", fail);
+        kiln_memory_fail_nth((int64_t)n);
     }
     return KILN_OK;
 }
