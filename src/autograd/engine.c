@@ -352,8 +352,12 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
         kiln_edge *e = &n->next[i];
         kiln_tensor *g = grad_in[i];
         grad_in[i] = NULL;
+        /* After a failure (the formula's, or an earlier input's
+         * accumulation) the gradients are dropped, but a node input still
+         * counts as delivered, so the walk's bookkeeping stays whole. */
         if (st || !n->needs_grad[i]) {
-            if (g) kiln_tensor_drop(g);
+            kiln_tensor_drop(g);
+            g = NULL;
             if (!e->node) continue;
         }
         if (e->leaf) {
@@ -361,12 +365,11 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
             continue;
         }
         if (!e->node) {
-            if (g) kiln_tensor_drop(g);
+            kiln_tensor_drop(g);
             continue;
         }
         run_slot *s = table_find(tab, e->node, false);
-        if (!st && g) st = accumulate(&s->grads[e->output_nr], g);
-        else if (g && st) kiln_tensor_drop(g);
+        if (g) st = accumulate(&s->grads[e->output_nr], g);
         if (--s->pending == 0 && !st) st = heap_push(ready, e->node);
     }
     return st;
