@@ -72,9 +72,9 @@ static void test_strided_reports(void) {
 /* A parameter left in nChw16c reaches the fused update, which reads flat
  * memory: the step converts it, and reports running out of memory. */
 static void test_optimizer_step_reports(bool adam) {
-    kiln_tensor *x = pattern(2), *p = blocked_copy(x);
+    kiln_tensor *x = pattern(2), *p = blocked_copy(x), *g = pattern(3);
     CHECK_OK(kiln_set_requires_grad(p, true));
-    CHECK_OK(kiln_set_grad(p, pattern(3)));
+    CHECK_OK(kiln_set_grad(p, g));
     kiln_adam_opts ao = kiln_adam_defaults();
     kiln_sgd_opts so = kiln_sgd_defaults(0.1);
     kiln_optimizer *o = adam ? kiln_adam(&p, 1, &ao) : kiln_sgd(&p, 1, &so);
@@ -87,7 +87,7 @@ static void test_optimizer_step_reports(bool adam) {
     CHECK_OK(kiln_optimizer_step(o));
     CHECK(kiln_layout_of(p) == KILN_LAYOUT_STRIDED);
     kiln_optimizer_free(o);
-    kiln_release(x), kiln_release(p);
+    kiln_release(x), kiln_release(p), kiln_release(g);
 }
 
 /* Anomaly mode scans each op's outputs; the sum of two blocked tensors is
