@@ -44,13 +44,21 @@ typedef struct kiln_named_tensor {
 
 /* ---- Layers (new modules; NULL with an error on bad arguments) ----------------------- */
 
-/* Conv2d: weight (out, in/groups, k, k), bias (out) when `bias`. */
+/* Constructors take 0 for "the default" wherever an op option does
+ * (kiln_conv2d_opts, kiln_loss_opts): PyTorch's default value. */
+
+/* Conv2d: weight (out, in/groups, k, k), bias (out) when `bias`. stride,
+ * dilation and groups 0 mean PyTorch's 1; negative values are errors. */
 kiln_module *kiln_nn_conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride,
                             int64_t padding, int64_t dilation, int64_t groups, bool bias);
 /* Linear: weight (out, in), bias (out) when `bias`. */
 kiln_module *kiln_nn_linear(int64_t in_features, int64_t out_features, bool bias);
-/* BatchNorm2d (PyTorch's defaults: eps 1e-5, momentum 0.1, affine and
- * track_running_stats true). Parameters weight/bias (C) when affine;
+#define KILN_NN_BN_EPS_DEFAULT      1e-5
+#define KILN_NN_BN_MOMENTUM_DEFAULT 0.1
+/* BatchNorm2d. eps and momentum 0 mean PyTorch's defaults (1e-5, 0.1); a
+ * negative momentum keeps the running statistics fixed (PyTorch's
+ * momentum=0; num_batches_tracked still counts). PyTorch's other defaults
+ * are affine and track_running_stats true. Parameters weight/bias (C) when affine;
  * buffers running_mean/running_var (C, f32) and num_batches_tracked (i64
  * scalar) when tracking. Without running statistics it normalises with
  * batch statistics in eval mode too. */

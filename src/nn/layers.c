@@ -191,6 +191,10 @@ static kiln_tensor *residual_forward(kiln_module *m, kiln_tensor *x) {
 kiln_module *kiln_nn_conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride,
                             int64_t padding, int64_t dilation, int64_t groups, bool bias) {
     const char *fn = "kiln_nn_conv2d";
+    /* 0 is the default, as in kiln_conv2d_opts: PyTorch's 1 for each. */
+    if (stride == 0) stride = 1;
+    if (dilation == 0) dilation = 1;
+    if (groups == 0) groups = 1;
     if (!check_positive(fn, "in_channels", in_channels) || !check_positive(fn, "out_channels", out_channels) ||
         !check_positive(fn, "kernel", kernel) || !check_positive(fn, "stride", stride) ||
         !check_positive(fn, "dilation", dilation) || !check_positive(fn, "groups", groups))
@@ -225,9 +229,15 @@ kiln_module *kiln_nn_linear(int64_t in_features, int64_t out_features, bool bias
 kiln_module *kiln_nn_batch_norm2d(int64_t num_features, double eps, double momentum, bool affine,
                                   bool track_running_stats) {
     if (!check_positive("kiln_nn_batch_norm2d", "num_features", num_features)) return NULL;
-    if (!(eps > 0) || !(momentum >= 0 && momentum <= 1)) {
-        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "PyTorch's defaults are eps 1e-5, momentum 0.1",
-                   "kiln_nn_batch_norm2d: eps %g must be > 0 and momentum %g in [0, 1]", eps, momentum);
+    /* 0 is the default (PyTorch's); a negative momentum keeps the running
+     * statistics as they are, as kiln_batch_norm's does. */
+    if (eps == 0) eps = KILN_NN_BN_EPS_DEFAULT;
+    if (momentum == 0) momentum = KILN_NN_BN_MOMENTUM_DEFAULT;
+    if (!(eps > 0) || !(momentum <= 1)) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                   "pass 0 for PyTorch's defaults (eps 1e-5, momentum 0.1), a negative momentum to keep the running "
+                   "statistics fixed",
+                   "kiln_nn_batch_norm2d: eps %g must be >= 0 and momentum %g at most 1", eps, momentum);
         return NULL;
     }
     kiln_module *m = kiln_module_new("BatchNorm2d", batch_norm_forward);

@@ -436,6 +436,66 @@ static void test_layer_forwards(void) {
     CHECK_OK(kiln_scope_end());
 }
 
+static bool same_values(kiln_tensor *a, kiln_tensor *b) {
+    double *va = kt_values(a), *vb = kt_values(b);
+    bool same = va && vb && kiln_numel(a) == kiln_numel(b) &&
+                memcmp(va, vb, sizeof(double) * (size_t)kiln_numel(a)) == 0;
+    free(va);
+    free(vb);
+    return same;
+}
+
+/* 0 means PyTorch's default in the constructors as in the op options. */
+static void test_constructor_defaults(void) {
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_add_scalar(kiln_randn(KILN_SHAPE(2, 4, 7, 7), KILN_F32, KILN_CPU), 1.0);
+    kiln_manual_seed(11);
+    kiln_module *c0 = kiln_nn_conv2d(4, 6, 3, 0, 1, 0, 0, true);
+    kiln_manual_seed(11);
+    kiln_module *c1 = kiln_nn_conv2d(4, 6, 3, 1, 1, 1, 1, true);
+    CHECK_MSG(c0 && c1, "%s", kiln_error_message());
+    if (c0 && c1) {
+        kiln_tensor *y0 = kiln_module_forward(c0, x), *y1 = kiln_module_forward(c1, x);
+        CHECK(y0 && kt_shape_is(y0, KILN_SHAPE(2, 6, 7, 7)) && same_values(y0, y1));
+        CHECK(kt_shape_is(kiln_module_state_get(c0, "weight"), KILN_SHAPE(6, 4, 3, 3)));
+    }
+    kiln_module_free(c0);
+    kiln_module_free(c1);
+    CHECK(kiln_nn_conv2d(4, 6, 3, 1, 1, -1, 1, true) == NULL && strstr(kiln_error_message(), "dilation"));
+    CHECK(kiln_nn_conv2d(4, 6, 3, 1, 1, 1, -2, true) == NULL && strstr(kiln_error_message(), "groups"));
+
+    kiln_module *b0 = kiln_nn_batch_norm2d(4, 0, 0, true, true);
+    kiln_module *b1 = kiln_nn_batch_norm2d(4, 1e-5, 0.1, true, true);
+    CHECK_MSG(b0 && b1, "%s", kiln_error_message());
+    if (b0 && b1) {
+        CHECK(same_values(kiln_module_forward(b0, x), kiln_module_forward(b1, x)));
+        CHECK(same_values(kiln_module_state_get(b0, "running_mean"), kiln_module_state_get(b1, "running_mean")));
+        CHECK(same_values(kiln_module_state_get(b0, "running_var"), kiln_module_state_get(b1, "running_var")));
+        /* eps shows in eval mode, where the variance is small. */
+        kiln_module_train(b0, false);
+        kiln_module_train(b1, false);
+        kiln_tensor *tiny = kiln_mul_scalar(x, 1e-3);
+        CHECK(same_values(kiln_module_forward(b0, tiny), kiln_module_forward(b1, tiny)));
+    }
+    kiln_module_free(b0);
+    kiln_module_free(b1);
+    /* A negative momentum keeps the running statistics (PyTorch's 0). */
+    kiln_module *frozen = kiln_nn_batch_norm2d(4, 0, -1, true, true);
+    CHECK(frozen != NULL);
+    if (frozen) {
+        CHECK(kiln_module_forward(frozen, x) != NULL);
+        double *rm = kt_values(kiln_module_state_get(frozen, "running_mean")), nbt = -1;
+        CHECK(rm && rm[0] == 0 && rm[3] == 0);
+        free(rm);
+        CHECK_OK(kiln_item(kiln_module_state_get(frozen, "num_batches_tracked"), &nbt));
+        CHECK(nbt == 1.0);
+    }
+    kiln_module_free(frozen);
+    CHECK(kiln_nn_batch_norm2d(4, -1e-5, 0.1, true, true) == NULL && strstr(kiln_error_message(), "eps -1e-05"));
+    CHECK(kiln_nn_batch_norm2d(4, 1e-5, 1.5, true, true) == NULL && strstr(kiln_error_message(), "momentum 1.5"));
+    CHECK_OK(kiln_scope_end());
+}
+
 static void test_zero_grad(void) {
     kiln_module *lin = kiln_nn_linear(3, 2, true);
     if (!lin) return;
@@ -468,6 +528,7 @@ int main(void) {
     test_residual();
     test_layer_forwards();
     test_zero_grad();
+    test_constructor_defaults();
     kiln_shutdown();
     return kt_finish();
 }
