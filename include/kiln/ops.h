@@ -21,10 +21,12 @@
 extern "C" {
 #endif
 
+/* A loss's reduction. Zero is the mean, PyTorch's default, so a
+ * zero-initialised kiln_loss_opts means what PyTorch's defaults mean. */
 typedef enum kiln_loss_reduction {
-    KILN_LOSS_MEAN = 1,
-    KILN_LOSS_SUM = 2,
-    KILN_LOSS_NONE = 0,
+    KILN_LOSS_MEAN = 0,
+    KILN_LOSS_SUM = 1,
+    KILN_LOSS_NONE = 2, /* one loss per sample */
 } kiln_loss_reduction;
 
 /* ---- Elementwise ------------------------------------------------------------------- */
@@ -69,13 +71,22 @@ kiln_tensor *kiln_silu(kiln_tensor *a);
 /* ---- Softmax and losses ---------------------------------------------------------------- */
 kiln_tensor *kiln_softmax(kiln_tensor *a, int dim);
 kiln_tensor *kiln_log_softmax(kiln_tensor *a, int dim);
+/* Loss options. A zero-initialised struct ((kiln_loss_opts){0}) is
+ * PyTorch's defaults, as is kiln_loss_defaults(): reduction mean, targets
+ * equal to -100 ignored, no smoothing, no class weights. ignore_index is
+ * read only when has_ignore_index is true (kiln_loss_defaults sets it,
+ * with -100), so a zeroed struct does not ignore class 0. The weight is
+ * borrowed for the call. */
 typedef struct kiln_loss_opts {
-    kiln_loss_reduction reduction; /* default (0 initialised struct): see kiln_loss_defaults */
-    int64_t ignore_index;          /* targets equal to it contribute nothing (-100 by default) */
+    kiln_loss_reduction reduction; /* KILN_LOSS_MEAN (0), KILN_LOSS_SUM or KILN_LOSS_NONE */
+    bool has_ignore_index;         /* false: PyTorch's ignore_index, -100 */
+    int64_t ignore_index;          /* targets equal to it contribute nothing */
     double label_smoothing;        /* 0..1 */
     kiln_tensor *weight;           /* per-class weights (C), or NULL */
 } kiln_loss_opts;
-/* reduction mean, ignore_index -100, no smoothing, no weight (PyTorch's). */
+#define KILN_LOSS_IGNORE_INDEX_DEFAULT (-100)
+/* reduction mean, ignore_index -100 (has_ignore_index true), no smoothing,
+ * no weight: PyTorch's defaults, and the same losses as a zeroed struct. */
 kiln_loss_opts kiln_loss_defaults(void);
 /* logits (N, C) or (N, C, d1...), target i64 (N) or (N, d1...) of class indices. */
 kiln_tensor *kiln_cross_entropy(kiln_tensor *logits, kiln_tensor *target, const kiln_loss_opts *opts);

@@ -8,8 +8,11 @@
 #include "tensor/tensor_internal.h"
 
 kiln_loss_opts kiln_loss_defaults(void) {
-    kiln_loss_opts o = {
-        .reduction = KILN_LOSS_MEAN, .ignore_index = -100, .label_smoothing = 0, .weight = NULL};
+    kiln_loss_opts o = {.reduction = KILN_LOSS_MEAN,
+                        .has_ignore_index = true,
+                        .ignore_index = KILN_LOSS_IGNORE_INDEX_DEFAULT,
+                        .label_smoothing = 0,
+                        .weight = NULL};
     return o;
 }
 
@@ -34,7 +37,8 @@ static bool map_reduction(const char *fn, kiln_loss_reduction r, kiln_reduction 
 static kiln_tensor *nll(const char *fn, kiln_tensor *log_probs, kiln_tensor *target,
                         const kiln_loss_opts *opts) {
     kiln_loss_opts o = opts ? *opts : kiln_loss_defaults();
-    kiln_op_attrs at = {.ignore_index = o.ignore_index, .label_smoothing = o.label_smoothing};
+    kiln_op_attrs at = {.ignore_index = o.has_ignore_index ? o.ignore_index : KILN_LOSS_IGNORE_INDEX_DEFAULT,
+                        .label_smoothing = o.label_smoothing};
     if (!map_reduction(fn, o.reduction, &at.reduction)) return NULL;
     return kiln_dispatch_public(KILN_OP_NLL_LOSS, 3, (kiln_tensor *[]){log_probs, target, o.weight}, &at,
                                 NULL);
