@@ -79,12 +79,27 @@ static kiln_status write_all(int fd, const void *p, size_t n, const char *tmp) {
     return KILN_OK;
 }
 
+/* The crash-safety test's hook (tests/tools/checkpoint_kill.sh): with
+ * KILN_CHECKPOINT_PAUSE_MS=N the writer sleeps N ms after the header, after
+ * the data's fsync and after the rename, so a SIGKILL sent at a random
+ * moment lands inside a write. Unset (always, outside that test): nothing. */
+static void test_pause(void) {
+    static int pause_ms = -1;
+    if (pause_ms < 0) {
+        const char *env = getenv("KILN_CHECKPOINT_PAUSE_MS");
+        long v = env ? strtol(env, NULL, 10) : 0;
+        pause_ms = v > 0 && v < 10000 ? (int)v : 0;
+    }
+    if (pause_ms) usleep((useconds_t)pause_ms * 1000);
+}
+
 static kiln_status write_file(int fd, const char *tmp, const kiln_strbuf *hdr, const kiln_named_tensor *items,
                               int n) {
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hdr->len >> (8 * i));
     KILN_TRY(write_all(fd, len8, 8, tmp));
     KILN_TRY(write_all(fd, hdr->data, hdr->len, tmp));
+    test_pause();
     size_t cap = 0;
     for (int i = 0; i < n; i++)
         if (tensor_bytes(items[i].tensor) > cap) cap = tensor_bytes(items[i].tensor);
@@ -99,6 +114,7 @@ static kiln_status write_file(int fd, const char *tmp, const kiln_strbuf *hdr, c
     free(buf);
     if (st == KILN_OK && fsync(fd) != 0)
         st = KILN_RAISE(KILN_ERR_IO, NULL, "cannot fsync %s: %s", tmp, strerror(errno));
+    if (st == KILN_OK) test_pause();
     return st;
 }
 
@@ -142,6 +158,7 @@ kiln_status kiln_st_write(const char *path, const kiln_named_tensor *items, int 
     if (st == KILN_OK && rename(tmp, path) != 0)
         st = KILN_RAISE(KILN_ERR_IO, NULL, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (st != KILN_OK && fd >= 0) unlink(tmp);
+    if (st == KILN_OK) test_pause();
     if (st == KILN_OK) st = sync_dir(path);
     free(tmp);
     free(hdr.data);
