@@ -79,8 +79,8 @@ static void cols_free(cols *cs) {
 
 typedef struct run {
     cols step, epoch;
-    kiln_json *summary;
-    kiln_json *other[MAX_OTHER];
+    cJSON *summary;
+    cJSON *other[MAX_OTHER];
     size_t n_other, extra_other;
     size_t lines, malformed, no_event, n_step, n_epoch;
     size_t bad_line[4], n_bad_listed;
@@ -92,11 +92,12 @@ static void bad_line(run *r, size_t line) {
 }
 
 /* Every finite number of `rec` except the x field goes into a column. */
-static bool record_numbers(cols *cs, const kiln_json *rec, const char *x_key, double x) {
-    for (size_t i = 0; i < rec->n; i++) {
+static bool record_numbers(cols *cs, const cJSON *rec, const char *x_key, double x) {
+    const cJSON *f;
+    cJSON_ArrayForEach(f, rec) {
         double v;
-        if (!strcmp(rec->keys[i], x_key) || !kiln_json_number(rec->items[i], &v)) continue;
-        if (!col_push(cs, rec->keys[i], x, v)) return false;
+        if (!strcmp(f->string, x_key) || !kiln_json_number(f, &v)) continue;
+        if (!col_push(cs, f->string, x, v)) return false;
     }
     return true;
 }
@@ -114,9 +115,9 @@ static bool read_metrics(FILE *f, run *r) {
         size_t start = 0;
         while (start < n && (line[start] == ' ' || line[start] == '\t')) start++;
         if (start == n) continue; /* blank */
-        kiln_json *rec = kiln_json_parse(line + start, n - start, NULL, 0);
-        if (!rec || rec->type != KILN_JSON_OBJECT) {
-            kiln_json_free(rec);
+        cJSON *rec = kiln_json_parse(line + start, n - start, NULL, 0);
+        if (!cJSON_IsObject(rec)) {
+            cJSON_Delete(rec);
             bad_line(r, r->lines);
             continue;
         }
@@ -124,25 +125,25 @@ static bool read_metrics(FILE *f, run *r) {
         double x;
         if (!event) {
             r->no_event++;
-            kiln_json_free(rec);
+            cJSON_Delete(rec);
         } else if (!strcmp(event, "step")) {
             r->n_step++;
             if (!kiln_json_number(kiln_json_get(rec, "step"), &x)) x = (double)r->n_step;
             ok = record_numbers(&r->step, rec, "step", x);
-            kiln_json_free(rec);
+            cJSON_Delete(rec);
         } else if (!strcmp(event, "epoch")) {
             r->n_epoch++;
             if (!kiln_json_number(kiln_json_get(rec, "epoch"), &x)) x = (double)r->n_epoch;
             ok = record_numbers(&r->epoch, rec, "epoch", x);
-            kiln_json_free(rec);
+            cJSON_Delete(rec);
         } else if (!strcmp(event, "summary")) {
-            kiln_json_free(r->summary); /* the last one counts */
+            cJSON_Delete(r->summary); /* the last one counts */
             r->summary = rec;
         } else if (r->n_other < MAX_OTHER) {
             r->other[r->n_other++] = rec;
         } else {
             r->extra_other++;
-            kiln_json_free(rec);
+            cJSON_Delete(rec);
         }
     }
     free(line);
@@ -168,47 +169,43 @@ static bool ends_with(const char *s, const char *suffix) {
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-/* A JSON value as short display text. */
-static void value_text(kiln_strbuf *o, const kiln_json *v, int budget) {
+/* A JSON value as short display text: integers as written (exact up to
+ * 2^53), other numbers to 4 significant digits, containers cut after 12
+ * items or `budget` levels. */
+static void value_text(kiln_strbuf *o, const cJSON *v, int budget) {
     char b[64];
-    switch (v->type) {
-    case KILN_JSON_NULL:
+    if (cJSON_IsNull(v)) {
         kiln_strbuf_printf(o, "null");
-        break;
-    case KILN_JSON_BOOL:
-        kiln_strbuf_printf(o, "%s", v->boolean ? "true" : "false");
-        break;
-    case KILN_JSON_NUMBER:
-        if (v->is_int)
-            kiln_strbuf_printf(o, "%lld", (long long)v->integer);
+    } else if (cJSON_IsBool(v)) {
+        kiln_strbuf_printf(o, "%s", cJSON_IsTrue(v) ? "true" : "false");
+    } else if (cJSON_IsNumber(v)) {
+        double x = v->valuedouble;
+        if (x == floor(x) && fabs(x) <= 9007199254740992.0)
+            kiln_strbuf_printf(o, "%lld", (long long)x);
         else
-            rp_format_number(v->number, b, sizeof b), kiln_strbuf_printf(o, "%s", b);
-        break;
-    case KILN_JSON_STRING:
-        rp_html_escape(o, v->string);
-        break;
-    case KILN_JSON_ARRAY:
-    case KILN_JSON_OBJECT:
-        kiln_strbuf_printf(o, v->type == KILN_JSON_ARRAY ? "[" : "{");
-        for (size_t i = 0; i < v->n; i++) {
+            rp_format_number(x, b, sizeof b), kiln_strbuf_printf(o, "%s", b);
+    } else if (cJSON_IsString(v)) {
+        rp_html_escape(o, v->valuestring);
+    } else if (cJSON_IsArray(v) || cJSON_IsObject(v)) {
+        kiln_strbuf_printf(o, cJSON_IsArray(v) ? "[" : "{");
+        int i = 0;
+        for (const cJSON *item = v->child; item; item = item->next, i++) {
             if (i) kiln_strbuf_printf(o, ", ");
             if (budget <= 0 || i >= 12) {
                 kiln_strbuf_printf(o, "&hellip;");
                 break;
             }
-            if (v->keys) rp_html_escape(o, v->keys[i]), kiln_strbuf_printf(o, ": ");
-            value_text(o, v->items[i], budget - 1);
+            if (cJSON_IsObject(v)) rp_html_escape(o, item->string), kiln_strbuf_printf(o, ": ");
+            value_text(o, item, budget - 1);
         }
-        kiln_strbuf_printf(o, v->type == KILN_JSON_ARRAY ? "]" : "}");
-        break;
-    default:
+        kiln_strbuf_printf(o, cJSON_IsArray(v) ? "]" : "}");
+    } else {
         kiln_strbuf_printf(o, "&hellip;");
-        break;
     }
 }
 
 /* A summary value formatted by its name: bytes, accuracy, seconds. */
-static void summary_value(kiln_strbuf *o, const char *key, const kiln_json *v) {
+static void summary_value(kiln_strbuf *o, const char *key, const cJSON *v) {
     double x;
     char b[64];
     if (kiln_json_number(v, &x)) {
@@ -228,17 +225,18 @@ static void summary_value(kiln_strbuf *o, const char *key, const kiln_json *v) {
     value_text(o, v, 3);
 }
 
-static void object_table(kiln_strbuf *o, const kiln_json *rec, bool summary) {
+static void object_table(kiln_strbuf *o, const cJSON *rec, bool summary) {
     kiln_strbuf_printf(o, "<table class=\"kv\"><tbody>\n");
-    for (size_t i = 0; i < rec->n; i++) {
-        if (!strcmp(rec->keys[i], "event")) continue;
+    const cJSON *f;
+    cJSON_ArrayForEach(f, rec) {
+        if (!strcmp(f->string, "event")) continue;
         kiln_strbuf_printf(o, "<tr><th>");
-        rp_html_escape(o, rec->keys[i]);
+        rp_html_escape(o, f->string);
         kiln_strbuf_printf(o, "</th><td>");
         if (summary)
-            summary_value(o, rec->keys[i], rec->items[i]);
+            summary_value(o, f->string, f);
         else
-            value_text(o, rec->items[i], 3);
+            value_text(o, f, 3);
         kiln_strbuf_printf(o, "</td></tr>\n");
     }
     kiln_strbuf_printf(o, "</tbody></table>\n");
@@ -267,11 +265,10 @@ static void other_tables(kiln_strbuf *o, const run *r) {
         const char *keys[12];
         int nk = 0;
         for (size_t k = 0; k < n; k++) {
-            const kiln_json *rec = r->other[same[k]];
-            for (size_t m = 0; m < rec->n && nk < 12; m++) {
-                bool seen = !strcmp(rec->keys[m], "event");
-                for (int q = 0; q < nk && !seen; q++) seen = !strcmp(keys[q], rec->keys[m]);
-                if (!seen) keys[nk++] = rec->keys[m];
+            for (const cJSON *f = r->other[same[k]]->child; f && nk < 12; f = f->next) {
+                bool seen = !strcmp(f->string, "event");
+                for (int q = 0; q < nk && !seen; q++) seen = !strcmp(keys[q], f->string);
+                if (!seen) keys[nk++] = f->string;
             }
         }
         kiln_strbuf_printf(o, "<table class=\"sortable\"><thead><tr>");
@@ -284,7 +281,7 @@ static void other_tables(kiln_strbuf *o, const run *r) {
         for (size_t k = 0; k < n; k++) {
             kiln_strbuf_printf(o, "<tr>");
             for (int q = 0; q < nk; q++) {
-                const kiln_json *v = kiln_json_get(r->other[same[k]], keys[q]);
+                const cJSON *v = kiln_json_get(r->other[same[k]], keys[q]);
                 double x;
                 if (kiln_json_number(v, &x))
                     kiln_strbuf_printf(o, "<td data-v=\"%.17g\">", x);
@@ -460,8 +457,8 @@ static bool file_exists(const char *path) {
 static void run_free(run *r) {
     cols_free(&r->step);
     cols_free(&r->epoch);
-    kiln_json_free(r->summary);
-    for (size_t i = 0; i < r->n_other; i++) kiln_json_free(r->other[i]);
+    cJSON_Delete(r->summary);
+    for (size_t i = 0; i < r->n_other; i++) cJSON_Delete(r->other[i]);
 }
 
 int kiln_cmd_report(int argc, char **argv) {

@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "diag/json_read.h"
+#include "diag/json.h"
 #include "diag/strbuf.h"
 
 /* `kiln report RUN_DIR [--out FILE]`; the exit code. */

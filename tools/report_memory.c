@@ -4,9 +4,10 @@
  * where no line is known), the peak marked, the blocks alive at the peak
  * listed, and the snapshot's segments summarised.
  *
- * The trace may hold hundreds of thousands of entries: the file is parsed
- * lazily (kiln_json_parse_lazy) and each entry is read into a compact
- * record, so the tree of the whole trace never exists. */
+ * The trace may hold hundreds of thousands of entries: the file is walked
+ * with a cursor (diag/json.h) and each entry, parsed by cJSON on its own,
+ * is read into a compact record and freed, so the tree of the whole trace
+ * never exists. */
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -174,8 +175,8 @@ static const char *base_name(const char *path) {
 }
 
 /* Site "file.c:12", op and group ids of an event or block from its frames. */
-static bool context_ids(snap *s, const kiln_json *obj, uint32_t *site, uint32_t *op, uint32_t *group) {
-    const kiln_json *f = kiln_json_at(kiln_json_get(obj, "frames"), 0);
+static bool context_ids(snap *s, const cJSON *obj, uint32_t *site, uint32_t *op, uint32_t *group) {
+    const cJSON *f = kiln_json_at(kiln_json_get(obj, "frames"), 0);
     const char *file = kiln_json_string(kiln_json_get(f, "filename"), "");
     const char *name = kiln_json_string(kiln_json_get(f, "name"), "");
     int64_t line = kiln_json_int(kiln_json_get(f, "line"), 0);
@@ -191,21 +192,11 @@ static bool context_ids(snap *s, const kiln_json *obj, uint32_t *site, uint32_t 
     return *site != UINT32_MAX && *op != UINT32_MAX && *group != UINT32_MAX;
 }
 
-static double stat_of(const kiln_json *state, const char *stat, const char *field) {
+static double stat_of(const cJSON *state, const char *stat, const char *field) {
     double v = 0;
     kiln_json_number(kiln_json_path(state, stat, "all", field, NULL), &v);
     return v;
 }
-
-/* Expand every raw container under v (small subtrees only). */
-static bool expand_all(kiln_json *v) {
-    if (!kiln_json_expand(v, NULL, 0)) return false;
-    for (size_t i = 0; v->type >= KILN_JSON_ARRAY && v->type <= KILN_JSON_OBJECT && i < v->n; i++)
-        if (!expand_all(v->items[i])) return false;
-    return true;
-}
-
-static kiln_json *member(kiln_json *obj, const char *key) { return (kiln_json *)kiln_json_get(obj, key); }
 
 /* ---- The section -------------------------------------------------------------------------- */
 
@@ -281,7 +272,7 @@ static int cmp_key_desc(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static int draw_timeline(kiln_strbuf *o, kiln_strbuf *notes, snap *s, const kiln_json *root) {
+static int draw_timeline(kiln_strbuf *o, kiln_strbuf *notes, snap *s, const cJSON *root) {
     size_t n = s->n;
     replay r = {.group_bytes = calloc(s->groups.n ? s->groups.n : 1, sizeof(double))};
     double *px = malloc((MAX_SAMPLES + 4) * sizeof *px), *res = malloc((MAX_SAMPLES + 4) * sizeof *res);
@@ -437,20 +428,19 @@ done:
     return plots;
 }
 
-static void segments_summary(kiln_strbuf *o, kiln_json *segs, snap *s) {
+static void segments_summary(kiln_strbuf *o, const cJSON *segs, snap *s) {
     double reserved = 0, allocated = 0;
     size_t n_blocks = 0, n_live = 0;
     interner *g = &s->groups;
     size_t cap = 0;
     double *by_group = NULL, *count = NULL;
-    for (size_t i = 0; segs && segs->type == KILN_JSON_ARRAY && i < segs->n; i++) {
-        kiln_json *seg = segs->items[i];
-        if (!expand_all(seg)) continue;
+    const cJSON *seg, *seg_list = cJSON_IsArray(segs) ? segs : NULL;
+    cJSON_ArrayForEach(seg, seg_list) {
         double v = 0;
         if (kiln_json_number(kiln_json_get(seg, "total_size"), &v)) reserved += v;
-        const kiln_json *blocks = kiln_json_get(seg, "blocks");
-        for (size_t k = 0; blocks && blocks->type == KILN_JSON_ARRAY && k < blocks->n; k++) {
-            const kiln_json *b = blocks->items[k];
+        const cJSON *blocks = kiln_json_get(seg, "blocks"), *b;
+        if (!cJSON_IsArray(blocks)) blocks = NULL;
+        cJSON_ArrayForEach(b, blocks) {
             n_blocks++;
             if (strcmp(kiln_json_string(kiln_json_get(b, "state"), ""), "active_allocated")) continue;
             double size = 0;
@@ -478,7 +468,8 @@ static void segments_summary(kiln_strbuf *o, kiln_json *segs, snap *s) {
     kiln_strbuf_printf(o,
                        "<h3>At snapshot time</h3>\n<p>%zu segments reserve %s; %zu of their %zu blocks are "
                        "allocated, %s.</p>\n",
-                       segs && segs->type == KILN_JSON_ARRAY ? segs->n : 0, b1, n_live, n_blocks, b2);
+                       (size_t)(cJSON_IsArray(segs) ? cJSON_GetArraySize(segs) : 0), b1, n_live, n_blocks,
+                       b2);
     if (!cap) {
         free(by_group), free(count);
         return;
@@ -502,6 +493,78 @@ static void segments_summary(kiln_strbuf *o, kiln_json *segs, snap *s) {
     free(order), free(by_group), free(count);
 }
 
+/* One trace entry into a compact record; false when host memory is short. */
+static bool read_event(snap *s, const cJSON *e, size_t i) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        ev *nv = realloc(s->evs, cap * sizeof *nv);
+        if (!nv) return false;
+        s->evs = nv, s->cap = cap;
+    }
+    ev *x = &s->evs[s->n];
+    memset(x, 0, sizeof *x);
+    x->action = (uint8_t)action_code(kiln_json_string(kiln_json_get(e, "action"), ""));
+    x->addr = (uint64_t)kiln_json_int(kiln_json_get(e, "addr"), 0);
+    int64_t size = kiln_json_int(kiln_json_get(e, "size"), 0),
+            req = kiln_json_int(kiln_json_get(e, "requested_size"), 0);
+    x->size = size > 0 ? (uint64_t)size : 0;
+    x->requested = req > 0 ? (uint64_t)req : 0;
+    x->seq = kiln_json_int(kiln_json_get(e, "seq"), (int64_t)i);
+    kiln_json_number(kiln_json_get(e, "time_us"), &x->time_us);
+    if (!context_ids(s, e, &x->site, &x->op, &x->group)) return false;
+    s->n++;
+    return true;
+}
+
+/* device_traces, at the cursor: [[entry, ...], ...], one trace per device;
+ * the first is read, an entry at a time. */
+static void read_traces(kiln_json_cursor *c, snap *s, size_t *bad) {
+    bool room = true;
+    for (int k = 0; kiln_json_cursor_next(c); k++) {
+        if (k > 0 || !kiln_json_cursor_enter(c, '[')) {
+            cJSON_Delete(kiln_json_cursor_value(c));
+            continue;
+        }
+        for (size_t i = 0; kiln_json_cursor_next(c); i++) {
+            cJSON *e = kiln_json_cursor_value(c);
+            if (!e) return;
+            if (!cJSON_IsObject(e))
+                (*bad)++;
+            else if (room)
+                room = read_event(s, e, i);
+            cJSON_Delete(e);
+        }
+    }
+}
+
+/* The snapshot's members other than the trace into a tree (*root), the
+ * trace into s->evs. False with the reason in err when the text is not a
+ * JSON object. */
+static bool read_snapshot(const char *text, size_t len, snap *s, cJSON **root, size_t *bad, char *err,
+                          size_t err_size) {
+    kiln_json_cursor c;
+    kiln_json_cursor_init(&c, text, len);
+    *root = cJSON_CreateObject();
+    bool object = *root && kiln_json_cursor_enter(&c, '{');
+    while (object && kiln_json_cursor_next(&c)) {
+        if (!strcmp(kiln_json_cursor_key(&c), "device_traces") && kiln_json_cursor_enter(&c, '[')) {
+            read_traces(&c, s, bad);
+            continue;
+        }
+        cJSON *v = kiln_json_cursor_value(&c);
+        if (v && !cJSON_AddItemToObject(*root, kiln_json_cursor_key(&c), v)) cJSON_Delete(v);
+    }
+    bool ok = object && kiln_json_cursor_at_end(&c);
+    kiln_json_cursor_free(&c);
+    if (!*root)
+        snprintf(err, err_size, "out of host memory");
+    else if (!object && !c.failed)
+        snprintf(err, err_size, "not an object");
+    else if (!ok)
+        snprintf(err, err_size, "syntax error at byte %zu", c.err_at);
+    return ok;
+}
+
 int rp_memory_section(kiln_strbuf *o, kiln_strbuf *notes, const char *path) {
     size_t len = 0;
     char *text = kiln_json_read_file(path, &len);
@@ -510,23 +573,23 @@ int rp_memory_section(kiln_strbuf *o, kiln_strbuf *notes, const char *path) {
         return 0;
     }
     char err[160];
-    kiln_json *root = kiln_json_parse_lazy(text, len, 2, err, sizeof err);
+    cJSON *root = NULL;
+    size_t bad = 0, n_oom = 0;
     int plots = 0;
     snap s = {0};
-    if (!root || root->type != KILN_JSON_OBJECT) {
+    if (!read_snapshot(text, len, &s, &root, &bad, err, sizeof err)) {
         char msg[400];
         snprintf(msg, sizeof msg, "memory snapshot %s is not valid JSON (%s): memory timeline skipped", path,
-                 root ? "not an object" : err);
+                 err);
         note(notes, "%s", msg);
         goto out;
     }
+    for (size_t i = 0; i < s.n; i++) n_oom += s.evs[i].action == A_OOM;
     const char *format = kiln_json_string(kiln_json_get(root, "format"), "");
     if (strncmp(format, "kiln memory snapshot", 20))
         note(notes, "%s does not say it is a kiln memory snapshot (\"format\"); reading it anyway", path);
-    kiln_json *history = member(root, "history"), *stats = member(root, "stats");
-    if (history) expand_all(history);
-    if (stats) expand_all(stats);
-    const kiln_json *baseline = kiln_json_get(history, "baseline");
+    const cJSON *history = kiln_json_get(root, "history"), *stats = kiln_json_get(root, "stats");
+    const cJSON *baseline = kiln_json_get(history, "baseline");
     s.have_history = baseline != NULL;
     s.base_alloc = stat_of(baseline, "allocated_bytes", "current");
     s.base_reserved = stat_of(baseline, "reserved_bytes", "current");
@@ -547,47 +610,6 @@ int rp_memory_section(kiln_strbuf *o, kiln_strbuf *notes, const char *path) {
                            a, b, c, dev, ooms);
     }
     kiln_strbuf_printf(o, ".</p>\n");
-    /* The trace, one entry at a time. */
-    const kiln_json *traces = kiln_json_at(kiln_json_get(root, "device_traces"), 0);
-    if (traces && traces->type == KILN_JSON_RAW) { /* a small trace may sit at depth 2: expand it */
-        kiln_json *t = (kiln_json *)traces;
-        if (!kiln_json_expand(t, NULL, 0)) traces = NULL;
-    }
-    size_t bad = 0, n_oom = 0;
-    for (size_t i = 0; traces && traces->type == KILN_JSON_ARRAY && i < traces->n; i++) {
-        const kiln_json *raw = traces->items[i];
-        kiln_json *e = raw->type == KILN_JSON_RAW ? kiln_json_parse(raw->raw, raw->raw_len, NULL, 0) : NULL;
-        const kiln_json *eo = raw->type == KILN_JSON_RAW ? e : raw;
-        if (!eo || eo->type != KILN_JSON_OBJECT) {
-            bad++;
-            kiln_json_free(e);
-            continue;
-        }
-        if (s.n == s.cap) {
-            size_t cap = s.cap ? s.cap * 2 : 1024;
-            ev *nv = realloc(s.evs, cap * sizeof *nv);
-            if (!nv) {
-                kiln_json_free(e);
-                break;
-            }
-            s.evs = nv, s.cap = cap;
-        }
-        ev *x = &s.evs[s.n];
-        memset(x, 0, sizeof *x);
-        x->action = (uint8_t)action_code(kiln_json_string(kiln_json_get(eo, "action"), ""));
-        x->addr = (uint64_t)kiln_json_int(kiln_json_get(eo, "addr"), 0);
-        int64_t size = kiln_json_int(kiln_json_get(eo, "size"), 0),
-                req = kiln_json_int(kiln_json_get(eo, "requested_size"), 0);
-        x->size = size > 0 ? (uint64_t)size : 0;
-        x->requested = req > 0 ? (uint64_t)req : 0;
-        x->seq = kiln_json_int(kiln_json_get(eo, "seq"), (int64_t)i);
-        kiln_json_number(kiln_json_get(eo, "time_us"), &x->time_us);
-        bool ok = context_ids(&s, eo, &x->site, &x->op, &x->group);
-        kiln_json_free(e);
-        if (!ok) break;
-        n_oom += x->action == A_OOM;
-        s.n++;
-    }
     if (bad) {
         note(notes, "memory snapshot: %zu trace entries are not objects and were skipped", bad);
     }
@@ -606,11 +628,11 @@ int rp_memory_section(kiln_strbuf *o, kiln_strbuf *notes, const char *path) {
         kiln_strbuf_printf(o, ".</p>\n");
         plots += draw_timeline(o, notes, &s, root);
     }
-    segments_summary(o, member(root, "segments"), &s);
+    segments_summary(o, kiln_json_get(root, "segments"), &s);
 out:
     free(s.evs);
     interner_free(&s.sites), interner_free(&s.ops), interner_free(&s.groups);
-    kiln_json_free(root);
+    cJSON_Delete(root);
     free(text);
     return plots;
 }

@@ -30,9 +30,10 @@ static kiln_status read_at(const char *path, int fd, void *buf, size_t n, uint64
         if (got < 0 && errno == EINTR) continue;
         if (got < 0) return KILN_RAISE(KILN_ERR_IO, NULL, "cannot read %s: %s", path, strerror(errno));
         if (got == 0)
-            return KILN_RAISE(KILN_ERR_IO, "the file changed while it was read, or is truncated",
-                              "cannot read %s: it ends at byte %llu, before the %zu bytes the header promised", path,
-                              (unsigned long long)offset, n);
+            return KILN_RAISE(
+                KILN_ERR_IO, "the file changed while it was read, or is truncated",
+                "cannot read %s: it ends at byte %llu, before the %zu bytes the header promised", path,
+                (unsigned long long)offset, n);
         p += got, n -= (size_t)got, offset += (uint64_t)got;
     }
     return KILN_OK;
@@ -53,9 +54,10 @@ static kiln_status open_regular(const char *path, int *fd_out, uint64_t *size) {
         st = KILN_RAISE(KILN_ERR_IO, "pass the .safetensors file inside it (e.g. DIR/model.safetensors)",
                         "%s is a directory, not a safetensors file", path);
     else if (!S_ISREG(sb.st_mode))
-        st = KILN_RAISE(KILN_ERR_IO, "copy it to a regular file first",
-                        "%s is not a regular file (a pipe, socket or device): a safetensors file is read by offset",
-                        path);
+        st = KILN_RAISE(
+            KILN_ERR_IO, "copy it to a regular file first",
+            "%s is not a regular file (a pipe, socket or device): a safetensors file is read by offset",
+            path);
     if (st != KILN_OK) {
         close(fd);
         return st;
@@ -93,7 +95,8 @@ static kiln_status read_header(kiln_safetensors *f, uint64_t size) {
 
 kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out) {
     if (!path || !out)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_safetensors_open: NULL path or output pointer");
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL,
+                          "kiln_safetensors_open: NULL path or output pointer");
     *out = NULL;
     kiln_safetensors *f = KILN_MALLOC(sizeof *f);
     if (!f) return KILN_ERR_OUT_OF_MEMORY;
@@ -139,8 +142,10 @@ static const kiln_st_entry *find(const kiln_safetensors *f, const char *name) {
         int mid = lo + (hi - lo) / 2;
         int c = strcmp(f->by_name[mid]->name, name);
         if (c == 0) return f->by_name[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     char some[256] = "";
     for (int i = 0, len = 0; i < f->idx.n && i < 4 && len < (int)sizeof some; i++)

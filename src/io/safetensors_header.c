@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "diag/json.h"
 #include "io/safetensors_internal.h"
 
 /* Integers in the header are read through a double: 2^53 is where they
@@ -40,8 +41,9 @@ static kiln_status bad(const char *file, const char *tensor, const char *what) {
 kiln_status kiln_st_header_length(const char *file, const uint8_t len8[8], uint64_t file_size, uint64_t *n) {
     *n = 0;
     if (file_size < 8)
-        return KILN_RAISE(KILN_ERR_IO, "the file is truncated", "%s: %llu bytes, too short for a safetensors header",
-                          file, (unsigned long long)file_size);
+        return KILN_RAISE(KILN_ERR_IO, "the file is truncated",
+                          "%s: %llu bytes, too short for a safetensors header", file,
+                          (unsigned long long)file_size);
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = v << 8 | len8[i];
     if (v > KILN_ST_HEADER_MAX || v > file_size - 8)
@@ -86,7 +88,8 @@ static kiln_status parse_shape(const char *file, const char *name, const cJSON *
     int i = 0;
     for (const cJSON *d = v->child; d; d = d->next, i++) {
         uint64_t x;
-        if (!header_uint(d, UINT64_MAX, &x)) return bad(file, name, "\"shape\" holds a value that is not a non-negative integer");
+        if (!header_uint(d, UINT64_MAX, &x))
+            return bad(file, name, "\"shape\" holds a value that is not a non-negative integer");
         if (x > (1ull << 40)) return bad(file, name, "dimension too large (at most 2^40)");
         e->shape.d[i] = (int64_t)x;
     }
@@ -106,23 +109,26 @@ static kiln_status check_range(const char *file, const kiln_st_entry *e, uint64_
     uint64_t bytes = kiln_dtype_size(e->dtype);
     for (int i = 0; i < e->shape.ndim; i++) {
         uint64_t d = (uint64_t)e->shape.d[i];
-        if (d && bytes > UINT64_MAX / d) return bad(file, e->name, "tensor too large (its byte size overflows)");
+        if (d && bytes > UINT64_MAX / d)
+            return bad(file, e->name, "tensor too large (its byte size overflows)");
         bytes *= d;
     }
     if (e->begin > e->end || e->end > data_size)
         return KILN_RAISE(KILN_ERR_IO, "the file is truncated or corrupted",
-                          "%s: tensor '%s' has data_offsets [%llu, %llu] outside the %llu data bytes", file, e->name,
-                          (unsigned long long)e->begin, (unsigned long long)e->end, (unsigned long long)data_size);
+                          "%s: tensor '%s' has data_offsets [%llu, %llu] outside the %llu data bytes", file,
+                          e->name, (unsigned long long)e->begin, (unsigned long long)e->end,
+                          (unsigned long long)data_size);
     if (e->end - e->begin != bytes)
         return KILN_RAISE(KILN_ERR_IO, "the file is corrupted",
-                          "%s: tensor '%s' has %llu data bytes but its dtype and shape need %llu", file, e->name,
-                          (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
+                          "%s: tensor '%s' has %llu data bytes but its dtype and shape need %llu", file,
+                          e->name, (unsigned long long)(e->end - e->begin), (unsigned long long)bytes);
     return KILN_OK;
 }
 
 /* One tensor entry: exactly the three fields, each once. */
 static kiln_status parse_entry(const char *file, const cJSON *obj, uint64_t data_size, kiln_st_entry *e) {
-    if (!cJSON_IsObject(obj)) return bad(file, e->name, "the entry must be an object {dtype, shape, data_offsets}");
+    if (!cJSON_IsObject(obj))
+        return bad(file, e->name, "the entry must be an object {dtype, shape, data_offsets}");
     bool seen[3] = {false, false, false};
     static const char *const fields[3] = {"dtype", "shape", "data_offsets"};
     for (const cJSON *f = obj->child; f; f = f->next) {
@@ -130,7 +136,8 @@ static kiln_status parse_entry(const char *file, const cJSON *obj, uint64_t data
         while (k < 3 && strcmp(f->string, fields[k]) != 0) k++;
         if (k == 3) {
             char what[160];
-            snprintf(what, sizeof what, "unknown field '%.40s' (an entry has dtype, shape, data_offsets)", f->string);
+            snprintf(what, sizeof what, "unknown field '%.40s' (an entry has dtype, shape, data_offsets)",
+                     f->string);
             return bad(file, e->name, what);
         }
         if (seen[k]) {
@@ -139,7 +146,7 @@ static kiln_status parse_entry(const char *file, const cJSON *obj, uint64_t data
             return bad(file, e->name, what);
         }
         seen[k] = true;
-        KILN_TRY(k == 0 ? parse_dtype(file, e->name, f, e)
+        KILN_TRY(k == 0   ? parse_dtype(file, e->name, f, e)
                  : k == 1 ? parse_shape(file, e->name, f, e)
                           : parse_offsets(file, e->name, f, e));
     }
@@ -164,8 +171,8 @@ static kiln_status parse_metadata(const char *file, const cJSON *obj, kiln_st_in
         char *k = strdup(m->string), *v = k ? strdup(m->valuestring) : NULL;
         if (!v) {
             free(k);
-            return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "%s: out of host memory copying the header's metadata",
-                              file);
+            return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL,
+                              "%s: out of host memory copying the header's metadata", file);
         }
         idx->meta[idx->n_meta++] = (kiln_st_meta){k, v};
     }
@@ -199,8 +206,8 @@ static kiln_status check_unique(const char *file, kiln_st_index *idx, int n_meta
     qsort(order, (size_t)idx->n, sizeof *order, cmp_name);
     for (int i = 1; i < idx->n && st == KILN_OK; i++)
         if (strcmp(order[i]->name, order[i - 1]->name) == 0)
-            st = KILN_RAISE(KILN_ERR_IO, "the file is corrupted", "%s: tensor '%s' appears twice in the header", file,
-                            order[i]->name);
+            st = KILN_RAISE(KILN_ERR_IO, "the file is corrupted",
+                            "%s: tensor '%s' appears twice in the header", file, order[i]->name);
     qsort(order, (size_t)idx->n, sizeof *order, cmp_begin);
     for (int i = 1; i < idx->n && st == KILN_OK; i++)
         if (order[i]->begin < order[i - 1]->end && order[i]->begin != order[i]->end)
@@ -225,7 +232,8 @@ static kiln_status parse_tree(const char *file, const cJSON *root, uint64_t data
         memset(e, 0, sizeof *e);
         e->name = strdup(m->string);
         if (!e->name)
-            return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "%s: out of host memory copying a tensor name", file);
+            return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "%s: out of host memory copying a tensor name",
+                              file);
         idx->n++;
         KILN_TRY(parse_entry(file, m, data_size, e));
     }
@@ -235,6 +243,12 @@ static kiln_status parse_tree(const char *file, const cJSON *root, uint64_t data
 kiln_status kiln_st_header_parse(const char *file, const char *json, size_t len, uint64_t data_size,
                                  kiln_st_index *idx) {
     memset(idx, 0, sizeof *idx);
+    /* A control byte would cut a name short inside cJSON: refused first. */
+    size_t ctl = kiln_json_control_byte(json, len);
+    if (ctl < len)
+        return KILN_RAISE(KILN_ERR_IO, "the file is not a valid safetensors file (truncated or corrupted?)",
+                          "%s: bad safetensors header at byte %llu: control byte 0x%02x (JSON allows none)",
+                          file, (unsigned long long)ctl + 8, (unsigned)(unsigned char)json[ctl]);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, false);
     kiln_status st = KILN_OK;

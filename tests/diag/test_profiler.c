@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include "diag/json.h"
 #include "diag/profiler_internal.h"
 #include "test_util.h"
 
@@ -113,146 +114,46 @@ static long long calls_of(const row *rows, int n, const char *name) {
     return r ? r->calls : 0;
 }
 
-/* ---- A small JSON reader for the trace ------------------------------------------------- */
+/* ---- The trace, read with cJSON ------------------------------------------------------- */
 
 typedef struct trace_ev {
     char ph[4], name[64], cat[32];
     double pid, tid, ts, dur, id;
 } trace_ev;
 
-typedef struct jp {
-    const char *s;
-    bool ok;
+typedef struct trace {
     trace_ev *ev;
-    int n, cap;
-} jp;
+    int n;
+} trace;
 
-static void ws(jp *p) {
-    while (*p->s == ' ' || *p->s == '\n' || *p->s == '\t' || *p->s == '\r') p->s++;
-}
-
-static bool expect(jp *p, char c) {
-    ws(p);
-    if (*p->s != c) return p->ok = false;
-    p->s++;
-    return true;
-}
-
-static void parse_string(jp *p, char *out, size_t cap) {
-    size_t n = 0;
-    if (!expect(p, '"')) return;
-    while (*p->s && *p->s != '"') {
-        char c = *p->s++;
-        if (c == '\\') {
-            c = *p->s++;
-            if (c == 'u') {
-                for (int i = 0; i < 4; i++)
-                    if (!*p->s++) p->ok = false;
-                c = '?';
-            } else if (c != '"' && c != '\\' && c != '/' && c != 'n' && c != 't') {
-                p->ok = false;
-            }
-        }
-        if (out && n + 1 < cap) out[n++] = c;
-    }
-    if (out) out[n] = 0;
-    if (*p->s != '"') p->ok = false;
-    else p->s++;
-}
-
-static double parse_number(jp *p) {
-    ws(p);
-    char *end;
-    double v = strtod(p->s, &end);
-    if (end == p->s) p->ok = false;
-    p->s = end;
+static double num_of(const cJSON *o, const char *key) {
+    double v = 0;
+    kiln_json_number(kiln_json_get(o, key), &v);
     return v;
 }
 
-static void parse_value(jp *p, trace_ev *into, int depth);
-
-/* An object; when `into` is set its known keys are kept. */
-static void parse_object(jp *p, trace_ev *into, int depth) {
-    if (!expect(p, '{')) return;
-    ws(p);
-    if (*p->s == '}') {
-        p->s++;
-        return;
+/* The file's traceEvents, the fields the checks use of each; false when
+ * the file is not valid JSON holding a traceEvents array. */
+static bool read_trace(const char *path, trace *t) {
+    size_t len = 0;
+    char *text = kiln_json_read_file(path, &len), err[128] = "cannot be read";
+    cJSON *root = text ? kiln_json_parse(text, len, err, sizeof err) : NULL;
+    free(text);
+    const cJSON *evs = kiln_json_get(root, "traceEvents"), *e;
+    CHECK_MSG(cJSON_IsArray(evs), "%s: no traceEvents array (%s)", path, root ? "not in the object" : err);
+    t->n = 0;
+    t->ev = calloc((size_t)cJSON_GetArraySize(evs) + 1, sizeof *t->ev);
+    const cJSON *list = t->ev && cJSON_IsArray(evs) ? evs : NULL;
+    cJSON_ArrayForEach(e, list) {
+        trace_ev *x = &t->ev[t->n++];
+        snprintf(x->ph, sizeof x->ph, "%s", kiln_json_string(kiln_json_get(e, "ph"), ""));
+        snprintf(x->name, sizeof x->name, "%s", kiln_json_string(kiln_json_get(e, "name"), ""));
+        snprintf(x->cat, sizeof x->cat, "%s", kiln_json_string(kiln_json_get(e, "cat"), ""));
+        x->pid = num_of(e, "pid"), x->tid = num_of(e, "tid"), x->ts = num_of(e, "ts");
+        x->dur = num_of(e, "dur"), x->id = num_of(e, "id");
     }
-    while (p->ok) {
-        char key[32];
-        parse_string(p, key, sizeof key);
-        if (!expect(p, ':')) return;
-        ws(p);
-        if (into && *p->s == '"') {
-            char *dst = !strcmp(key, "ph") ? into->ph : !strcmp(key, "name") ? into->name : !strcmp(key, "cat") ? into->cat : NULL;
-            size_t cap = !strcmp(key, "ph") ? sizeof into->ph : !strcmp(key, "cat") ? sizeof into->cat : sizeof into->name;
-            parse_string(p, dst, cap);
-        } else if (into && (*p->s == '-' || (*p->s >= '0' && *p->s <= '9'))) {
-            double v = parse_number(p);
-            if (!strcmp(key, "pid")) into->pid = v;
-            else if (!strcmp(key, "tid")) into->tid = v;
-            else if (!strcmp(key, "ts")) into->ts = v;
-            else if (!strcmp(key, "dur")) into->dur = v;
-            else if (!strcmp(key, "id")) into->id = v;
-        } else if (depth == 0 && !strcmp(key, "traceEvents")) {
-            if (!expect(p, '[')) return;
-            ws(p);
-            while (p->ok && *p->s != ']') {
-                if (p->n == p->cap) {
-                    p->cap = p->cap ? 2 * p->cap : 256;
-                    p->ev = realloc(p->ev, (size_t)p->cap * sizeof *p->ev);
-                }
-                trace_ev *e = &p->ev[p->n++];
-                memset(e, 0, sizeof *e);
-                parse_object(p, e, depth + 1);
-                ws(p);
-                if (*p->s == ',') p->s++;
-                ws(p);
-            }
-            expect(p, ']');
-        } else {
-            parse_value(p, NULL, depth + 1);
-        }
-        ws(p);
-        if (*p->s == ',') {
-            p->s++;
-            continue;
-        }
-        expect(p, '}');
-        return;
-    }
-}
-
-static void parse_value(jp *p, trace_ev *into, int depth) {
-    ws(p);
-    if (*p->s == '{') parse_object(p, into, depth);
-    else if (*p->s == '"') parse_string(p, NULL, 0);
-    else if (*p->s == '[') {
-        p->s++;
-        ws(p);
-        while (p->ok && *p->s != ']') {
-            parse_value(p, NULL, depth + 1);
-            ws(p);
-            if (*p->s == ',') p->s++;
-        }
-        expect(p, ']');
-    } else if (!strncmp(p->s, "true", 4) || !strncmp(p->s, "null", 4)) p->s += 4;
-    else if (!strncmp(p->s, "false", 5)) p->s += 5;
-    else parse_number(p);
-}
-
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
+    cJSON_Delete(root);
+    return cJSON_IsArray(evs) && t->ev;
 }
 
 static int by_start(const void *a, const void *b) {
@@ -287,7 +188,7 @@ static bool well_nested(trace_ev *ev, int n, double pid) {
     return ok;
 }
 
-static int count_events(const jp *p, const char *ph, const char *name) {
+static int count_events(const trace *p, const char *ph, const char *name) {
     int c = 0;
     for (int i = 0; i < p->n; i++)
         if (!strcmp(p->ev[i].ph, ph) && (!name || !strcmp(p->ev[i].name, name))) c++;
@@ -366,12 +267,8 @@ static void test_table_and_trace(model *m) {
 
     const char *path = "test_profiler_trace.json";
     CHECK_OK(kiln_profiler_export_chrome_trace(path));
-    char *json = read_file(path);
-    CHECK(json != NULL);
-    jp p = {.s = json, .ok = json != NULL};
-    if (json) parse_object(&p, NULL, 0);
-    ws(&p);
-    CHECK_MSG(p.ok && *p.s == 0, "trace JSON does not parse near offset %ld", json ? (long)(p.s - json) : 0L);
+    trace p = {0};
+    CHECK(read_trace(path, &p));
     const char *names[] = {"conv2d", "relu", "linear", "log_softmax", "nll_loss", "forward", "backward", "optimizer",
                            "backward_conv2d", "conv2d_grad_weight", "kiln_item", "ProfilerStep#0"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -390,7 +287,6 @@ static void test_table_and_trace(model *m) {
         if (!strcmp(p.ev[i].ph, "X") && !strcmp(p.ev[i].cat, "kernel")) kernels++;
     CHECK_EQ_I(kernels, flows);
     free(p.ev);
-    free(json);
     remove(path);
 }
 

@@ -66,8 +66,8 @@ static void test_round_trip(void) {
         if (n_cuda > 0) { /* the caller's device: a real GPU or the emulated one */
             kiln_device d = {KILN_DEVICE_CUDA, 0};
             t = kiln_safetensors_get(f, items[i].name, d);
-            CHECK_MSG(t && kiln_get_device(t).type == KILN_DEVICE_CUDA && same_bytes(t, items[i].tensor), "%s: %s",
-                      items[i].name, kiln_error_message());
+            CHECK_MSG(t && kiln_get_device(t).type == KILN_DEVICE_CUDA && same_bytes(t, items[i].tensor),
+                      "%s: %s", items[i].name, kiln_error_message());
             kiln_release(t);
         }
     }
@@ -87,7 +87,8 @@ static void test_round_trip(void) {
                   strstr(kiln_error_message(), "'conv.weight'"),
               "%s", kiln_error_message());
     CHECK(kiln_error_last()->status == KILN_ERR_INVALID_ARGUMENT);
-    CHECK_FAILS(kiln_safetensors_tensor_info(f, "nope", NULL, NULL), KILN_ERR_INVALID_ARGUMENT, "no tensor named 'nope'");
+    CHECK_FAILS(kiln_safetensors_tensor_info(f, "nope", NULL, NULL), KILN_ERR_INVALID_ARGUMENT,
+                "no tensor named 'nope'");
     kiln_safetensors_close(f);
     kiln_safetensors_close(NULL);
     for (int i = 0; i < 5; i++) kiln_release(items[i].tensor);
@@ -99,7 +100,8 @@ static void test_module_file(void) {
     char path[600];
     path_of(path, sizeof path, "m.safetensors");
     kiln_module *m = NULL;
-    CHECK_OK(kiln_model_spec_parse("conv 4 k3 p1\nbatchnorm\nrelu\nflatten\nlinear 3\n", "t.txt", 1, 4, 4, &m));
+    CHECK_OK(
+        kiln_model_spec_parse("conv 4 k3 p1\nbatchnorm\nrelu\nflatten\nlinear 3\n", "t.txt", 1, 4, 4, &m));
     if (!m) return;
     CHECK_OK(kiln_safetensors_save(path, m));
     kiln_named_tensor *sd = NULL;
@@ -181,7 +183,8 @@ static void test_bad_files(void) {
     write_file(path, "{}", 0);
     CHECK_OK(kiln_safetensors_open(path, &ok));
     CHECK_EQ_I(kiln_safetensors_tensor_count(ok), 0);
-    CHECK_FAILS(kiln_safetensors_tensor_info(ok, "a", NULL, NULL), KILN_ERR_INVALID_ARGUMENT, "it holds 0: none");
+    CHECK_FAILS(kiln_safetensors_tensor_info(ok, "a", NULL, NULL), KILN_ERR_INVALID_ARGUMENT,
+                "it holds 0: none");
     kiln_safetensors_close(ok);
     unlink(path);
 
@@ -190,20 +193,27 @@ static void test_bad_files(void) {
     header_fails("{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
                  "tensor 'a': field 'dtype' appears twice");
     header_fails("{\"__metadata__\":{},\"__metadata__\":{}}", 0, "\"__metadata__\" appears twice");
+    /* A control byte, which cJSON would keep inside a name. */
+    header_fails("{\"a\x01\":" E8 "}", 8, "at byte 11: control byte 0x01");
     /* Shape of the header. */
     header_fails("[1,2]", 0, "the header must be a JSON object");
     header_fails("{\"a\":" E8 "} x", 8, "text after the header object");
     header_fails("{\"a\":" E8, 8, "not valid JSON");
     header_fails("{\"a\":[1]}", 8, "tensor 'a': the entry must be an object");
     header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "needs dtype, shape and data_offsets");
-    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, "unknown field 'x'");
+    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8,
+                 "unknown field 'x'");
     header_fails("{\"__metadata__\":{\"k\":1}}", 0, "value of 'k' is not a string");
     header_fails("{\"__metadata__\":[]}", 0, "\"__metadata__\" must be an object");
     /* Values. */
-    header_fails("{\"a\":{\"dtype\":\"F31\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "unknown dtype 'F31'");
-    header_fails("{\"a\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "\"dtype\" must be a string");
-    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "not a non-negative integer");
-    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, "not a non-negative integer");
+    header_fails("{\"a\":{\"dtype\":\"F31\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+                 "unknown dtype 'F31'");
+    header_fails("{\"a\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+                 "\"dtype\" must be a string");
+    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8,
+                 "not a non-negative integer");
+    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8,
+                 "not a non-negative integer");
     header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
                  "9 dimensions");
     header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2199023255553],\"data_offsets\":[0,8]}}", 8,
@@ -211,10 +221,13 @@ static void test_bad_files(void) {
     header_fails("{\"a\":{\"dtype\":\"U8\",\"shape\":[1099511627776,1099511627776,1099511627776],"
                  "\"data_offsets\":[0,8]}}",
                  8, "overflows");
-    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, "data_offsets must be [begin, end]");
-    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, "outside the 8 data bytes");
+    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8,
+                 "data_offsets must be [begin, end]");
+    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8,
+                 "outside the 8 data bytes");
     header_fails("{\"a\":" E8 "}", 4, "outside the 4 data bytes"); /* truncated data */
-    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", 12, "its dtype and shape need 8");
+    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,12]}}", 12,
+                 "its dtype and shape need 8");
     header_fails("{\"a\":" E8 ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12,
                  "tensors 'a' and 'b' overlap");
 }

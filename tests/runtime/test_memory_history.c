@@ -10,7 +10,7 @@
 #include <stdarg.h>
 #include <unistd.h>
 
-#include "diag/json_read.h"
+#include "diag/json.h"
 #include "test_util.h"
 
 /* ---- Replay: an independent restatement of the allocator's updates ---------------- */
@@ -24,13 +24,13 @@ typedef struct rstate {
     int64_t dev_alloc, dev_free, ooms;
 } rstate;
 
-static bool load_state(const kiln_json *j, rstate *s) {
+static bool load_state(const cJSON *j, rstate *s) {
     memset(s, 0, sizeof *s);
     if (!j) return false;
     static const char *const pools[3] = {"large", "small", "all"};
     for (int st = 0; st < S_N; st++) {
         for (int p = 0; p < 3; p++) {
-            const kiln_json *o = kiln_json_path(j, snames[st], pools[p], NULL);
+            const cJSON *o = kiln_json_path(j, snames[st], pools[p], NULL);
             if (!o) return false;
             if (p < 2) {
                 s->cur[st][p] = kiln_json_int(kiln_json_get(o, "current"), -1);
@@ -59,20 +59,21 @@ typedef struct replay_out {
     bool seq_ok;
 } replay_out;
 
-static bool replay(const kiln_json *root, replay_out *r) {
+static bool replay(const cJSON *root, replay_out *r) {
     memset(r, 0, sizeof *r);
     if (!load_state(kiln_json_path(root, "history", "baseline", NULL), &r->s)) return false;
-    const kiln_json *trace = kiln_json_at(kiln_json_get(root, "device_traces"), 0);
-    if (!trace || trace->type != KILN_JSON_ARRAY) return false;
+    const cJSON *trace = kiln_json_at(kiln_json_get(root, "device_traces"), 0);
+    if (!cJSON_IsArray(trace)) return false;
     r->seq_ok = true;
-    for (size_t i = 0; i < trace->n; i++) {
-        const kiln_json *e = trace->items[i];
+    const cJSON *e;
+    size_t i = 0;
+    cJSON_ArrayForEach(e, trace) {
         const char *act = kiln_json_string(kiln_json_get(e, "action"), "?");
         int p = strcmp(kiln_json_string(kiln_json_get(e, "pool"), "?"), "small") == 0;
         int64_t size = kiln_json_int(kiln_json_get(e, "size"), 0);
         int64_t req = kiln_json_int(kiln_json_get(e, "requested_size"), 0);
         int64_t seq = kiln_json_int(kiln_json_get(e, "seq"), -1);
-        if (i == 0)
+        if (i++ == 0)
             r->first_seq = seq;
         else if (seq != r->last_seq + 1)
             r->seq_ok = false;
@@ -149,13 +150,13 @@ static void check_against_stats(kiln_device d, const rstate *s, const char *what
               (long long)ms.num_ooms);
 }
 
-static kiln_json *snapshot(kiln_device d, const char *path) {
+static cJSON *snapshot(kiln_device d, const char *path) {
     CHECK_OK(kiln_memory_snapshot(d, path));
     size_t len = 0;
     char *text = kiln_json_read_file(path, &len);
     CHECK_MSG(text != NULL, "cannot read %s", path);
     char err[128];
-    kiln_json *root = kiln_json_parse(text, len, err, sizeof err);
+    cJSON *root = kiln_json_parse(text, len, err, sizeof err);
     CHECK_MSG(root != NULL, "%s does not parse: %s", path, err);
     free(text);
     return root;
@@ -165,7 +166,7 @@ static kiln_json *snapshot(kiln_device d, const char *path) {
 static replay_out snapshot_and_replay(kiln_device d, const char *path, const char *what) {
     replay_out r;
     memset(&r, 0, sizeof r);
-    kiln_json *root = snapshot(d, path);
+    cJSON *root = snapshot(d, path);
     if (!root) return r;
     CHECK_MSG(replay(root, &r), "%s: the trace does not replay (unknown action or missing baseline)", what);
     CHECK_MSG(r.seq_ok, "%s: trace sequence numbers are not consecutive", what);
@@ -174,19 +175,19 @@ static replay_out snapshot_and_replay(kiln_device d, const char *path, const cha
     rstate now;
     CHECK(load_state(kiln_json_get(root, "stats"), &now));
     check_against_stats(d, &now, "snapshot stats");
-    kiln_json_free(root);
+    cJSON_Delete(root);
     return r;
 }
 
 /* A live block of the snapshot at `addr` and its first frame (or NULL). */
-static const kiln_json *find_block(const kiln_json *root, uint64_t addr, const kiln_json **frame) {
-    const kiln_json *segs = kiln_json_get(root, "segments");
-    for (size_t i = 0; segs && i < segs->n; i++) {
-        const kiln_json *seg = segs->items[i];
+static const cJSON *find_block(const cJSON *root, uint64_t addr, const cJSON **frame) {
+    const cJSON *segs = kiln_json_get(root, "segments");
+    const cJSON *seg;
+    cJSON_ArrayForEach(seg, segs) {
         uint64_t base = (uint64_t)kiln_json_int(kiln_json_get(seg, "address"), 0);
-        const kiln_json *blocks = kiln_json_get(seg, "blocks");
-        for (size_t k = 0; blocks && k < blocks->n; k++) {
-            const kiln_json *b = blocks->items[k];
+        const cJSON *blocks = kiln_json_get(seg, "blocks");
+        const cJSON *b;
+        cJSON_ArrayForEach(b, blocks) {
             uint64_t a = (uint64_t)kiln_json_int(kiln_json_get(b, "address"), 0);
             CHECK(a - base == (uint64_t)kiln_json_int(kiln_json_get(b, "offset"), -1));
             if (a != addr) continue;
@@ -198,7 +199,7 @@ static const kiln_json *find_block(const kiln_json *root, uint64_t addr, const k
     return NULL;
 }
 
-static bool frame_is(const kiln_json *f, const char *op, int line) {
+static bool frame_is(const cJSON *f, const char *op, int line) {
     const char *file = kiln_json_string(kiln_json_get(f, "filename"), "");
     const char *name = kiln_json_string(kiln_json_get(f, "name"), "");
     return f && strstr(file, "test_memory_history.c") &&
@@ -262,10 +263,10 @@ static void scenario(kiln_device d, const char *tag) {
 
     /* Live blocks: the hidden activation (allocated by the relu at
      * relu_line), an older block without a context. */
-    kiln_json *root = snapshot(d, path);
-    const kiln_json *frame = NULL;
+    cJSON *root = snapshot(d, path);
+    const cJSON *frame = NULL;
     if (real) {
-        const kiln_json *b = find_block(root, (uint64_t)(uintptr_t)kiln_data_ptr(hidden2), &frame);
+        const cJSON *b = find_block(root, (uint64_t)(uintptr_t)kiln_data_ptr(hidden2), &frame);
         CHECK_MSG(b != NULL, "%s: the live activation's block is not in the snapshot", tag);
         CHECK_MSG(frame_is(frame, "relu", relu_line),
                   "%s: the activation's block does not name relu at line %d", tag, relu_line);
@@ -276,24 +277,23 @@ static void scenario(kiln_device d, const char *tag) {
     /* On every device: some live block names relu at relu_line, and the
      * trace has an alloc by linear at linear_line. */
     bool relu_live = false, linear_traced = false;
-    const kiln_json *segs = kiln_json_get(root, "segments");
-    for (size_t i = 0; segs && i < segs->n; i++) {
-        const kiln_json *blocks = kiln_json_get(segs->items[i], "blocks");
-        for (size_t k = 0; blocks && k < blocks->n; k++)
-            relu_live |=
-                frame_is(kiln_json_at(kiln_json_get(blocks->items[k], "frames"), 0), "relu", relu_line);
+    const cJSON *segs = kiln_json_get(root, "segments");
+    const cJSON *seg, *b, *e;
+    cJSON_ArrayForEach(seg, segs) {
+        const cJSON *blocks = kiln_json_get(seg, "blocks");
+        cJSON_ArrayForEach(b, blocks) relu_live |=
+            frame_is(kiln_json_at(kiln_json_get(b, "frames"), 0), "relu", relu_line);
     }
-    const kiln_json *trace = kiln_json_at(kiln_json_get(root, "device_traces"), 0);
-    for (size_t i = 0; trace && i < trace->n; i++) {
-        const kiln_json *e = trace->items[i];
+    const cJSON *trace = kiln_json_at(kiln_json_get(root, "device_traces"), 0);
+    cJSON_ArrayForEach(e, trace) {
         if (strcmp(kiln_json_string(kiln_json_get(e, "action"), ""), "alloc")) continue;
-        const kiln_json *f = kiln_json_at(kiln_json_get(e, "frames"), 0);
+        const cJSON *f = kiln_json_at(kiln_json_get(e, "frames"), 0);
         linear_traced |= frame_is(f, NULL, linear_line);
     }
     CHECK_MSG(relu_live, "%s: no live block names relu at line %d", tag, relu_line);
     CHECK_MSG(linear_traced, "%s: no alloc event names line %d", tag, linear_line);
     CHECK(!strcmp(kiln_json_string(kiln_json_get(root, "device"), ""), tag));
-    kiln_json_free(root);
+    cJSON_Delete(root);
 
     /* Frees, a block used on a second stream (freed after its event),
      * statistics resets, empty_cache. */
@@ -341,17 +341,17 @@ static void scenario(kiln_device d, const char *tag) {
     root = snapshot(d, path);
     CHECK(kiln_json_int(kiln_json_path(root, "history", "dropped", NULL), -1) ==
           kiln_json_int(kiln_json_path(root, "history", "recorded", NULL), -2) - 16);
-    kiln_json_free(root);
+    cJSON_Delete(root);
 
     /* Off: the trace is gone; the snapshot still lists the segments. */
     CHECK_OK(kiln_memory_record_history(d, false, 0));
     CHECK(!kiln_memory_history_enabled(d));
     root = snapshot(d, path);
     CHECK(kiln_json_path(root, "history", "enabled", NULL) &&
-          !kiln_json_path(root, "history", "enabled", NULL)->boolean);
-    CHECK_EQ_I(kiln_json_at(kiln_json_get(root, "device_traces"), 0)->n, 0);
-    CHECK(kiln_json_get(root, "segments")->n >= 1);
-    kiln_json_free(root);
+          cJSON_IsFalse(kiln_json_path(root, "history", "enabled", NULL)));
+    CHECK_EQ_I(cJSON_GetArraySize(kiln_json_at(kiln_json_get(root, "device_traces"), 0)), 0);
+    CHECK(cJSON_GetArraySize(kiln_json_get(root, "segments")) >= 1);
+    cJSON_Delete(root);
 
     kiln_release(tail), kiln_release(again), kiln_release(hidden2);
     kiln_optimizer_free(opt);

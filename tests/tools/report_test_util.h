@@ -10,7 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "diag/json_read.h"
+#include "diag/json.h"
 #include "test_util.h"
 
 /* The kiln binary: BUILD/bin/kiln next to BUILD/tests/<this test>. */
