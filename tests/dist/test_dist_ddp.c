@@ -143,17 +143,27 @@ static void rank_slice(bool uneven, int64_t *lo, int64_t *hi) {
     *hi = (int64_t)N_ALL * (rank + 1) / size;
 }
 
-/* DDP on this rank's slice against one process on the whole batch. */
-static double ddp_vs_single(arch a, bool uneven, bool weighted) {
+/* DDP on this rank's slice against one process on the whole batch: the
+ * parameters after STEPS Adam steps, and (*grad_diff) the last step's
+ * gradients, which catch what Adam's scale invariance would hide (a
+ * gradient averaged by a wrong count). small_buckets: one parameter per
+ * bucket, so several all-reduces are in flight. */
+static double ddp_vs_single(arch a, bool uneven, bool weighted, bool small_buckets, double *grad_diff) {
+    kiln_ddp_opts o = kiln_ddp_opts_default();
+    if (small_buckets) o.bucket_cap_mb = o.first_bucket_mb = 1e-9;
     net ref = make(a, 7, NULL, false);
-    net dp = make(a, 7 + (uint64_t)rank * 1000, NULL, true);
+    net dp = make(a, 7 + (uint64_t)rank * 1000, &o, true);
     int64_t lo, hi;
     rank_slice(uneven, &lo, &hi);
     for (int s = 0; s < STEPS; s++) {
         train_step(&ref, 0, N_ALL, false);
         train_step(&dp, lo, hi, weighted);
     }
+    kiln_ddp_stats st;
+    CHECK_OK(kiln_ddp_stats_get(dp.ddp, &st));
+    CHECK(small_buckets ? st.num_buckets == dp.n : st.num_buckets == 1);
     double d = rel_distance(&ref, &dp, false);
+    *grad_diff = rel_distance(&ref, &dp, true);
     drop(&ref);
     drop(&dp);
     return d;
@@ -161,21 +171,29 @@ static double ddp_vs_single(arch a, bool uneven, bool weighted) {
 
 static void test_matches_single_process(void) {
     const double tol = 2e-5;
-    double mlp = ddp_vs_single(MLP, false, false);
-    double cnn = ddp_vs_single(CNN, false, false);
-    double uneven = ddp_vs_single(MLP, true, true);
-    double cnn_uneven = ddp_vs_single(CNN, true, true);
-    printf("rank %d: DDP vs one process after %d Adam steps: mlp %.3g, cnn %.3g, 70+58 weighted mlp %.3g, cnn %.3g\n",
-           rank, STEPS, mlp, cnn, uneven, cnn_uneven);
-    CHECK_MSG(mlp < tol, "MLP differs by %g", mlp);
-    CHECK_MSG(cnn < tol, "CNN differs by %g", cnn);
-    CHECK_MSG(uneven < tol, "uneven weighted MLP differs by %g", uneven);
-    CHECK_MSG(cnn_uneven < tol, "uneven weighted CNN differs by %g", cnn_uneven);
+    struct {
+        const char *name;
+        arch a;
+        bool uneven, small_buckets;
+    } cases[] = {
+        {"mlp 64+64", MLP, false, false},
+        {"cnn 64+64", CNN, false, false},
+        {"cnn 64+64, a bucket per parameter", CNN, false, true},
+        {"mlp 70+58 weighted", MLP, true, false},
+        {"cnn 70+58 weighted, a bucket per parameter", CNN, true, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double g = 0, p = ddp_vs_single(cases[i].a, cases[i].uneven, true, cases[i].small_buckets, &g);
+        printf("rank %d: DDP vs one process, %s: parameters after %d Adam steps %.3g, last gradients %.3g\n", rank,
+               cases[i].name, STEPS, p, g);
+        CHECK_MSG(p < tol, "%s: parameters differ by %g", cases[i].name, p);
+        CHECK_MSG(g < tol, "%s: gradients differ by %g", cases[i].name, g);
+    }
     if (size == 2) {
         /* The plain average of an uneven split is not the full batch's gradient. */
-        double plain = ddp_vs_single(MLP, true, false);
-        printf("rank %d: 70+58 with the plain average: %.3g\n", rank, plain);
-        CHECK_MSG(plain > 20 * tol, "the unweighted uneven split should differ, got %g", plain);
+        double g = 0, plain = ddp_vs_single(MLP, true, false, false, &g);
+        printf("rank %d: 70+58 with the plain average: parameters %.3g, gradients %.3g\n", rank, plain, g);
+        CHECK_MSG(plain > 20 * tol && g > 20 * tol, "the unweighted uneven split should differ, got %g / %g", plain, g);
     }
 }
 
