@@ -1,0 +1,102 @@
+/* The distributed sampler (a pure function: no launcher needed): PyTorch's
+ * DistributedSampler shares — padding by repeating the first indices, or
+ * drop_last — disjoint across ranks, the same permutation for the same
+ * (seed, epoch), another for another epoch. */
+#include "test_util.h"
+
+/* All ranks' shares of one epoch; *per gets the share size. */
+static int64_t *all_shares(int64_t n, int world, int64_t epoch, uint64_t seed, bool shuffle, bool drop_last,
+                           int64_t *per) {
+    int64_t *all = NULL;
+    *per = -1;
+    for (int r = 0; r < world; r++) {
+        int64_t *idx = NULL, count = 0;
+        CHECK_OK(kiln_dist_sampler_indices(n, world, r, epoch, seed, shuffle, drop_last, &idx, &count));
+        if (*per < 0) {
+            *per = count;
+            all = calloc((size_t)(world * count + 1), sizeof *all);
+        }
+        CHECK_EQ_I(count, *per);
+        for (int64_t k = 0; k < count && k < *per; k++) all[r * *per + k] = idx[k];
+        free(idx);
+    }
+    return all;
+}
+
+static void test_padding(void) {
+    /* 10 samples, 3 ranks: 4 each, the 2 extra positions repeat the first two. */
+    int64_t per;
+    int64_t *a = all_shares(10, 3, 0, 1, false, false, &per);
+    CHECK_EQ_I(per, 4);
+    /* Without shuffle rank r takes r, r + 3, ... of 0..9, 0, 1. */
+    int64_t want[3][4] = {{0, 3, 6, 9}, {1, 4, 7, 0}, {2, 5, 8, 1}};
+    for (int r = 0; r < 3; r++)
+        for (int k = 0; k < 4; k++) CHECK_EQ_I(a[r * 4 + k], want[r][k]);
+    free(a);
+    /* drop_last: 3 each, 9 distinct, the last index dropped. */
+    a = all_shares(10, 3, 0, 1, false, true, &per);
+    CHECK_EQ_I(per, 3);
+    int seen[10] = {0};
+    for (int i = 0; i < 9; i++) seen[a[i]]++;
+    for (int i = 0; i < 9; i++) CHECK_EQ_I(seen[i], 1);
+    CHECK_EQ_I(seen[9], 0);
+    free(a);
+    /* Fewer samples than ranks: padding wraps more than once. */
+    a = all_shares(2, 5, 0, 1, false, false, &per);
+    CHECK_EQ_I(per, 1);
+    for (int r = 0; r < 5; r++) CHECK_EQ_I(a[r], r % 2);
+    free(a);
+    int64_t *none = NULL, count = -1;
+    CHECK_OK(kiln_dist_sampler_indices(2, 5, 4, 0, 1, false, true, &none, &count));
+    CHECK(none == NULL && count == 0);
+}
+
+static void test_shuffle(void) {
+    const int64_t n = 101;
+    int64_t per;
+    int64_t *e0 = all_shares(n, 4, 0, 42, true, false, &per);
+    int64_t *e0b = all_shares(n, 4, 0, 42, true, false, &per);
+    int64_t *e1 = all_shares(n, 4, 1, 42, true, false, &per);
+    CHECK_EQ_I(per, 26);
+    CHECK(!memcmp(e0, e0b, sizeof(int64_t) * 4 * 26));
+    CHECK(memcmp(e0, e1, sizeof(int64_t) * 4 * 26) != 0);
+    /* Every index once, plus 3 padding positions repeating the epoch's
+     * first 3 (the first 3 positions of the permutation: rank 0, 1, 2's
+     * first entries). */
+    int seen[101] = {0};
+    for (int i = 0; i < 4 * 26; i++) seen[e0[i]]++;
+    int twice = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(seen[i] >= 1 && seen[i] <= 2);
+        twice += seen[i] == 2;
+    }
+    CHECK_EQ_I(twice, 3);
+    /* Positions 101, 102, 103 (rank 1, 2, 3 at k = 25) repeat positions 0, 1, 2 (ranks 0, 1, 2 at k = 0). */
+    CHECK_EQ_I(e0[1 * 26 + 25], e0[0]);
+    CHECK_EQ_I(e0[2 * 26 + 25], e0[1 * 26]);
+    CHECK_EQ_I(e0[3 * 26 + 25], e0[2 * 26]);
+    /* Shuffled at all. */
+    int in_place = 0;
+    for (int k = 0; k < 25; k++) in_place += e0[k] == 4 * k;
+    CHECK(in_place < 10);
+    free(e0), free(e0b), free(e1);
+}
+
+static void test_errors(void) {
+    int64_t *idx = NULL, count = 0;
+    CHECK_FAILS(kiln_dist_sampler_indices(10, 2, 2, 0, 0, false, false, &idx, &count), KILN_ERR_INVALID_ARGUMENT,
+                "rank 2 is not in a world of 2");
+    CHECK_FAILS(kiln_dist_sampler_indices(-1, 2, 0, 0, 0, false, false, &idx, &count), KILN_ERR_INVALID_ARGUMENT,
+                "dataset length");
+    CHECK_FAILS(kiln_dist_sampler_indices(10, 0, 0, 0, 0, false, false, &idx, &count), KILN_ERR_INVALID_ARGUMENT,
+                "world of 0");
+}
+
+int main(void) {
+    if (kiln_init()) return 1;
+    test_padding();
+    test_shuffle();
+    test_errors();
+    kiln_shutdown();
+    return kt_finish();
+}
