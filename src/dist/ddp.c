@@ -372,7 +372,9 @@ static kiln_status fill_bucket(kiln_ddp *d, ddp_bucket *b) {
     for (int m = 0; m < b->n_members; m++) {
         ddp_param *p = &d->params[b->members[m]];
         total += p->numel;
-        kiln_tensor *g = kiln_grad(p->tensor);
+        /* Not ready: unused in this backward (find_unused_parameters); a .grad
+         * it may still hold is from an earlier step and is not sent. */
+        kiln_tensor *g = p->ready ? kiln_grad(p->tensor) : NULL;
         if (g && !kiln_is_contiguous(g)) {
             kiln_tensor *c = kiln_contiguous(g);
             kiln_tensor_drop(g);
