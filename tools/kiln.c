@@ -12,9 +12,6 @@
 #include "ops/op_registry.h"
 #include "report.h"
 #include "train.h"
-#ifdef KILN_WITH_CUDA
-#include "runtime/cuda_backend.h"
-#endif
 
 static int fail(const char *what) {
     const kiln_error *e = kiln_error_last();

@@ -36,7 +36,6 @@
 
 #include "base/error.h"
 #include "kiln/kiln.h"
-#include "ops/cpu_tables.h"
 #include "timing.h"
 #include "train.h"
 #include "train_run.h"
@@ -833,8 +832,7 @@ static int resume(train_run *r, char *resume_from) {
     }
     free(s.model_spec);
     /* The CPU kernel table in force, as kiln_init chose it. */
-    const char *env = getenv("KILN_CPU_KERNELS");
-    const char *now = (env && !strcmp(env, "reference")) || !kiln_cpu_fast_op_kernels() ? "reference" : "fast";
+    const char *now = kiln_kernels_in_force(KILN_DEVICE_CPU);
     if (s.cpu_kernels[0] && strcmp(s.cpu_kernels, now)) {
         if (r->a.deterministic) {
             fprintf(stderr,

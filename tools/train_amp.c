@@ -6,12 +6,7 @@
 #include <string.h>
 
 #include "kiln/kiln.h"
-#include "ops/cpu_tables.h"
-#include "ops/op_registry.h"
 #include "train_run.h"
-#ifdef KILN_WITH_CUDA
-#include "runtime/cuda_backend.h"
-#endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -48,29 +43,18 @@ static bool cpu_native_bf16(const char **which) {
  * and mm in bf16; otherwise bf16 would take the portable reference
  * kernels, which are much slower than the fast f32 ones. */
 static bool cpu_fast_bf16(void) {
-    const kiln_op_kernel *tables[2] = {kiln_cpu_fast_op_kernels(), kiln_cpu_fast_c_op_kernels()};
-    bool conv = false, mm = false;
-    for (int i = 0; i < 2; i++) {
-        const kiln_op_kernel *t = tables[i];
-        if (!t) continue;
-        conv |= t[KILN_OP_CONV2D].run && (t[KILN_OP_CONV2D].dtypes & KILN_DT(KILN_BF16));
-        mm |= t[KILN_OP_MM].run && (t[KILN_OP_MM].dtypes & KILN_DT(KILN_BF16));
-    }
-    return conv && mm;
+    return kiln_kernels_fast_covers(KILN_DEVICE_CPU, "conv2d", KILN_BF16) &&
+           kiln_kernels_fast_covers(KILN_DEVICE_CPU, "mm", KILN_BF16);
 }
 
 /* The compute capability of CUDA device `index` as major*10 + minor, or -1. */
 static int cuda_capability(int index) {
-#ifdef KILN_WITH_CUDA
-    char buf[256];
     int major = 0, minor = 0;
-    if (kiln_cuda_device_properties(index, buf, sizeof buf) == KILN_OK &&
-        sscanf(buf, "compute capability %d.%d", &major, &minor) == 2)
-        return major * 10 + minor;
-#else
-    (void)index;
-#endif
-    return -1;
+    if (kiln_cuda_capability(index, &major, &minor) != KILN_OK) {
+        kiln_error_clear();
+        return -1;
+    }
+    return major * 10 + minor;
 }
 
 /* auto: CUDA with tensor cores (7.0+: f16; 8.0+ has bf16 too, f16 kept as

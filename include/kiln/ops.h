@@ -29,6 +29,23 @@ typedef enum kiln_loss_reduction {
     KILN_LOSS_NONE = 2, /* one loss per sample */
 } kiln_loss_reduction;
 
+/* ---- Kernels in force ---------------------------------------------------------------
+ * kiln_init puts fast kernel tables before the portable reference kernels
+ * of a device type: on the CPU oneDNN (where built) and the plain-C table,
+ * unless KILN_CPU_KERNELS=reference; on CUDA cuBLASLt/cuDNN, unless
+ * KILN_CUDA_KERNELS=reference (docs/architecture.md, "Fast CPU kernels").
+ * Fixed until the next kiln_init. Neither call blocks. */
+
+/* "fast" when fast tables are in force for `type`, else "reference" (also
+ * for meta, which runs no kernel). A static string. Training checkpoints
+ * record the CPU's (kiln.cpu_kernels): runs repeat bit for bit only with
+ * the same one. */
+const char *kiln_kernels_in_force(kiln_device_type type);
+/* Whether a fast kernel in force on `type` runs op `op` (its name in
+ * docs/ops.md: "conv2d", "mm") in `dtype`; such a kernel may still decline
+ * particular shapes or views. False for a name that is no op. */
+bool kiln_kernels_fast_covers(kiln_device_type type, const char *op, kiln_dtype dtype);
+
 /* ---- Elementwise ------------------------------------------------------------------- */
 kiln_tensor *kiln_add(kiln_tensor *a, kiln_tensor *b);
 kiln_tensor *kiln_sub(kiln_tensor *a, kiln_tensor *b);

@@ -58,6 +58,25 @@ kiln_device kiln_default_device(void);
 kiln_status kiln_device_synchronize(kiln_device device);
 bool kiln_device_equal(kiln_device a, kiln_device b);
 
+/* ---- CUDA facts (what `kiln info` and autocast's dtype choice read) ---------
+ * Defined in every build: without CUDA compiled in, the versions are 0 and
+ * the per-device queries fail with KILN_ERR_UNSUPPORTED naming the build.
+ * None of them blocks. */
+
+/* One line about cuda:index: compute capability, SM count, memory, driver
+ * and runtime versions ("compute capability 9.0, 132 SMs, 79.19 GiB,
+ * driver 13.0, runtime 13.0"), into buf (always NUL-terminated). Fails
+ * with KILN_ERR_DEVICE if the device is not visible. */
+kiln_status kiln_cuda_device_properties(int index, char *buf, size_t size);
+/* CUDA driver and runtime versions as CUDA encodes them (13000 = 13.0).
+ * driver is 0 when no driver is installed, both are 0 in a build without
+ * CUDA; neither is an error. Either pointer may be NULL. */
+kiln_status kiln_cuda_versions(int *driver, int *runtime);
+/* The compute capability of cuda:index (9.0: *major 9, *minor 0). An
+ * emulated device has none: KILN_ERR_UNSUPPORTED. Either pointer may be
+ * NULL. */
+kiln_status kiln_cuda_capability(int index, int *major, int *minor);
+
 /* ---- Threads ------------------------------------------------------------- */
 
 #define KILN_MAX_THREADS 1024

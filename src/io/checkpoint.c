@@ -15,7 +15,6 @@
 #include "base/error.h"
 #include "io/safetensors_internal.h"
 #include "kiln/io.h"
-#include "ops/cpu_tables.h"
 #include "optim/optim_internal.h"
 #include "runtime/runtime_internal.h"
 #include "tensor/scope.h"
@@ -34,13 +33,8 @@ static const char *kind_name(kiln_optimizer_kind k) {
     return k == KILN_OPTIM_SGD ? "sgd" : k == KILN_OPTIM_ADAM ? "adam" : "adamw";
 }
 
-/* The CPU kernel table kiln_init put in force (mirrors its reading of
- * KILN_CPU_KERNELS). */
-static const char *cpu_kernels_in_force(void) {
-    const char *env = getenv("KILN_CPU_KERNELS");
-    if (env && !strcmp(env, "reference")) return "reference";
-    return kiln_cpu_fast_op_kernels() ? "fast" : "reference";
-}
+/* The CPU kernel table kiln_init put in force. */
+static const char *cpu_kernels_in_force(void) { return kiln_kernels_in_force(KILN_DEVICE_CPU); }
 
 /* Parameter i's name: its state-dict name in m, else "param<i>". */
 static void param_name(const kiln_named_tensor *named, int n_named, kiln_tensor *p, int i, char *buf,

@@ -76,6 +76,20 @@ void kiln_ops_clear_fast_kernels(kiln_device_type type) {
     if ((unsigned)type < KILN_DEVICE_TYPE_COUNT) atomic_store(&n_fast_tables[type], 0);
 }
 
+int kiln_ops_fast_table_count(kiln_device_type type) {
+    return (unsigned)type < KILN_DEVICE_TYPE_COUNT ? atomic_load(&n_fast_tables[type]) : 0;
+}
+
+bool kiln_ops_fast_covers(kiln_device_type type, kiln_op_id op, kiln_dtype dtype) {
+    if ((unsigned)op >= KILN_OP_COUNT) return false;
+    int n = kiln_ops_fast_table_count(type);
+    for (int i = 0; i < n; i++) {
+        const kiln_op_kernel *k = &atomic_load(&fast_tables[type][i])[op];
+        if (k->run && (k->dtypes & KILN_DT(dtype))) return true;
+    }
+    return false;
+}
+
 const kiln_op_kernel *kiln_ops_select_kernel(kiln_device_type type, kiln_op_id op, kiln_dtype dtype,
                                              const kiln_op_args *args, bool *fast) {
     *fast = false;

@@ -108,6 +108,10 @@ const kiln_op_kernel *kiln_ops_kernel(kiln_device_type type, kiln_op_id op);
 #define KILN_OPS_MAX_FAST_TABLES 4
 void kiln_ops_register_fast_kernels(kiln_device_type type, const kiln_op_kernel *table);
 void kiln_ops_clear_fast_kernels(kiln_device_type type);
+/* How many fast tables are registered for `type` (0 for a bad type). */
+int kiln_ops_fast_table_count(kiln_device_type type);
+/* Whether a registered fast table of `type` has a kernel for op in dtype. */
+bool kiln_ops_fast_covers(kiln_device_type type, kiln_op_id op, kiln_dtype dtype);
 /* The kernel the dispatcher runs for op with these args and output dtype:
  * the first fast entry that takes them, else the reference entry (which
  * may be NULL or not cover dtype: the caller reports that). *fast says
