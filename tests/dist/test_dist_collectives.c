@@ -9,6 +9,7 @@
  * rank joins); the distributed sampler's shards across real ranks. */
 #include <time.h>
 
+#include "kiln_config.h"
 #include "test_util.h"
 
 static kiln_dist_group *world;
@@ -202,8 +203,23 @@ static void test_sampler_across_ranks(void) {
     free(idx);
 }
 
+/* A build without MPI runs a world of 1 only: started by a launcher that
+ * asks for 2 ranks it refuses, naming the build option. */
+static void test_without_mpi(void) {
+#if !KILN_WITH_MPI
+    if (getenv("OMPI_COMM_WORLD_SIZE")) return;
+    setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+    kiln_dist_group *g = NULL;
+    CHECK_FAILS(kiln_dist_init(&g), KILN_ERR_UNSUPPORTED, "KILN_WITH_MPI=OFF");
+    CHECK(g == NULL);
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    printf("without MPI: a world of 2 is refused\n");
+#endif
+}
+
 int main(void) {
     if (kiln_init()) return 1;
+    test_without_mpi();
     CHECK_OK(kiln_dist_init(&world));
     if (!world) return kt_finish();
     rank = kiln_dist_rank(world);
