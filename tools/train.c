@@ -539,21 +539,26 @@ static int resume_field(const cJSON *rec, const char *field, double lo, double h
 /* The checkpoint record of step `step` in a resumed run's metrics.jsonl:
  * the partial epoch's loss sum and image count (the last such record
  * wins). No metrics file, or no record, leaves them 0: the epoch record
- * then covers only the resumed part. Lines that do not parse are skipped
- * (a crash may leave half a line); a record of this step whose numbers are
- * out of range is refused: 0, or 1 with the error printed. */
+ * then covers only the resumed part. Lines that do not parse (a crash may
+ * leave half a line) or are longer than 4 KiB are skipped; a record of
+ * this step whose numbers are out of range is refused: 0, or 1 with the
+ * error printed. */
 static int read_resume_sums(train_run *r, int64_t step) {
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->out_dir);
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    char *text = NULL;
-    size_t cap = 0;
+    char text[4096]; /* a checkpoint record is ~200 bytes; longer lines are other records */
     long line = 0;
     int rc = 0;
     double max_images = (double)kiln_dataset_length(r->train_ds);
-    while (rc == 0 && getline(&text, &cap, f) > 0) {
+    while (rc == 0 && fgets(text, sizeof text, f)) {
         line++;
+        if (!strchr(text, '\n') && !feof(f)) { /* over-long: skip the rest of the line */
+            int c;
+            while ((c = fgetc(f)) != EOF && c != '\n') continue;
+            continue;
+        }
         if (!strstr(text, "\"checkpoint\"")) continue; /* step records: no need to parse */
         cJSON *rec = cJSON_Parse(text);
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(rec, "event");
@@ -567,7 +572,6 @@ static int read_resume_sums(train_run *r, int64_t step) {
         }
         cJSON_Delete(rec);
     }
-    free(text);
     fclose(f);
     return rc;
 }
