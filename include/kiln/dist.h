@@ -83,7 +83,10 @@ void kiln_dist_group_set_debug(kiln_dist_group *g, bool debug);
  *
  * `work`: where to put the handle of the started collective (the caller
  * frees it with kiln_dist_work_free after it completed); NULL: the call
- * waits for completion itself, under the watchdog. The work holds its own
+ * waits for completion itself, under the watchdog (after a timeout there
+ * is no handle to wait on again: the collective stays in flight and its
+ * group can no longer be freed; the same holds for a timeout in the debug
+ * exchange). The work holds its own
  * references to the tensors; the caller must not read or write them until
  * the work completed. In debug mode the call blocks until every rank has
  * reached the collective (the exchange), then starts it. */

@@ -271,8 +271,23 @@ static void remove_hook(ddp_param *p) {
     }
 }
 
+/* A parameter that already carries a DDP hook belongs to another handle:
+ * both would reduce its gradient. */
+static kiln_status check_not_wrapped(const kiln_named_tensor *items, int n) {
+    for (int i = 0; i < n; i++) {
+        kiln_autograd_meta *m = kiln_autograd_meta_get(items[i].tensor, false);
+        for (int k = 0; m && k < m->n_hooks; k++)
+            if (m->hooks[k].post == ddp_hook)
+                return KILN_RAISE(KILN_ERR_STATE, "kiln_ddp_free the other handle first",
+                                  "kiln_ddp_wrap: parameter '%s' is already wrapped by another kiln_ddp handle",
+                                  items[i].name);
+    }
+    return KILN_OK;
+}
+
 static kiln_status wrap_impl(kiln_ddp *d, kiln_named_tensor *pitems, int np, kiln_named_tensor *bitems, int nb) {
     KILN_TRY(check_params(pitems, np));
+    KILN_TRY(check_not_wrapped(pitems, np));
     size_t len = 0;
     char *text = describe_model(pitems, np, bitems, nb, &len);
     if (!text) return kiln_error_last()->status;

@@ -220,11 +220,20 @@ static void test_without_mpi(void) {
 int main(void) {
     if (kiln_init()) return 1;
     test_without_mpi();
+    /* A bad setting fails before anything starts; the next init works. */
+    const char *env = getenv("KILN_DIST_TIMEOUT");
+    char *saved = env ? strdup(env) : NULL;
+    setenv("KILN_DIST_TIMEOUT", "soon", 1);
+    CHECK_FAILS(kiln_dist_init(&world), KILN_ERR_INVALID_ARGUMENT, "KILN_DIST_TIMEOUT='soon'");
+    CHECK(world == NULL);
+    if (saved) setenv("KILN_DIST_TIMEOUT", saved, 1);
+    else unsetenv("KILN_DIST_TIMEOUT");
+    free(saved);
     CHECK_OK(kiln_dist_init(&world));
     if (!world) return kt_finish();
     rank = kiln_dist_rank(world);
     size = kiln_dist_world_size(world);
-    const char *env = getenv("KILN_DIST_TIMEOUT");
+    env = getenv("KILN_DIST_TIMEOUT");
     double env_timeout = env ? atof(env) : 300.0;
     CHECK(kiln_dist_group_timeout(world) == env_timeout);
     /* The world group waits generously; the short bound is for test_timeout. */

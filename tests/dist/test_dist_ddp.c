@@ -381,6 +381,9 @@ static void test_overlap(void) {
 
     /* Defaults: a model this small is one bucket. */
     net one = make(DEEP_MLP, 13, NULL, true);
+    kiln_ddp *twice = NULL;
+    CHECK_FAILS(kiln_ddp_wrap(one.m, world, NULL, &twice), KILN_ERR_STATE, "already wrapped");
+    CHECK(twice == NULL);
     CHECK_OK(kiln_ddp_stats_get(one.ddp, &st));
     CHECK_EQ_I(st.num_buckets, 1);
     CHECK_FAILS(kiln_ddp_set_sample_count(one.ddp, 0), KILN_ERR_INVALID_ARGUMENT, "not in [1,");
