@@ -72,6 +72,7 @@ double kiln_dist_group_timeout(const kiln_dist_group *g);
 /* Turn debug mode (KILN_DIST_DEBUG) on or off for g. Every rank must use
  * the same setting: it adds an exchange before each collective. */
 void kiln_dist_group_set_debug(kiln_dist_group *g, bool debug);
+bool kiln_dist_group_debug(const kiln_dist_group *g);
 
 /* ---- Collectives ---------------------------------------------------------------------
  * On CPU tensors of dtype f32, f64, i32 or i64 (others:

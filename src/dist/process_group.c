@@ -228,3 +228,5 @@ double kiln_dist_group_timeout(const kiln_dist_group *g) { return g ? g->timeout
 void kiln_dist_group_set_debug(kiln_dist_group *g, bool debug) {
     if (g) g->debug = debug;
 }
+
+bool kiln_dist_group_debug(const kiln_dist_group *g) { return g && g->debug; }

@@ -6,7 +6,9 @@
  * every rank, naming both); the watchdog (one rank skips a collective:
  * the waiting rank gets an error naming the collective and the rank, after
  * KILN_DIST_TIMEOUT seconds, and the work still completes when the late
- * rank joins); the distributed sampler's shards across real ranks. */
+ * rank joins); the distributed sampler's shards across real ranks. The
+ * 2-rank run is repeated with KILN_DIST_DEBUG=1: every collective then
+ * passes the cross-rank check first. */
 #include <time.h>
 
 #include "kiln_config.h"
@@ -152,6 +154,7 @@ static void test_timeout(double env_timeout) {
     kiln_dist_group *g = NULL;
     CHECK_OK(kiln_dist_group_dup(world, &g));
     CHECK_OK(kiln_dist_group_set_timeout(g, env_timeout));
+    kiln_dist_group_set_debug(g, false); /* the work must start for rank 0 to wait on it */
     kiln_tensor *t = kiln_full(KILN_SHAPE(6), rank + 1.0, KILN_F32, KILN_CPU);
     kiln_dist_work *w = NULL;
     if (rank == 0) {
@@ -236,6 +239,8 @@ int main(void) {
     env = getenv("KILN_DIST_TIMEOUT");
     double env_timeout = env ? atof(env) : 300.0;
     CHECK(kiln_dist_group_timeout(world) == env_timeout);
+    const char *debug_env = getenv("KILN_DIST_DEBUG");
+    CHECK(kiln_dist_group_debug(world) == (debug_env && debug_env[0] == '1'));
     /* The world group waits generously; the short bound is for test_timeout. */
     CHECK_OK(kiln_dist_group_set_timeout(world, 60.0));
     kiln_dist_group *again = NULL;
