@@ -465,11 +465,12 @@ static void ddp_hook(kiln_tensor *leaf, void *user) {
 
 /* ---- Finish: wait, average, write back --------------------------------------------------- */
 
-/* Wait for every started bucket. A timeout leaves the handle broken. */
+/* Wait for every bucket whose all-reduce is in flight (also one left by an
+ * earlier timeout). A timeout leaves the handle broken. */
 static kiln_status wait_started(kiln_ddp *d) {
     kiln_status first = KILN_OK;
     kiln_error saved = {0};
-    for (int k = 0; k < d->next_start; k++) {
+    for (int k = 0; k < d->n_buckets; k++) {
         ddp_bucket *b = &d->buckets[k];
         if (!b->work) continue;
         kiln_status st = kiln_dist_work_wait(b->work);
@@ -595,7 +596,9 @@ void kiln_ddp_free(kiln_ddp *d) {
     kiln_api_enter();
     wait_started(d);
     kiln_api_leave();
-    if (d->broken) {
+    bool stuck = false;
+    for (int k = 0; k < d->n_buckets; k++) stuck |= d->buckets[k].work != NULL;
+    if (stuck) {
         /* MPI still writes into a bucket: its buffers must stay. */
         kiln_log_write(KILN_LOG_WARN, "kiln_ddp_free: a gradient all-reduce is stuck in flight; its buckets are "
                                       "left allocated");

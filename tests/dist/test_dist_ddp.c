@@ -391,6 +391,41 @@ static void test_overlap(void) {
     drop(&one);
 }
 
+/* A rank that never runs its backward: the other rank's finish fails after
+ * the group's timeout, naming the bucket's all-reduce, instead of hanging;
+ * when the late rank catches up, the stuck work completes and everything
+ * is freed. */
+static void test_rank_skips_backward(void) {
+    if (size < 2) return;
+    kiln_dist_group *g = NULL;
+    CHECK_OK(kiln_dist_group_dup(world, &g));
+    CHECK_OK(kiln_dist_group_set_timeout(g, 2.0));
+    kiln_dist_group_set_debug(g, false);
+    kiln_module *m = build(MLP, 21);
+    kiln_ddp *d = NULL;
+    CHECK_OK(kiln_ddp_wrap(m, g, NULL, &d));
+    kiln_scope_begin();
+    kiln_tensor *x, *y;
+    full_batch(&x, &y);
+    if (rank == 0) {
+        CHECK_OK(kiln_backward(kiln_cross_entropy(kiln_ddp_forward(d, x), y, NULL), NULL, false));
+        /* wrap used collectives #0 (the model check) and #1-#4 (the broadcasts);
+         * the one bucket holds 660 gradients and the sample count. */
+        CHECK_FAILS(kiln_ddp_finish_grads(d), KILN_ERR_DEVICE, "all_reduce #5 of f32 [661] (sum) did not complete");
+        CHECK_MSG(strstr(kiln_error_message(), "waiting on rank 1") != NULL, "error: %s", kiln_error_message());
+        CHECK_FAILS(kiln_ddp_finish_grads(d), KILN_ERR_STATE, "timed out");
+    }
+    CHECK_OK(kiln_dist_barrier(world, NULL));
+    if (rank != 0) {
+        CHECK_OK(kiln_backward(kiln_cross_entropy(kiln_ddp_forward(d, x), y, NULL), NULL, false));
+        CHECK_OK(kiln_ddp_finish_grads(d));
+    }
+    kiln_scope_end();
+    kiln_ddp_free(d); /* rank 0: the late all-reduce completes here */
+    kiln_module_free(m);
+    CHECK_OK(kiln_dist_group_free(g));
+}
+
 int main(void) {
     if (kiln_init()) return 1;
     CHECK_OK(kiln_dist_init(&world));
@@ -405,6 +440,7 @@ int main(void) {
     test_model_mismatch();
     test_batchnorm_buffers();
     test_overlap();
+    test_rank_skips_backward();
     kiln_scope_end();
     CHECK_OK(kiln_dist_shutdown());
     kiln_shutdown();
