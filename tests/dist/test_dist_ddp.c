@@ -399,11 +399,13 @@ static void test_rank_skips_backward(void) {
     if (size < 2) return;
     kiln_dist_group *g = NULL;
     CHECK_OK(kiln_dist_group_dup(world, &g));
-    CHECK_OK(kiln_dist_group_set_timeout(g, 2.0));
     kiln_dist_group_set_debug(g, false);
     kiln_module *m = build(MLP, 21);
     kiln_ddp *d = NULL;
     CHECK_OK(kiln_ddp_wrap(m, g, NULL, &d));
+    /* Short only for the wait that is meant to time out: every other wait
+     * keeps the generous bound, so a loaded machine cannot fail the test. */
+    CHECK_OK(kiln_dist_group_set_timeout(g, 2.0));
     kiln_scope_begin();
     kiln_tensor *x, *y;
     full_batch(&x, &y);
@@ -415,6 +417,7 @@ static void test_rank_skips_backward(void) {
         CHECK_MSG(strstr(kiln_error_message(), "waiting on rank 1") != NULL, "error: %s", kiln_error_message());
         CHECK_FAILS(kiln_ddp_finish_grads(d), KILN_ERR_STATE, "timed out");
     }
+    CHECK_OK(kiln_dist_group_set_timeout(g, 60.0));
     CHECK_OK(kiln_dist_barrier(world, NULL));
     if (rank != 0) {
         CHECK_OK(kiln_backward(kiln_cross_entropy(kiln_ddp_forward(d, x), y, NULL), NULL, false));
