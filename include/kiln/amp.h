@@ -92,6 +92,13 @@ kiln_status kiln_grad_scaler_step(kiln_grad_scaler *s, kiln_optimizer *opt, bool
  * last update (on the device), and forget them. Without a prior unscale
  * or step it is an error (KILN_ERR_STATE). Does not block. */
 kiln_status kiln_grad_scaler_update(kiln_grad_scaler *s);
+/* Abandon the current iteration after a step failed part-way (an
+ * out-of-memory in backward, clipping, the optimizer or update): forget
+ * which optimizers were unscaled or stepped and their inf/NaN flags,
+ * leaving the scale and growth tracker as they were, so the retried
+ * iteration starts clean. Without it the retry's unscale_ is refused
+ * (KILN_ERR_STATE). NULL is a no-op. Does not block. */
+void kiln_grad_scaler_abandon_step(kiln_grad_scaler *s);
 
 /* The current scale (opts.init_scale before the first scale() call) and
  * growth tracker. Block: read the device values. */

@@ -81,6 +81,10 @@ static void forget_records(kiln_grad_scaler *s) {
     s->n_recs = 0;
 }
 
+void kiln_grad_scaler_abandon_step(kiln_grad_scaler *s) {
+    if (s) forget_records(s);
+}
+
 void kiln_grad_scaler_free(kiln_grad_scaler *s) {
     if (!s) return;
     forget_records(s);
