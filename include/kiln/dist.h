@@ -104,11 +104,12 @@ kiln_status kiln_dist_broadcast(kiln_dist_group *g, kiln_tensor *t, int root, ki
 /* out = the ranks' `in` concatenated in rank order: out has world * numel(in)
  * elements (any shape with that count, (world, ...in) or in's shape with dim 0
  * times world), in's dtype. */
-kiln_status kiln_dist_all_gather(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in, kiln_dist_work **work);
+kiln_status kiln_dist_all_gather(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in,
+                                 kiln_dist_work **work);
 /* out = the rank-th of world equal chunks of op over ranks of `in`
  * (numel(in) == world * numel(out)). */
-kiln_status kiln_dist_reduce_scatter(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in, kiln_dist_reduce_op op,
-                                     kiln_dist_work **work);
+kiln_status kiln_dist_reduce_scatter(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in,
+                                     kiln_dist_reduce_op op, kiln_dist_work **work);
 /* Completes once every rank has called it. */
 kiln_status kiln_dist_barrier(kiln_dist_group *g, kiln_dist_work **work);
 
@@ -198,10 +199,10 @@ kiln_status kiln_ddp_finish_grads(kiln_ddp *d);
 typedef struct kiln_ddp_stats {
     int num_buckets;
     int num_parameters;
-    int64_t hooks_fired;           /* post-accumulate hooks in the last synchronised backward */
-    int buckets_started_in_backward; /* all-reduces started from a hook */
+    int64_t hooks_fired;              /* post-accumulate hooks in the last synchronised backward */
+    int buckets_started_in_backward;  /* all-reduces started from a hook */
     int64_t hooks_before_first_start; /* hooks fired when bucket 0 was started; -1: not yet */
-    int64_t synced_steps;          /* kiln_ddp_finish_grads calls that reduced */
+    int64_t synced_steps;             /* kiln_ddp_finish_grads calls that reduced */
 } kiln_ddp_stats;
 kiln_status kiln_ddp_stats_get(const kiln_ddp *d, kiln_ddp_stats *out);
 /* Bucket index of the i-th parameter (kiln_module_parameters' order), -1
@@ -219,8 +220,8 @@ int kiln_ddp_bucket_of(const kiln_ddp *d, int param_index);
  * positions r, r + world, r + 2 world, ...: the ranks' shares are disjoint
  * apart from the padding. *out is a malloc'd array of *count indices the
  * caller frees with free() (NULL when *count is 0). Does not block. */
-kiln_status kiln_dist_sampler_indices(int64_t n, int world, int rank, int64_t epoch, uint64_t seed, bool shuffle,
-                                      bool drop_last, int64_t **out, int64_t *count);
+kiln_status kiln_dist_sampler_indices(int64_t n, int world, int rank, int64_t epoch, uint64_t seed,
+                                      bool shuffle, bool drop_last, int64_t **out, int64_t *count);
 
 #ifdef __cplusplus
 }

@@ -20,8 +20,8 @@
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
 
-static const char *const kind_names[DIST_KIND_COUNT] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
-                                                        "barrier"};
+static const char *const kind_names[DIST_KIND_COUNT] = {"all_reduce", "broadcast", "all_gather",
+                                                        "reduce_scatter", "barrier"};
 
 const char *kiln_dist_kind_name(dist_kind kind) {
     return kind >= 0 && kind < DIST_KIND_COUNT ? kind_names[kind] : "collective";
@@ -34,10 +34,14 @@ static bool dtype_supported(kiln_dtype dt) {
 #if KILN_WITH_MPI
 static MPI_Datatype mpi_type(kiln_dtype dt) {
     switch (dt) {
-    case KILN_F32: return MPI_FLOAT;
-    case KILN_F64: return MPI_DOUBLE;
-    case KILN_I32: return MPI_INT32_T;
-    default: return MPI_INT64_T;
+    case KILN_F32:
+        return MPI_FLOAT;
+    case KILN_F64:
+        return MPI_DOUBLE;
+    case KILN_I32:
+        return MPI_INT32_T;
+    default:
+        return MPI_INT64_T;
     }
 }
 
@@ -69,7 +73,8 @@ static kiln_status check_tensor(const char *fn, const char *what, kiln_tensor *t
     kiln_device d = kiln_get_device(t);
     if (d.type != KILN_DEVICE_CPU) {
         char name[32];
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "move it with kiln_to(t, KILN_CPU, dtype, 0) (NCCL is not built yet)",
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED,
+                          "move it with kiln_to(t, KILN_CPU, dtype, 0) (NCCL is not built yet)",
                           "%s: %s is on %s; the MPI process group reduces CPU tensors only", fn, what,
                           kiln_device_str(d, name, sizeof name));
     }
@@ -87,7 +92,16 @@ static kiln_status check_tensor(const char *fn, const char *what, kiln_tensor *t
 
 /* ---- Debug mode: every rank describes the collective it is about to start ------------ */
 
-enum { DESC_SEQ, DESC_KIND, DESC_DTYPE, DESC_OP, DESC_ROOT, DESC_NDIM, DESC_DIMS, DESC_LEN = DESC_DIMS + KILN_MAX_DIMS };
+enum {
+    DESC_SEQ,
+    DESC_KIND,
+    DESC_DTYPE,
+    DESC_OP,
+    DESC_ROOT,
+    DESC_NDIM,
+    DESC_DIMS,
+    DESC_LEN = DESC_DIMS + KILN_MAX_DIMS
+};
 
 static void desc_text(const int64_t *desc, char *buf, size_t size) {
     kiln_shape s = {.ndim = (int)desc[DESC_NDIM]};
@@ -99,8 +113,10 @@ static void desc_text(const int64_t *desc, char *buf, size_t size) {
         return;
     }
     describe((kiln_dtype)desc[DESC_DTYPE], &s, what, sizeof what);
-    snprintf(buf, size, "%s #%lld of %s%s%s", kiln_dist_kind_name((dist_kind)kind), (long long)desc[DESC_SEQ], what,
-             kind == DIST_ALL_REDUCE || kind == DIST_REDUCE_SCATTER ? (desc[DESC_OP] ? " (avg)" : " (sum)") : "",
+    snprintf(buf, size, "%s #%lld of %s%s%s", kiln_dist_kind_name((dist_kind)kind), (long long)desc[DESC_SEQ],
+             what,
+             kind == DIST_ALL_REDUCE || kind == DIST_REDUCE_SCATTER ? (desc[DESC_OP] ? " (avg)" : " (sum)")
+                                                                    : "",
              kind == DIST_BROADCAST ? " from the root given" : "");
 }
 
@@ -108,8 +124,8 @@ static void desc_text(const int64_t *desc, char *buf, size_t size) {
 static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, const char *what,
                                 bool *timed_out);
 
-static kiln_status debug_exchange(kiln_dist_group *g, dist_kind kind, kiln_dist_reduce_op op, int root, kiln_dtype dt,
-                                  const kiln_shape *s) {
+static kiln_status debug_exchange(kiln_dist_group *g, dist_kind kind, kiln_dist_reduce_op op, int root,
+                                  kiln_dtype dt, const kiln_shape *s) {
     int64_t mine[DESC_LEN] = {0};
     mine[DESC_SEQ] = (int64_t)g->seq, mine[DESC_KIND] = kind, mine[DESC_DTYPE] = dt, mine[DESC_OP] = op;
     mine[DESC_ROOT] = root, mine[DESC_NDIM] = s->ndim;
@@ -136,12 +152,13 @@ static kiln_status debug_exchange(kiln_dist_group *g, dist_kind kind, kiln_dist_
         char a[256], b[256];
         desc_text(all, a, sizeof a);
         desc_text(all + (size_t)r * DESC_LEN, b, sizeof b);
-        st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
-                        "every rank must call the same collectives in the same order with the same dtype and shape",
-                        "KILN_DIST_DEBUG: the ranks disagree on collective #%llu: rank 0 calls %s, rank %d calls %s "
-                        "(root %lld vs %lld)",
-                        (unsigned long long)g->seq, a, r, b, (long long)all[DESC_ROOT],
-                        (long long)all[(size_t)r * DESC_LEN + DESC_ROOT]);
+        st = KILN_RAISE(
+            KILN_ERR_INVALID_ARGUMENT,
+            "every rank must call the same collectives in the same order with the same dtype and shape",
+            "KILN_DIST_DEBUG: the ranks disagree on collective #%llu: rank 0 calls %s, rank %d calls %s "
+            "(root %lld vs %lld)",
+            (unsigned long long)g->seq, a, r, b, (long long)all[DESC_ROOT],
+            (long long)all[(size_t)r * DESC_LEN + DESC_ROOT]);
     }
     free(all);
     return st;
@@ -181,12 +198,13 @@ static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double sec
             char others[128];
             other_ranks(g, others, sizeof others);
             *timed_out = true;
-            return KILN_RAISE(KILN_ERR_DEVICE,
-                              "the other ranks skipped or reordered this collective, or are stuck or dead; raise "
-                              "KILN_DIST_TIMEOUT if they are only slow",
-                              "kiln_dist: %s did not complete within %.3g s on rank %d of %d: waiting on rank%s %s "
-                              "(one or more of them did not join it)",
-                              what, seconds, g->rank, g->world, g->world > 2 ? "s" : "", others);
+            return KILN_RAISE(
+                KILN_ERR_DEVICE,
+                "the other ranks skipped or reordered this collective, or are stuck or dead; raise "
+                "KILN_DIST_TIMEOUT if they are only slow",
+                "kiln_dist: %s did not complete within %.3g s on rank %d of %d: waiting on rank%s %s "
+                "(one or more of them did not join it)",
+                what, seconds, g->rank, g->world, g->world > 2 ? "s" : "", others);
         }
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
@@ -205,8 +223,9 @@ static void work_what(const kiln_dist_work *w, char *buf, size_t size) {
     }
     describe(w->dtype, &w->shape, d, sizeof d);
     snprintf(buf, size, "%s #%llu of %s%s", kiln_dist_kind_name(w->kind), (unsigned long long)w->seq, d,
-             w->kind == DIST_ALL_REDUCE || w->kind == DIST_REDUCE_SCATTER ? (w->op == KILN_DIST_AVG ? " (avg)" : " (sum)")
-                                                                           : "");
+             w->kind == DIST_ALL_REDUCE || w->kind == DIST_REDUCE_SCATTER
+                 ? (w->op == KILN_DIST_AVG ? " (avg)" : " (sum)")
+                 : "");
 }
 
 static void scale(kiln_tensor *t, double factor) {
@@ -265,7 +284,9 @@ kiln_status kiln_dist_work_wait(kiln_dist_work *w) {
     return kiln_dist_work_wait_s(w, w->group->timeout_s);
 }
 
-kiln_status kiln_dist_work_wait_timeout(kiln_dist_work *w, double seconds) { return kiln_dist_work_wait_s(w, seconds); }
+kiln_status kiln_dist_work_wait_timeout(kiln_dist_work *w, double seconds) {
+    return kiln_dist_work_wait_s(w, seconds);
+}
 
 kiln_status kiln_dist_work_poll(kiln_dist_work *w, bool *done) {
     if (!w || !done) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dist_work_poll: NULL argument");
@@ -323,7 +344,8 @@ static kiln_status mpi_start(kiln_dist_work *w, const start_args *a) {
     switch (a->kind) {
     case DIST_ALL_REDUCE:
         call = "MPI_Iallreduce";
-        rc = MPI_Iallreduce(MPI_IN_PLACE, out, (int)kiln_numel(w->buffer), type, MPI_SUM, g->comm, &w->request);
+        rc = MPI_Iallreduce(MPI_IN_PLACE, out, (int)kiln_numel(w->buffer), type, MPI_SUM, g->comm,
+                            &w->request);
         break;
     case DIST_BROADCAST:
         call = "MPI_Ibcast";
@@ -331,12 +353,13 @@ static kiln_status mpi_start(kiln_dist_work *w, const start_args *a) {
         break;
     case DIST_ALL_GATHER:
         call = "MPI_Iallgather";
-        rc = MPI_Iallgather(in, (int)kiln_numel(w->input), type, out, (int)kiln_numel(w->input), type, g->comm,
-                            &w->request);
+        rc = MPI_Iallgather(in, (int)kiln_numel(w->input), type, out, (int)kiln_numel(w->input), type,
+                            g->comm, &w->request);
         break;
     case DIST_REDUCE_SCATTER:
         call = "MPI_Ireduce_scatter_block";
-        rc = MPI_Ireduce_scatter_block(in, out, (int)kiln_numel(w->buffer), type, MPI_SUM, g->comm, &w->request);
+        rc = MPI_Ireduce_scatter_block(in, out, (int)kiln_numel(w->buffer), type, MPI_SUM, g->comm,
+                                       &w->request);
         break;
     default:
         call = "MPI_Ibarrier";
@@ -358,7 +381,8 @@ static kiln_status local_start(kiln_dist_work *w) {
 
 static kiln_status start(kiln_dist_group *g, const start_args *a, kiln_dist_work **work) {
     if (work) *work = NULL;
-    if (!g) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "call kiln_dist_init first", "%s: group is NULL", a->fn);
+    if (!g)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "call kiln_dist_init first", "%s: group is NULL", a->fn);
     kiln_tensor *named = a->input ? a->input : a->target;
     kiln_dist_work *w = KILN_CALLOC(1, sizeof *w);
     if (!w) return KILN_ERR_OUT_OF_MEMORY;
@@ -393,8 +417,10 @@ static kiln_status start(kiln_dist_group *g, const start_args *a, kiln_dist_work
 #endif
         {
             st = local_start(w);
-            if (st) g->in_flight--;
-            else st = complete(w);
+            if (st)
+                g->in_flight--;
+            else
+                st = complete(w);
         }
     }
     if (st) {
@@ -418,15 +444,17 @@ static kiln_status start(kiln_dist_group *g, const start_args *a, kiln_dist_work
 
 static kiln_status check_op(const char *fn, kiln_tensor *t, kiln_dist_reduce_op op) {
     if (op != KILN_DIST_SUM && op != KILN_DIST_AVG)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use KILN_DIST_SUM or KILN_DIST_AVG", "%s: unknown op %d", fn,
-                          (int)op);
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use KILN_DIST_SUM or KILN_DIST_AVG",
+                          "%s: unknown op %d", fn, (int)op);
     if (op == KILN_DIST_AVG && !kiln_dtype_is_floating(kiln_dtype_of(t)))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "sum, then divide where you need to",
-                          "%s: KILN_DIST_AVG of an integer tensor (%s)", fn, kiln_dtype_name(kiln_dtype_of(t)));
+                          "%s: KILN_DIST_AVG of an integer tensor (%s)", fn,
+                          kiln_dtype_name(kiln_dtype_of(t)));
     return KILN_OK;
 }
 
-kiln_status kiln_dist_all_reduce(kiln_dist_group *g, kiln_tensor *t, kiln_dist_reduce_op op, kiln_dist_work **work) {
+kiln_status kiln_dist_all_reduce(kiln_dist_group *g, kiln_tensor *t, kiln_dist_reduce_op op,
+                                 kiln_dist_work **work) {
     const char *fn = "kiln_dist_all_reduce";
     if (work) *work = NULL;
     KILN_TRY(check_tensor(fn, "the tensor", t));
@@ -444,14 +472,14 @@ kiln_status kiln_dist_broadcast(kiln_dist_group *g, kiln_tensor *t, int root, ki
     return start(g, &(start_args){fn, DIST_BROADCAST, KILN_DIST_SUM, root, t, NULL}, work);
 }
 
-static kiln_status check_pair(const char *fn, const kiln_dist_group *g, kiln_tensor *big, const char *big_name,
-                              kiln_tensor *small, const char *small_name) {
+static kiln_status check_pair(const char *fn, const kiln_dist_group *g, kiln_tensor *big,
+                              const char *big_name, kiln_tensor *small, const char *small_name) {
     KILN_TRY(check_tensor(fn, big_name, big));
     KILN_TRY(check_tensor(fn, small_name, small));
     if (!g) return KILN_OK;
     if (kiln_dtype_of(big) != kiln_dtype_of(small))
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give both the same dtype", "%s: %s is %s but %s is %s", fn,
-                          big_name, kiln_dtype_name(kiln_dtype_of(big)), small_name,
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give both the same dtype", "%s: %s is %s but %s is %s",
+                          fn, big_name, kiln_dtype_name(kiln_dtype_of(big)), small_name,
                           kiln_dtype_name(kiln_dtype_of(small)));
     if (kiln_numel(big) != (int64_t)g->world * kiln_numel(small)) {
         char a[160], b[160];
@@ -459,23 +487,25 @@ static kiln_status check_pair(const char *fn, const kiln_dist_group *g, kiln_ten
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "size it world size times the other",
                           "%s: %s %s has %lld elements, not world size %d x %lld (%s %s)", fn, big_name,
                           kiln_shape_format(sa.ndim, sa.d, a, sizeof a), (long long)kiln_numel(big), g->world,
-                          (long long)kiln_numel(small), small_name, kiln_shape_format(sb.ndim, sb.d, b, sizeof b));
+                          (long long)kiln_numel(small), small_name,
+                          kiln_shape_format(sb.ndim, sb.d, b, sizeof b));
     }
     if (kiln_shares_storage(big, small))
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use separate tensors", "%s: %s and %s share storage", fn,
-                          big_name, small_name);
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use separate tensors", "%s: %s and %s share storage",
+                          fn, big_name, small_name);
     return KILN_OK;
 }
 
-kiln_status kiln_dist_all_gather(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in, kiln_dist_work **work) {
+kiln_status kiln_dist_all_gather(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in,
+                                 kiln_dist_work **work) {
     const char *fn = "kiln_dist_all_gather";
     if (work) *work = NULL;
     KILN_TRY(check_pair(fn, g, out, "out", in, "in"));
     return start(g, &(start_args){fn, DIST_ALL_GATHER, KILN_DIST_SUM, 0, out, in}, work);
 }
 
-kiln_status kiln_dist_reduce_scatter(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in, kiln_dist_reduce_op op,
-                                     kiln_dist_work **work) {
+kiln_status kiln_dist_reduce_scatter(kiln_dist_group *g, kiln_tensor *out, kiln_tensor *in,
+                                     kiln_dist_reduce_op op, kiln_dist_work **work) {
     const char *fn = "kiln_dist_reduce_scatter";
     if (work) *work = NULL;
     KILN_TRY(check_pair(fn, g, in, "in", out, "out"));

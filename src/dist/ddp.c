@@ -63,7 +63,7 @@ struct kiln_ddp {
     double samples;
     /* The backward in progress (reset by finish). */
     bool backward_open;
-    int twice; /* a parameter whose hook fired twice, or -1 */
+    int twice;            /* a parameter whose hook fired twice, or -1 */
     kiln_status deferred; /* an error raised inside a hook */
     char deferred_msg[1024];
     kiln_ddp_stats stats;
@@ -77,8 +77,10 @@ static kiln_status restore_error(const kiln_error *e) {
 }
 
 kiln_ddp_opts kiln_ddp_opts_default(void) {
-    return (kiln_ddp_opts){
-        .bucket_cap_mb = 25.0, .first_bucket_mb = 1.0, .find_unused_parameters = false, .broadcast_buffers = true};
+    return (kiln_ddp_opts){.bucket_cap_mb = 25.0,
+                           .first_bucket_mb = 1.0,
+                           .find_unused_parameters = false,
+                           .broadcast_buffers = true};
 }
 
 /* ---- Wrap: the ranks agree on the model ------------------------------------------------- */
@@ -90,7 +92,8 @@ static uint64_t fnv1a(const char *s, size_t n) {
 }
 
 /* One line per parameter and buffer: "param fc.weight f32 [10, 32]\n". */
-static char *describe_model(const kiln_named_tensor *p, int np, const kiln_named_tensor *b, int nb, size_t *len) {
+static char *describe_model(const kiln_named_tensor *p, int np, const kiln_named_tensor *b, int nb,
+                            size_t *len) {
     size_t cap = 256, used = 0;
     char *text = KILN_MALLOC(cap);
     if (!text) return NULL;
@@ -174,11 +177,12 @@ static kiln_status check_same_model(kiln_dist_group *g, const char *text, size_t
             char a[400], b[400];
             nth_line(zero, zlen, line, a, sizeof a);
             nth_line(other, olen, line, b, sizeof b);
-            st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
-                            "every rank must build the same model (parameters and buffers, names, dtypes, shapes) "
-                            "before kiln_ddp_wrap",
-                            "kiln_ddp_wrap: the model differs between ranks at entry %d: rank 0 has %s, rank %d has %s",
-                            line, a, r, b);
+            st = KILN_RAISE(
+                KILN_ERR_INVALID_ARGUMENT,
+                "every rank must build the same model (parameters and buffers, names, dtypes, shapes) "
+                "before kiln_ddp_wrap",
+                "kiln_ddp_wrap: the model differs between ranks at entry %d: rank 0 has %s, rank %d has %s",
+                line, a, r, b);
         }
     }
     kiln_tensor_drop(t_mine), kiln_tensor_drop(t_all);
@@ -278,14 +282,16 @@ static kiln_status check_not_wrapped(const kiln_named_tensor *items, int n) {
         kiln_autograd_meta *m = kiln_autograd_meta_get(items[i].tensor, false);
         for (int k = 0; m && k < m->n_hooks; k++)
             if (m->hooks[k].post == ddp_hook)
-                return KILN_RAISE(KILN_ERR_STATE, "kiln_ddp_free the other handle first",
-                                  "kiln_ddp_wrap: parameter '%s' is already wrapped by another kiln_ddp handle",
-                                  items[i].name);
+                return KILN_RAISE(
+                    KILN_ERR_STATE, "kiln_ddp_free the other handle first",
+                    "kiln_ddp_wrap: parameter '%s' is already wrapped by another kiln_ddp handle",
+                    items[i].name);
     }
     return KILN_OK;
 }
 
-static kiln_status wrap_impl(kiln_ddp *d, kiln_named_tensor *pitems, int np, kiln_named_tensor *bitems, int nb) {
+static kiln_status wrap_impl(kiln_ddp *d, kiln_named_tensor *pitems, int np, kiln_named_tensor *bitems,
+                             int nb) {
     KILN_TRY(check_params(pitems, np));
     KILN_TRY(check_not_wrapped(pitems, np));
     size_t len = 0;
@@ -353,10 +359,11 @@ kiln_status kiln_ddp_wrap(kiln_module *m, kiln_dist_group *g, const kiln_ddp_opt
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the module and the group from kiln_dist_init",
                           "kiln_ddp_wrap: %s is NULL", m ? "the group" : "the module");
     kiln_ddp_opts o = opts ? *opts : kiln_ddp_opts_default();
-    if (!isfinite(o.bucket_cap_mb) || o.bucket_cap_mb < 0 || !isfinite(o.first_bucket_mb) || o.first_bucket_mb < 0)
+    if (!isfinite(o.bucket_cap_mb) || o.bucket_cap_mb < 0 || !isfinite(o.first_bucket_mb) ||
+        o.first_bucket_mb < 0)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give MiB >= 0 (0: the default)",
-                          "kiln_ddp_wrap: bucket_cap_mb %g / first_bucket_mb %g are not sizes", o.bucket_cap_mb,
-                          o.first_bucket_mb);
+                          "kiln_ddp_wrap: bucket_cap_mb %g / first_bucket_mb %g are not sizes",
+                          o.bucket_cap_mb, o.first_bucket_mb);
     kiln_ddp *d = KILN_CALLOC(1, sizeof *d);
     if (!d) return KILN_ERR_OUT_OF_MEMORY;
     d->module = m, d->group = g, d->opts = o, d->sync = true, d->samples = 1.0, d->twice = -1;
@@ -407,8 +414,10 @@ static kiln_status fill_bucket(kiln_ddp *d, ddp_bucket *b) {
         }
         kiln_tensor_drop(g);
     }
-    if (b->dtype == KILN_F32) ((float *)flat)[total] = (float)d->samples;
-    else ((double *)flat)[total] = d->samples;
+    if (b->dtype == KILN_F32)
+        ((float *)flat)[total] = (float)d->samples;
+    else
+        ((double *)flat)[total] = d->samples;
     return KILN_OK;
 }
 
@@ -475,8 +484,10 @@ static kiln_status wait_started(kiln_ddp *d) {
         if (!b->work) continue;
         kiln_status st = kiln_dist_work_wait(b->work);
         if (st && !first) first = st, saved = *kiln_error_last();
-        if (kiln_dist_work_free(b->work) == KILN_OK) b->work = NULL;
-        else d->broken = true;
+        if (kiln_dist_work_free(b->work) == KILN_OK)
+            b->work = NULL;
+        else
+            d->broken = true;
     }
     return first ? restore_error(&saved) : KILN_OK;
 }
@@ -530,33 +541,37 @@ static kiln_status unused_error(kiln_ddp *d) {
     for (int i = 0; i < d->n_params; i++) {
         if (d->params[i].ready) continue;
         if (count++ < 8 && used + 8 < sizeof names) {
-            int k = snprintf(names + used, sizeof names - used, "%s'%s'", count > 1 ? ", " : "", d->params[i].name);
+            int k = snprintf(names + used, sizeof names - used, "%s'%s'", count > 1 ? ", " : "",
+                             d->params[i].name);
             if (k > 0) used += (size_t)k;
         }
     }
     return KILN_RAISE(KILN_ERR_STATE,
                       "use every parameter in the forward, or wrap with opts.find_unused_parameters = true",
-                      "kiln_ddp_finish_grads: %d parameter(s) got no gradient in this backward: %s%s", count, names,
-                      count > 8 ? ", ..." : "");
+                      "kiln_ddp_finish_grads: %d parameter(s) got no gradient in this backward: %s%s", count,
+                      names, count > 8 ? ", ..." : "");
 }
 
 static kiln_status finish_impl(kiln_ddp *d) {
     if (d->broken)
-        return KILN_RAISE(KILN_ERR_STATE, "restart the job",
-                          "kiln_ddp_finish_grads: an earlier wait timed out and a gradient all-reduce is stuck");
+        return KILN_RAISE(
+            KILN_ERR_STATE, "restart the job",
+            "kiln_ddp_finish_grads: an earlier wait timed out and a gradient all-reduce is stuck");
     if (!d->backward_open && d->n_params > 0)
         return KILN_RAISE(KILN_ERR_STATE, "run kiln_backward (outside no_sync) before kiln_ddp_finish_grads",
                           "kiln_ddp_finish_grads: no synchronised backward since the last call");
     kiln_status st = KILN_OK;
     if (d->deferred) {
-        st = KILN_RAISE(d->deferred, NULL, "kiln_ddp: starting a bucket's all-reduce during backward failed: %s",
+        st = KILN_RAISE(d->deferred, NULL,
+                        "kiln_ddp: starting a bucket's all-reduce during backward failed: %s",
                         d->deferred_msg);
     } else if (d->twice >= 0) {
-        st = KILN_RAISE(KILN_ERR_STATE,
-                        "use each parameter once per forward, call kiln_ddp_finish_grads after each synchronised "
-                        "backward, or accumulate under kiln_ddp_set_sync(d, false)",
-                        "kiln_ddp_finish_grads: parameter '%s' got its gradient twice in one synchronised backward",
-                        d->params[d->twice].name);
+        st = KILN_RAISE(
+            KILN_ERR_STATE,
+            "use each parameter once per forward, call kiln_ddp_finish_grads after each synchronised "
+            "backward, or accumulate under kiln_ddp_set_sync(d, false)",
+            "kiln_ddp_finish_grads: parameter '%s' got its gradient twice in one synchronised backward",
+            d->params[d->twice].name);
     } else {
         bool missing = false;
         for (int i = 0; i < d->n_params; i++) missing |= !d->params[i].ready;
@@ -600,8 +615,9 @@ void kiln_ddp_free(kiln_ddp *d) {
     for (int k = 0; k < d->n_buckets; k++) stuck |= d->buckets[k].work != NULL;
     if (stuck) {
         /* MPI still writes into a bucket: its buffers must stay. */
-        kiln_log_write(KILN_LOG_WARN, "kiln_ddp_free: a gradient all-reduce is stuck in flight; its buckets are "
-                                      "left allocated");
+        kiln_log_write(KILN_LOG_WARN,
+                       "kiln_ddp_free: a gradient all-reduce is stuck in flight; its buckets are "
+                       "left allocated");
         for (int i = 0; i < d->n_params; i++) remove_hook(&d->params[i]);
         return;
     }

@@ -23,7 +23,7 @@ struct kiln_dist_group {
     double timeout_s;
     bool debug;
     bool is_world;
-    uint64_t seq;     /* collectives started on this group (same on every rank) */
+    uint64_t seq;      /* collectives started on this group (same on every rank) */
     int64_t in_flight; /* works started and not yet completed */
 #if KILN_WITH_MPI
     MPI_Comm comm; /* MPI_COMM_NULL in a singleton world */
@@ -36,10 +36,10 @@ struct kiln_dist_work {
     kiln_dist_reduce_op op;
     uint64_t seq;
     kiln_dtype dtype;
-    kiln_shape shape;     /* of the tensor named in messages (in, or t) */
-    kiln_tensor *target;  /* the caller's output (written at completion), own ref */
-    kiln_tensor *buffer;  /* what MPI writes: target itself, or a contiguous copy */
-    kiln_tensor *input;   /* all_gather / reduce_scatter input (contiguous), own ref */
+    kiln_shape shape;    /* of the tensor named in messages (in, or t) */
+    kiln_tensor *target; /* the caller's output (written at completion), own ref */
+    kiln_tensor *buffer; /* what MPI writes: target itself, or a contiguous copy */
+    kiln_tensor *input;  /* all_gather / reduce_scatter input (contiguous), own ref */
     bool done;
     kiln_status result;
 #if KILN_WITH_MPI

@@ -49,7 +49,8 @@ static kiln_status env_settings(double *timeout_s, bool *debug) {
         double v = strtod(t, &end);
         if (errno || end == t || *end || !isfinite(v) || v <= 0.0 || v > 1e7)
             return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give seconds, e.g. KILN_DIST_TIMEOUT=300",
-                              "kiln_dist_init: KILN_DIST_TIMEOUT='%s' is not a positive number of seconds", t);
+                              "kiln_dist_init: KILN_DIST_TIMEOUT='%s' is not a positive number of seconds",
+                              t);
         *timeout_s = v;
     }
     const char *d = getenv("KILN_DIST_DEBUG");
@@ -69,10 +70,10 @@ static kiln_status mpi_error(int rc, const char *call) {
     MPI_Error_string(rc, text, &len);
     return KILN_RAISE(KILN_ERR_DEVICE, NULL, "kiln_dist: %s failed: %s (MPI error %d)", call, text, rc);
 }
-#define MPI_TRY(call)                                                                              \
-    do {                                                                                           \
-        int mpi_rc_ = (call);                                                                      \
-        if (mpi_rc_ != MPI_SUCCESS) return mpi_error(mpi_rc_, #call);                              \
+#define MPI_TRY(call)                                                                                        \
+    do {                                                                                                     \
+        int mpi_rc_ = (call);                                                                                \
+        if (mpi_rc_ != MPI_SUCCESS) return mpi_error(mpi_rc_, #call);                                        \
     } while (0)
 
 /* MPI_Init_thread (unless the program initialised MPI), then the world's
@@ -88,7 +89,8 @@ static kiln_status mpi_join(kiln_dist_group *g, int local_rank) {
             MPI_Finalize();
             dist_state.mpi_ours = false;
             return KILN_RAISE(KILN_ERR_UNSUPPORTED, "use an MPI built with thread support (Open MPI is)",
-                              "kiln_dist_init: MPI provides thread level %d, below MPI_THREAD_SERIALIZED", provided);
+                              "kiln_dist_init: MPI provides thread level %d, below MPI_THREAD_SERIALIZED",
+                              provided);
         }
     }
     dist_state.used_mpi = true;
@@ -120,8 +122,8 @@ kiln_status kiln_dist_init(kiln_dist_group **world) {
     KILN_TRY(env_settings(&timeout_s, &debug));
     kiln_dist_group *g = KILN_CALLOC(1, sizeof *g);
     if (!g) return KILN_ERR_OUT_OF_MEMORY;
-    *g = (kiln_dist_group){.rank = 0, .world = 1, .local_rank = 0, .timeout_s = timeout_s, .debug = debug,
-                           .is_world = true};
+    *g = (kiln_dist_group){
+        .rank = 0, .world = 1, .local_rank = 0, .timeout_s = timeout_s, .debug = debug, .is_world = true};
 #if KILN_WITH_MPI
     g->comm = MPI_COMM_NULL;
     if (size >= 0) {
@@ -178,8 +180,12 @@ kiln_status kiln_dist_group_dup(kiln_dist_group *g, kiln_dist_group **out) {
     *out = NULL;
     kiln_dist_group *d = KILN_CALLOC(1, sizeof *d);
     if (!d) return KILN_ERR_OUT_OF_MEMORY;
-    *d = (kiln_dist_group){.rank = g->rank, .world = g->world, .local_rank = g->local_rank,
-                           .timeout_s = g->timeout_s, .debug = g->debug, .is_world = false};
+    *d = (kiln_dist_group){.rank = g->rank,
+                           .world = g->world,
+                           .local_rank = g->local_rank,
+                           .timeout_s = g->timeout_s,
+                           .debug = g->debug,
+                           .is_world = false};
 #if KILN_WITH_MPI
     d->comm = MPI_COMM_NULL;
     if (g->comm != MPI_COMM_NULL) {

@@ -22,17 +22,20 @@ static void permute(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch) {
     }
 }
 
-kiln_status kiln_dist_sampler_indices(int64_t n, int world, int rank, int64_t epoch, uint64_t seed, bool shuffle,
-                                      bool drop_last, int64_t **out, int64_t *count) {
-    if (!out || !count) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dist_sampler_indices: NULL output");
+kiln_status kiln_dist_sampler_indices(int64_t n, int world, int rank, int64_t epoch, uint64_t seed,
+                                      bool shuffle, bool drop_last, int64_t **out, int64_t *count) {
+    if (!out || !count)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dist_sampler_indices: NULL output");
     *out = NULL;
     *count = 0;
     if (world < 1 || rank < 0 || rank >= world)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass kiln_dist_rank and kiln_dist_world_size of the group",
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                          "pass kiln_dist_rank and kiln_dist_world_size of the group",
                           "kiln_dist_sampler_indices: rank %d is not in a world of %d", rank, world);
     if (n < 0 || n > ((int64_t)1 << 40))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give the dataset's length",
-                          "kiln_dist_sampler_indices: dataset length %lld is out of range [0, 2^40]", (long long)n);
+                          "kiln_dist_sampler_indices: dataset length %lld is out of range [0, 2^40]",
+                          (long long)n);
     if (n == 0 || (drop_last && n < world)) return KILN_OK;
     /* per rank: ceil(n / world) padded, floor(n / world) with drop_last */
     int64_t per_rank = drop_last ? n / world : (n + world - 1) / world;

@@ -131,10 +131,10 @@ static void test_debug_mismatch(void) {
     if (size > 1) {
         kiln_tensor *t = kiln_ones(KILN_SHAPE(3, 4 + rank), KILN_F32, KILN_CPU);
         CHECK_FAILS(kiln_dist_all_reduce(g, t, KILN_DIST_SUM, NULL), KILN_ERR_INVALID_ARGUMENT, "[3, 4]");
-        CHECK_MSG(strstr(kiln_error_message(), "rank 1 calls all_reduce #1 of f32 [3, 5]") != NULL, "error: %s",
-                  kiln_error_message());
-        CHECK_MSG(strstr(kiln_error_message(), "rank 0 calls all_reduce #1 of f32 [3, 4]") != NULL, "error: %s",
-                  kiln_error_message());
+        CHECK_MSG(strstr(kiln_error_message(), "rank 1 calls all_reduce #1 of f32 [3, 5]") != NULL,
+                  "error: %s", kiln_error_message());
+        CHECK_MSG(strstr(kiln_error_message(), "rank 0 calls all_reduce #1 of f32 [3, 4]") != NULL,
+                  "error: %s", kiln_error_message());
         /* Nothing was started: the group still works. */
         CHECK_OK(kiln_dist_all_reduce(g, same, KILN_DIST_SUM, NULL));
     }
@@ -160,9 +160,11 @@ static void test_timeout(double env_timeout) {
     if (rank == 0) {
         CHECK_OK(kiln_dist_all_reduce(g, t, KILN_DIST_SUM, &w));
         double t0 = now_s();
-        CHECK_FAILS(kiln_dist_work_wait(w), KILN_ERR_DEVICE, "all_reduce #0 of f32 [6] (sum) did not complete");
+        CHECK_FAILS(kiln_dist_work_wait(w), KILN_ERR_DEVICE,
+                    "all_reduce #0 of f32 [6] (sum) did not complete");
         double waited = now_s() - t0;
-        CHECK_MSG(strstr(kiln_error_message(), "waiting on rank 1") != NULL, "error: %s", kiln_error_message());
+        CHECK_MSG(strstr(kiln_error_message(), "waiting on rank 1") != NULL, "error: %s",
+                  kiln_error_message());
         CHECK_MSG(waited >= env_timeout * 0.99 && waited < env_timeout + 30, "waited %.2f s", waited);
         CHECK_FAILS(kiln_dist_work_free(w), KILN_ERR_STATE, "still in flight");
         CHECK_FAILS(kiln_dist_group_free(g), KILN_ERR_STATE, "in flight");
@@ -177,8 +179,8 @@ static void test_timeout(double env_timeout) {
         CHECK_OK(kiln_dist_work_free(w));
     }
     double want = size * (size + 1) / 2.0;
-    CHECK_MSG(((float *)kiln_data_ptr(t))[3] == (float)want, "late sum %g, want %g", ((float *)kiln_data_ptr(t))[3],
-              want);
+    CHECK_MSG(((float *)kiln_data_ptr(t))[3] == (float)want, "late sum %g, want %g",
+              ((float *)kiln_data_ptr(t))[3], want);
     CHECK_OK(kiln_dist_group_free(g));
 }
 
@@ -231,8 +233,10 @@ int main(void) {
     setenv("KILN_DIST_TIMEOUT", "soon", 1);
     CHECK_FAILS(kiln_dist_init(&world), KILN_ERR_INVALID_ARGUMENT, "KILN_DIST_TIMEOUT='soon'");
     CHECK(world == NULL);
-    if (saved) setenv("KILN_DIST_TIMEOUT", saved, 1);
-    else unsetenv("KILN_DIST_TIMEOUT");
+    if (saved)
+        setenv("KILN_DIST_TIMEOUT", saved, 1);
+    else
+        unsetenv("KILN_DIST_TIMEOUT");
     free(saved);
     CHECK_OK(kiln_dist_init(&world));
     if (!world) return kt_finish();

@@ -184,8 +184,8 @@ static void test_matches_single_process(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         double g = 0, p = ddp_vs_single(cases[i].a, cases[i].uneven, true, cases[i].small_buckets, &g);
-        printf("rank %d: DDP vs one process, %s: parameters after %d Adam steps %.3g, last gradients %.3g\n", rank,
-               cases[i].name, STEPS, p, g);
+        printf("rank %d: DDP vs one process, %s: parameters after %d Adam steps %.3g, last gradients %.3g\n",
+               rank, cases[i].name, STEPS, p, g);
         CHECK_MSG(p < tol, "%s: parameters differ by %g", cases[i].name, p);
         CHECK_MSG(g < tol, "%s: gradients differ by %g", cases[i].name, g);
     }
@@ -193,7 +193,8 @@ static void test_matches_single_process(void) {
         /* The plain average of an uneven split is not the full batch's gradient. */
         double g = 0, plain = ddp_vs_single(MLP, true, false, false, &g);
         printf("rank %d: 70+58 with the plain average: parameters %.3g, gradients %.3g\n", rank, plain, g);
-        CHECK_MSG(plain > 20 * tol && g > 20 * tol, "the unweighted uneven split should differ, got %g / %g", plain, g);
+        CHECK_MSG(plain > 20 * tol && g > 20 * tol, "the unweighted uneven split should differ, got %g / %g",
+                  plain, g);
     }
 }
 
@@ -210,13 +211,13 @@ static void test_no_sync(void) {
     CHECK_OK(kiln_ddp_set_sync(acc.ddp, false));
     CHECK(!kiln_ddp_is_sync(acc.ddp));
     kiln_tensor *o1 = kiln_ddp_forward(acc.ddp, kiln_narrow(x, 0, lo, mid - lo));
-    CHECK_OK(kiln_backward(kiln_mul_scalar(kiln_cross_entropy(o1, kiln_narrow(y, 0, lo, mid - lo), NULL), 0.5), NULL,
-                           false));
+    CHECK_OK(kiln_backward(
+        kiln_mul_scalar(kiln_cross_entropy(o1, kiln_narrow(y, 0, lo, mid - lo), NULL), 0.5), NULL, false));
     CHECK_OK(kiln_ddp_finish_grads(acc.ddp)); /* no_sync: nothing to do */
     CHECK_OK(kiln_ddp_set_sync(acc.ddp, true));
     kiln_tensor *o2 = kiln_ddp_forward(acc.ddp, kiln_narrow(x, 0, mid, hi - mid));
-    CHECK_OK(kiln_backward(kiln_mul_scalar(kiln_cross_entropy(o2, kiln_narrow(y, 0, mid, hi - mid), NULL), 0.5), NULL,
-                           false));
+    CHECK_OK(kiln_backward(
+        kiln_mul_scalar(kiln_cross_entropy(o2, kiln_narrow(y, 0, mid, hi - mid), NULL), 0.5), NULL, false));
     CHECK_OK(kiln_ddp_finish_grads(acc.ddp));
     kiln_tensor *o = kiln_ddp_forward(one.ddp, kiln_narrow(x, 0, lo, hi - lo));
     CHECK_OK(kiln_backward(kiln_cross_entropy(o, kiln_narrow(y, 0, lo, hi - lo), NULL), NULL, false));
@@ -303,8 +304,9 @@ static void test_model_mismatch(void) {
     kiln_ddp *d = NULL;
     CHECK_FAILS(kiln_ddp_wrap(m, world, NULL, &d), KILN_ERR_INVALID_ARGUMENT, "differs between ranks");
     CHECK(d == NULL);
-    CHECK_MSG(strstr(kiln_error_message(), "rank 0 has 'parameter weight f32 [4, 8]', rank 1 has 'parameter weight "
-                                           "f32 [5, 8]'") != NULL,
+    CHECK_MSG(strstr(kiln_error_message(),
+                     "rank 0 has 'parameter weight f32 [4, 8]', rank 1 has 'parameter weight "
+                     "f32 [5, 8]'") != NULL,
               "error: %s", kiln_error_message());
     kiln_module_free(m);
     /* The group is still in step afterwards. */
@@ -365,8 +367,8 @@ static void test_overlap(void) {
     train_step(&dp, lo, hi, true);
     kiln_ddp_stats st;
     CHECK_OK(kiln_ddp_stats_get(dp.ddp, &st));
-    printf("rank %d: %d buckets, %lld hooks, first bucket started after %lld hooks, %d started in backward\n", rank,
-           st.num_buckets, (long long)st.hooks_fired, (long long)st.hooks_before_first_start,
+    printf("rank %d: %d buckets, %lld hooks, first bucket started after %lld hooks, %d started in backward\n",
+           rank, st.num_buckets, (long long)st.hooks_fired, (long long)st.hooks_before_first_start,
            st.buckets_started_in_backward);
     CHECK_EQ_I(st.num_parameters, 6);
     CHECK_EQ_I(st.num_buckets, 6);
@@ -413,8 +415,10 @@ static void test_rank_skips_backward(void) {
         CHECK_OK(kiln_backward(kiln_cross_entropy(kiln_ddp_forward(d, x), y, NULL), NULL, false));
         /* wrap used collectives #0 (the model check) and #1-#4 (the broadcasts);
          * the one bucket holds 660 gradients and the sample count. */
-        CHECK_FAILS(kiln_ddp_finish_grads(d), KILN_ERR_DEVICE, "all_reduce #5 of f32 [661] (sum) did not complete");
-        CHECK_MSG(strstr(kiln_error_message(), "waiting on rank 1") != NULL, "error: %s", kiln_error_message());
+        CHECK_FAILS(kiln_ddp_finish_grads(d), KILN_ERR_DEVICE,
+                    "all_reduce #5 of f32 [661] (sum) did not complete");
+        CHECK_MSG(strstr(kiln_error_message(), "waiting on rank 1") != NULL, "error: %s",
+                  kiln_error_message());
         CHECK_FAILS(kiln_ddp_finish_grads(d), KILN_ERR_STATE, "timed out");
     }
     CHECK_OK(kiln_dist_group_set_timeout(g, 60.0));

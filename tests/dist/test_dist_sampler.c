@@ -84,12 +84,12 @@ static void test_shuffle(void) {
 
 static void test_errors(void) {
     int64_t *idx = NULL, count = 0;
-    CHECK_FAILS(kiln_dist_sampler_indices(10, 2, 2, 0, 0, false, false, &idx, &count), KILN_ERR_INVALID_ARGUMENT,
-                "rank 2 is not in a world of 2");
-    CHECK_FAILS(kiln_dist_sampler_indices(-1, 2, 0, 0, 0, false, false, &idx, &count), KILN_ERR_INVALID_ARGUMENT,
-                "dataset length");
-    CHECK_FAILS(kiln_dist_sampler_indices(10, 0, 0, 0, 0, false, false, &idx, &count), KILN_ERR_INVALID_ARGUMENT,
-                "world of 0");
+    CHECK_FAILS(kiln_dist_sampler_indices(10, 2, 2, 0, 0, false, false, &idx, &count),
+                KILN_ERR_INVALID_ARGUMENT, "rank 2 is not in a world of 2");
+    CHECK_FAILS(kiln_dist_sampler_indices(-1, 2, 0, 0, 0, false, false, &idx, &count),
+                KILN_ERR_INVALID_ARGUMENT, "dataset length");
+    CHECK_FAILS(kiln_dist_sampler_indices(10, 0, 0, 0, 0, false, false, &idx, &count),
+                KILN_ERR_INVALID_ARGUMENT, "world of 0");
 }
 
 int main(void) {
