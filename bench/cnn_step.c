@@ -423,7 +423,7 @@ static void usage(void) {
                     "                      [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]\n"
                     "                      [--device cpu|cuda:N] [--threads N]\n"
                     "--threads N: Kiln's compute threads, and the PyTorch peer's (default: KILN_NUM_THREADS,\n"
-                    "else every core)\n");
+                    "else the cores less one)\n");
 }
 
 /* 0 on success, 2 on a usage error. */

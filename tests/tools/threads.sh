@@ -20,8 +20,15 @@ KILN_NUM_THREADS=1 "$kiln" info --threads 3 > "$out/both"
 test "$(info_threads "$out/both")" = 3
 KILN_NUM_THREADS= "$kiln" info > "$out/empty"   # empty: unset
 test "$(info_threads "$out/empty")" -ge 1
-# Loader workers on auto take what the compute threads leave.
+# The default: the cores less one, which the loader's one worker takes.
 cores=$(getconf _NPROCESSORS_ONLN)
+expect=$((cores > 1 ? cores - 1 : 1))
+env -u KILN_NUM_THREADS -u OMP_NUM_THREADS "$kiln" info > "$out/default"
+grep -q "^threads: $expect compute, $((cores - expect)) loader worker" "$out/default" || { cat "$out/default"; exit 1; }
+# OMP_NUM_THREADS is the user's too, below KILN_NUM_THREADS.
+env -u KILN_NUM_THREADS OMP_NUM_THREADS=3 "$kiln" info | grep -q '^threads: 3 compute'
+KILN_NUM_THREADS=2 OMP_NUM_THREADS=3 "$kiln" info | grep -q '^threads: 2 compute'
+# Loader workers on auto take what the compute threads leave.
 "$kiln" info --threads "$cores" | grep -q "^threads: $cores compute, 0 loader workers on auto"
 
 # Bad values: usage errors (exit 2) naming --threads, init errors (exit 1)
