@@ -6,7 +6,8 @@
  * seed per rank (so the broadcast at wrap matters). After 5 Adam steps the
  * parameters must match the reference normwise, for an MLP and a CNN. The
  * uneven split without the sample counts (plain average) is measurably
- * different, so the weighting is what makes it pass. Also: no_sync
+ * different, so the weighting is what makes it pass. An f64 model
+ * (f64 buckets) matches to 1e-12. Also: no_sync
  * accumulation over two micro-batches equals one synchronised step on
  * their union; an unused parameter is named (and reduced as zeros with
  * find_unused_parameters); ranks with different models fail at wrap on
@@ -20,6 +21,7 @@
 
 static kiln_dist_group *world;
 static int rank, size;
+static kiln_dtype train_dtype = KILN_F32; /* what make() converts models to */
 
 /* x (128, 1, 6, 6), y (128): the same on every rank. */
 static void full_batch(kiln_tensor **x, kiln_tensor **y) {
@@ -81,6 +83,7 @@ static net make(arch a, uint64_t seed, const kiln_ddp_opts *ddp_opts, bool wrap)
     net r = {0};
     r.m = build(a, seed);
     CHECK(r.m != NULL);
+    if (train_dtype != KILN_F32) CHECK_OK(kiln_module_to_dtype(r.m, train_dtype));
     CHECK_OK(kiln_module_parameters(r.m, &r.params, &r.n));
     kiln_adam_opts o = kiln_adam_defaults();
     o.lr = 1e-2;
@@ -104,7 +107,8 @@ static void train_step(net *r, int64_t lo, int64_t hi, bool weighted) {
     kiln_tensor *x, *y;
     full_batch(&x, &y);
     CHECK_OK(kiln_optimizer_zero_grad(r->opt, true));
-    kiln_tensor *xs = kiln_narrow(x, 0, lo, hi - lo), *ys = kiln_narrow(y, 0, lo, hi - lo);
+    kiln_tensor *xs = kiln_to(kiln_narrow(x, 0, lo, hi - lo), KILN_CPU, train_dtype, 0);
+    kiln_tensor *ys = kiln_narrow(y, 0, lo, hi - lo);
     if (r->ddp && weighted) CHECK_OK(kiln_ddp_set_sample_count(r->ddp, hi - lo));
     kiln_tensor *out = r->ddp ? kiln_ddp_forward(r->ddp, xs) : kiln_module_forward(r->m, xs);
     CHECK(out != NULL);
@@ -123,10 +127,11 @@ static double rel_distance(const net *a, const net *b, bool grads) {
         kiln_tensor *tb = grads ? kiln_grad(b->params[i]) : b->params[i];
         CHECK(ta && tb);
         if (!ta || !tb) continue;
-        const float *p = kiln_data_ptr(kiln_contiguous(ta)), *q = kiln_data_ptr(kiln_contiguous(tb));
+        const double *p = kiln_data_ptr(kiln_to(ta, KILN_CPU, KILN_F64, KILN_COPY));
+        const double *q = kiln_data_ptr(kiln_to(tb, KILN_CPU, KILN_F64, KILN_COPY));
         for (int64_t j = 0; j < kiln_numel(ta); j++) {
-            d2 += ((double)p[j] - q[j]) * ((double)p[j] - q[j]);
-            a2 += (double)p[j] * p[j];
+            d2 += (p[j] - q[j]) * (p[j] - q[j]);
+            a2 += p[j] * p[j];
         }
     }
     kiln_scope_end();
@@ -175,19 +180,24 @@ static void test_matches_single_process(void) {
         const char *name;
         arch a;
         bool uneven, small_buckets;
+        kiln_dtype dtype;
     } cases[] = {
         {"mlp 64+64", MLP, false, false},
         {"cnn 64+64", CNN, false, false},
         {"cnn 64+64, a bucket per parameter", CNN, false, true},
         {"mlp 70+58 weighted", MLP, true, false},
         {"cnn 70+58 weighted, a bucket per parameter", CNN, true, true},
+        {"f64 cnn 70+58 weighted, a bucket per parameter", CNN, true, true, KILN_F64},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        train_dtype = cases[i].dtype;
         double g = 0, p = ddp_vs_single(cases[i].a, cases[i].uneven, true, cases[i].small_buckets, &g);
+        train_dtype = KILN_F32;
         printf("rank %d: DDP vs one process, %s: parameters after %d Adam steps %.3g, last gradients %.3g\n",
                rank, cases[i].name, STEPS, p, g);
-        CHECK_MSG(p < tol, "%s: parameters differ by %g", cases[i].name, p);
-        CHECK_MSG(g < tol, "%s: gradients differ by %g", cases[i].name, g);
+        double want = cases[i].dtype == KILN_F64 ? 1e-12 : tol;
+        CHECK_MSG(p < want, "%s: parameters differ by %g", cases[i].name, p);
+        CHECK_MSG(g < want, "%s: gradients differ by %g", cases[i].name, g);
     }
     if (size == 2) {
         /* The plain average of an uneven split is not the full batch's gradient. */
