@@ -54,11 +54,6 @@ static kiln_status mpi_fail(int rc, const char *call, const kiln_dist_group *g) 
 }
 
 static bool group_uses_mpi(const kiln_dist_group *g) { return g->comm != MPI_COMM_NULL; }
-#else
-static bool group_uses_mpi(const kiln_dist_group *g) {
-    (void)g;
-    return false;
-}
 #endif
 
 /* "f32 [3, 5]" */
@@ -90,6 +85,7 @@ static kiln_status check_tensor(const char *fn, const char *what, kiln_tensor *t
     return KILN_OK;
 }
 
+#if KILN_WITH_MPI
 /* ---- Debug mode: every rank describes the collective it is about to start ------------ */
 
 enum {
@@ -120,7 +116,6 @@ static void desc_text(const int64_t *desc, char *buf, size_t size) {
              kind == DIST_BROADCAST ? " from the root given" : "");
 }
 
-#if KILN_WITH_MPI
 static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, const char *what,
                                 bool *timed_out);
 
