@@ -78,12 +78,18 @@ while [ "$i" -le "$rounds" ]; do
   before=$(checkpoints)
   "$kiln" train $args --resume "$run" > "$out/train.out" 2> "$out/train.err" &
   pid=$!
-  sleep 0.2
-  if ! kill -0 "$pid" 2> /dev/null; then
-    wait "$pid" || { echo "FAILED: round $i: --resume after SIGKILL failed:"; tail -n 5 "$out/train.err"; exit 1; }
-  fi
-  grep -q "resuming from" "$out/train.err" || { sleep 1; grep -q "resuming from" "$out/train.err"; } ||
-    { echo "FAILED: round $i: the resumed run did not say where it resumed:"; tail -n 5 "$out/train.err"; exit 1; }
+  # It says where it resumes once the checkpoint and the dataset are read
+  # (seconds under load): wait for that, or for it to fail.
+  n=0
+  until grep -q "resuming from" "$out/train.err"; do
+    if ! kill -0 "$pid" 2> /dev/null; then
+      wait "$pid" || true
+      echo "FAILED: round $i: --resume after SIGKILL failed:"; tail -n 5 "$out/train.err"; exit 1
+    fi
+    n=$((n + 1))
+    [ "$n" -le 600 ] || { echo "FAILED: round $i: the resumed run did not say where it resumed within 60 s:"; tail -n 5 "$out/train.err"; exit 1; }
+    sleep 0.1
+  done
   # Let it write at least once more before the next kill (not in every
   # round: some kills should land before its first write).
   [ $((i % 2)) -eq 0 ] || wait_checkpoint "$before" "$i"
