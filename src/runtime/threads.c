@@ -11,9 +11,11 @@
  *
  * Loader workers on auto take the cores the compute threads leave (0 when
  * they take all: batches are then made on the training thread). Measured
- * on the 2-core machine (docs/training.md, "Threads"): 1 compute thread +
- * 1 worker trained fastest; 2 threads + 1 worker (the old "cores - 1
- * workers" beside every core computing) slowest. */
+ * on the shared 2-core machine (docs/training.md, "Threads"): 1 compute
+ * thread + 1 worker had the best median and steady times; 2 threads were
+ * fastest only while the second core was free and 2-5x slower when it was
+ * not, and 2 + 1 (the old "cores - 1 workers" beside every core
+ * computing) was the slowest. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
