@@ -15,11 +15,15 @@ import sys
 ROOTS = ("/usr/", "/lib/", "/lib64/", "/lib32/", "/bin/", "/sbin/", "/etc/")
 # Files read only if present, by whatever process runs (the loader's and the
 # linker's search configuration, libc's locale and message catalogs, name
-# service files): their package is not needed, so they are not evidence.
+# service files, fontconfig's scan of the installed fonts): their package is
+# not needed, so they are not evidence.
 IGNORED = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/passwd", "/etc/group",
            "/etc/nsswitch.conf", "/etc/hosts", "/etc/resolv.conf", "/etc/host.conf", "/etc/mtab",
            "/etc/alternatives/", "/usr/share/locale/", "/usr/lib/locale/", "/usr/share/zoneinfo/",
-           "/usr/lib/x86_64-linux-gnu/gconv/")
+           "/usr/lib/x86_64-linux-gnu/gconv/",
+           # fontconfig (chromium) reads every font installed; the fonts a
+           # page needs come with fontconfig-config's Depends.
+           "/usr/share/fonts/", "/var/cache/fontconfig/")
 CALL = re.compile(r'^(?:open|openat|execve)\((?:AT_FDCWD, |\d+, )?"((?:[^"\\]|\\.)*)"')
 
 

@@ -17,6 +17,8 @@ set -euo pipefail
 #   python3, python3-pip: the Python reference checks (grad scaler,
 #     safetensors reader, memory_peak.py, train_resume.sh's edits).
 #   strace: scripts/check-packages.sh.
+#   mawk: awk, in the test scripts (Priority required, so on every Debian,
+#     but not Essential: listed so the list is closed).
 packages=(
   build-essential cmake ccache pkg-config git
   zlib1g-dev libcjson-dev
@@ -24,7 +26,7 @@ packages=(
   libopenblas-dev libdnnl-dev
   libopenmpi-dev openmpi-bin
   dataset-fashion-mnist chromium
-  python3 python3-pip strace
+  python3 python3-pip strace mawk
 )
 
 missing=()
