@@ -2,11 +2,21 @@
 # Install the Debian packages Kiln's build, tests and main job need.
 # Idempotent: installs only what is missing. As root it runs apt-get; as
 # anyone else it prints the exact command to run and fails.
+#   scripts/setup.sh          the Debian packages (scripts/run.sh)
+#   scripts/setup.sh --tests  and the Python package the tests need from
+#                             PyPI (scripts/test.sh): the main job does not
+#                             depend on reaching PyPI
 #
 # The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not a Debian 12 package
 # of the version Kiln needs; when nvcc is absent the CUDA backend is simply
 # not built (CMake says so) and the nvcc CI tier is skipped with a message.
 set -euo pipefail
+for_tests=0
+case "${1:-}" in
+  --tests) for_tests=1 ;;
+  "") ;;
+  *) echo "usage: scripts/setup.sh [--tests]" >&2; exit 2 ;;
+esac
 
 # Every package the build, the tests and the main job use. The list is
 # closed: scripts/check-packages.sh traces a configure, build and test run
@@ -42,6 +52,7 @@ done
 # tests/io/test_safetensors_python. Installed after the Debian packages
 # (python3 and pip come from them); a failure is a failure.
 install_python_packages() {
+  [ "$for_tests" = 1 ] || return 0
   if python3 -c 'import safetensors' 2> /dev/null; then return 0; fi
   if [ "$(id -u)" -ne 0 ] && ! python3 -m pip --version > /dev/null 2>&1; then
     echo "setup: the Python package safetensors is missing: run  python3 -m pip install --user safetensors" >&2
@@ -50,7 +61,8 @@ install_python_packages() {
   echo "setup: installing the Python package safetensors (pip)"
   python3 -m pip install --quiet --disable-pip-version-check safetensors 2> /dev/null ||
     python3 -m pip install --quiet --disable-pip-version-check --break-system-packages safetensors || {
-    echo "setup: pip could not install the Python package safetensors (tests/io/test_safetensors_python needs it)" >&2
+    echo "setup: pip could not install the Python package safetensors (tests/io/test_safetensors_python needs it):" \
+      "check that this machine reaches PyPI (behind a TLS proxy, its CA belongs in /usr/local/share/ca-certificates)" >&2
     return 1
   }
 }

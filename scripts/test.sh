@@ -6,7 +6,7 @@
 # Tests labelled `slow` run only in scripts/full-check.sh.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-"$top/scripts/setup.sh"
+"$top/scripts/setup.sh" --tests
 
 jobs=$(nproc)
 ctest_args=(--output-on-failure --timeout 300 -j"$jobs" ${KILN_CTEST_ARGS:-})
