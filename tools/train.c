@@ -144,6 +144,8 @@ static void usage(FILE *f) {
                "  --workers N        loader threads (default -1: auto, the cores --threads leaves)\n"
                "  --threads N        CPU compute threads (default: KILN_NUM_THREADS, else the cores less one)\n"
                "  --log-every N      steps per metrics record and progress line (default 50)\n"
+               "  --progress P       auto (default: a bar redrawn in place when stderr is a terminal,\n"
+               "                     else one line per window), bar or lines\n"
                "  --out DIR          output directory (default runs/<timestamp>)\n"
                "  --resume PATH      continue from a checkpoint (a file, or a run directory holding\n"
                "                     checkpoint.safetensors)\n"
@@ -178,7 +180,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
     /* The default recipe (docs/training.md, "The default recipe"): 3 epochs,
      * Adam with a one-cycle schedule peaking at 3e-3, label smoothing 0.1. */
     *a = (train_args){.epochs = 3, .accum = 1, .log_every = 50, .workers = -1, .batch = 128, .lr = 3e-3,
-                      .onecycle = true, .label_smoothing = 0.1};
+                      .onecycle = true, .label_smoothing = 0.1, .progress = -1};
     for (int i = 0; i < argc; i++) {
         const char *o = argv[i];
         if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
@@ -222,6 +224,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
                                               ((a->checkpoint = (int)n), 1);
             else if (strcmp(o, "--memory-budget") == 0) ok = train_parse_size(v, &a->memory_budget);
             else if (strcmp(o, "--seed") == 0) ok = parse_i64(v, 0, &n) && ((a->seed = (uint64_t)n), a->seed_given = 1);
+            else if (strcmp(o, "--progress") == 0)
+                ok = !strcmp(v, "auto") ? (a->progress = -1, true)
+                     : !strcmp(v, "bar") ? (a->progress = 1, true)
+                     : !strcmp(v, "lines") ? (a->progress = 0, true)
+                                          : false;
             else if (strcmp(o, "--schedule") == 0)
                 ok = !strcmp(v, "onecycle") ? (a->onecycle = true) : !strcmp(v, "constant") ? !(a->onecycle = false) : false;
             else if (strcmp(o, "--label-smoothing") == 0) {
@@ -980,7 +987,7 @@ int kiln_cmd_train(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     if (r.a.deterministic) kiln_set_deterministic(true);
     r.dev = kiln_default_device();
-    r.tty = isatty(2);
+    r.tty = r.a.progress < 0 ? isatty(2) : r.a.progress == 1;
     sigint_watch watch;
     sigint_watch_start(&watch);
     rc = open_output(&r);

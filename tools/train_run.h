@@ -26,6 +26,7 @@ typedef struct train_args {
     int64_t memory_budget; /* --memory-budget, bytes */
     bool onecycle;          /* --schedule onecycle (default) | constant */
     double label_smoothing; /* --label-smoothing (default 0.1) */
+    int progress;           /* --progress: -1 auto (a bar when stderr is a terminal), 0 lines, 1 bar */
 } train_args;
 
 typedef struct train_run {

@@ -37,10 +37,11 @@ grep -q '^kiln train: test accuracy' "$out/stdout"
 tail -n 1 "$out/stdout" | grep -q '^{"event":"summary","test_acc":[0-9.]*,"wall_s":[0-9.]*,"train_img_s":[0-9.]*,"train_s":[0-9.]*,"images":[0-9]*,"peak_bytes":[0-9]*'
 grep '"event":"step"' "$out/run/metrics.jsonl" | head -n 1 | grep -q '"data_wait_s":.*"mem_allocated":.*"mem_reserved":.*"mem_peak":'
 grep -q '"event":"epoch".*"train_acc".*"test_loss"' "$out/run/metrics.jsonl"
-# On a terminal (script(1) gives one): the bar shows "–" until the epoch's
-# first window has landed (always so at batch 1 with --log-every 3), then
-# the latest landed window's loss with its batch, loss X@N, X the record's.
-script -qc "'$kiln' train --limit 256 --batch 32 --epochs 1 --log-every 3 --out '$out/tty'" /dev/null \
+# The bar (what a terminal gets; --progress bar forces it, so no
+# pseudo-terminal is needed): "–" until the epoch's first window has landed
+# (always so at batch 1 with --log-every 3), then the latest landed window's
+# loss with its batch, loss X@N, X the record's.
+"$kiln" train --limit 256 --batch 32 --epochs 1 --log-every 3 --progress bar --out "$out/tty" 2>&1 \
   | tr '\r' '\n' | grep '^epoch 1/1 \[' > "$out/bar"
 head -n 1 "$out/bar" | grep -q ' 1/8 loss – ' || { echo "the first bar shows no dash:"; cat "$out/bar"; exit 1; }
 if grep -q 'loss 0\.0000' "$out/bar"; then echo "the bar shows loss 0.0000:"; cat "$out/bar"; exit 1; fi
