@@ -132,7 +132,7 @@ static void usage(FILE *f) {
             "  version         print the version\n"
             "  help            this text\n"
             "info, train, eval and bench take --threads N: the CPU compute threads (default: KILN_NUM_THREADS,\n"
-            "else OMP_NUM_THREADS, else the cores less one, which a loader worker takes; docs/training.md)\n");
+            "else OMP_NUM_THREADS, else every core; docs/training.md)\n");
 }
 
 int main(int argc, char **argv) {

@@ -142,7 +142,7 @@ static void usage(FILE *f) {
                "  --limit N          use only the first N training and test samples (quick runs)\n"
                "  --seed S           seed for initialisation, shuffling and dropout (default 0)\n"
                "  --workers N        loader threads (default -1: auto, the cores --threads leaves)\n"
-               "  --threads N        CPU compute threads (default: KILN_NUM_THREADS, else the cores less one)\n"
+               "  --threads N        CPU compute threads (default: KILN_NUM_THREADS, else every core)\n"
                "  --log-every N      steps per metrics record and progress line (default 50)\n"
                "  --progress P       auto (default: a bar redrawn in place when stderr is a terminal,\n"
                "                     else one line per window), bar or lines\n"

@@ -83,8 +83,8 @@ kiln_status kiln_cuda_capability(int index, int *major, int *minor);
 
 /* The threads CPU compute runs on: OpenMP's pool, which the fast CPU
  * kernels, oneDNN and OpenBLAS share. kiln_init sets it from
- * KILN_NUM_THREADS, else OMP_NUM_THREADS when set, else the online cores
- * less one, left for a loader worker (docs/training.md, "Threads"). Call
+ * KILN_NUM_THREADS, else OMP_NUM_THREADS when set, else every online
+ * core (measured fastest on an idle machine: docs/training.md, "Threads"). Call
  * from the main thread between ops: it resizes the pool for the OpenMP
  * regions this thread starts next. KILN_ERR_INVALID_ARGUMENT outside
  * 1..KILN_MAX_THREADS. */

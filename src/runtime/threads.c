@@ -6,16 +6,15 @@
  * OpenBLAS all run on libgomp's one pool (CMakeLists.txt links that runtime
  * only), so omp_set_num_threads sizes all three. The count comes from, in
  * order: kiln_set_num_threads (kiln --threads N), KILN_NUM_THREADS read by
- * kiln_init (empty: unset), OMP_NUM_THREADS when the user set it, else the
- * online cores less one, which the loader's one worker takes.
+ * kiln_init (empty: unset), OMP_NUM_THREADS when the user set it, else
+ * every online core.
  *
  * Loader workers on auto take the cores the compute threads leave (0 when
- * they take all: batches are then made on the training thread). Measured
- * on the shared 2-core machine (docs/training.md, "Threads"): 1 compute
- * thread + 1 worker had the best median and steady times; 2 threads were
- * fastest only while the second core was free and 2-5x slower when it was
- * not, and 2 + 1 (the old "cores - 1 workers" beside every core
- * computing) was the slowest. */
+ * they take all: batches are then made on the training thread between
+ * steps). Measured on an idle 2-core machine (docs/training.md, "Threads"):
+ * 2 compute threads + 0 workers trained 1.8x faster than 1 + 1 and as fast
+ * as 2 + 1; on a machine shared with other work, one compute thread is
+ * steadier (--threads 1). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,8 +40,7 @@ static int default_threads(void) {
 #else
     (void)omp;
 #endif
-    int cores = online_cores();
-    return cores > 1 ? cores - 1 : 1;
+    return online_cores();
 }
 
 kiln_status kiln_num_threads_parse(const char *text, const char *what, int *out) {

@@ -5,6 +5,7 @@
  * no leaked thread, no deadlock, no race). No test sleeps: waits are on
  * condition variables signalled by the dataset callbacks. */
 #include <pthread.h>
+#include <unistd.h>
 
 #include "kiln/data.h"
 #include "test_util.h"
@@ -390,8 +391,16 @@ static void test_options(kiln_dataset *ds) {
     CHECK_FAILS(kiln_loader_next(l, &x, &y), KILN_ERR_STATE, "no epoch has begun");
     kiln_loader_stats st;
     CHECK_OK(kiln_loader_stats_get(l, &st));
-    CHECK(st.num_workers >= 1);
+    CHECK_EQ_I(st.num_workers, kiln_num_loader_workers()); /* auto: the cores compute leaves */
     kiln_loader_free(l);
+    /* With one compute thread on a machine of several cores, auto starts workers. */
+    int threads = kiln_num_threads();
+    CHECK_OK(kiln_set_num_threads(1));
+    CHECK_OK(kiln_loader_create(ds, &o, &l));
+    CHECK_OK(kiln_loader_stats_get(l, &st));
+    CHECK_EQ_I(st.num_workers, (int64_t)(sysconf(_SC_NPROCESSORS_ONLN) > 1 ? sysconf(_SC_NPROCESSORS_ONLN) - 1 : 0));
+    kiln_loader_free(l);
+    CHECK_OK(kiln_set_num_threads(threads));
 }
 
 int main(void) {
