@@ -295,33 +295,52 @@ int train_parse_spec(const char *cmd, const char *spec, const char *name, const 
     return 1;
 }
 
+/* The model spec file's text, NUL-terminated (free() it), or NULL after a
+ * message: the file's type and size are checked before it is read (a
+ * directory, FIFO or device is named as such, more than 1 MiB refused with
+ * the size), and a NUL byte, which would end the text early, is an error
+ * at its line and column. */
 char *train_read_text(const char *cmd, const char *path) {
+    enum { SPEC_MAX = 1 << 20 };
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "kiln %s: cannot read model spec %s: %s\n", cmd, path, strerror(errno));
         return NULL;
     }
-    size_t cap = 4096, len = 0;
-    char *text = malloc(cap);
-    while (text) {
-        if (len + 1 >= cap) {
-            char *t = cap < (2u << 20) ? realloc(text, cap *= 2) : NULL;
-            if (!t) {
-                fprintf(stderr, "kiln %s: model spec %s is larger than 1 MiB\n", cmd, path);
-                free(text);
-                text = NULL;
-                break;
-            }
-            text = t;
-        }
-        size_t got = fread(text + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0) {
-            text[len] = '\0';
-            break;
-        }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > SPEC_MAX) {
+        if (S_ISDIR(sb.st_mode))
+            fprintf(stderr, "kiln %s: model spec %s is a directory: pass a spec file (models/ ships them)\n", cmd, path);
+        else if (!S_ISREG(sb.st_mode))
+            fprintf(stderr, "kiln %s: model spec %s is not a regular file (a device, pipe or socket)\n", cmd, path);
+        else
+            fprintf(stderr, "kiln %s: model spec %s is %lld bytes, more than the 1 MiB (%d bytes) a spec may hold\n",
+                    cmd, path, (long long)sb.st_size, SPEC_MAX);
+        fclose(f);
+        return NULL;
     }
+    char *text = malloc(SPEC_MAX + 2);
+    size_t len = text ? fread(text, 1, SPEC_MAX + 1, f) : 0;
+    bool bad = text && ferror(f);
     fclose(f);
+    if (!text || bad || len > SPEC_MAX) {
+        fprintf(stderr, "kiln %s: cannot read model spec %s%s\n", cmd, path,
+                !text ? ": out of memory" : len > SPEC_MAX ? ": it grew past 1 MiB while it was read" : "");
+        free(text);
+        return NULL;
+    }
+    text[len] = '\0';
+    const char *nul = memchr(text, '\0', len);
+    if (nul) {
+        int line = 1;
+        const char *bol = text;
+        for (const char *p = text; p < nul; p++)
+            if (*p == '\n') line++, bol = p + 1;
+        fprintf(stderr, "kiln %s: model spec %s:%d: a NUL byte at column %d: a model spec is text\n", cmd, path, line,
+                (int)(nul - bol) + 1);
+        free(text);
+        return NULL;
+    }
     return text;
 }
 

@@ -67,4 +67,17 @@ set +e
 rc=$?
 set -e
 test "$rc" -eq 2
+# A --model that is not a spec file is named for what it is, before reading.
+bad_model() { # PATH PHRASE
+  if "$kiln" train --limit 64 --model "$1" --out "$out/bad" 2> "$out/err"; then
+    echo "--model $1 was accepted"; exit 1
+  fi
+  grep -q -- "$2" "$out/err" || { echo "--model $1:"; cat "$out/err"; exit 1; }
+}
+bad_model "$out" "is a directory"
+bad_model /dev/zero "not a regular file"
+printf 'conv 4 k3 p1\nrelu\000linear 10\n' > "$out/nul.txt"
+bad_model "$out/nul.txt" "nul.txt:2: a NUL byte at column 5"
+head -c 1572864 /dev/zero | tr '\000' '#' > "$out/big.txt"
+bad_model "$out/big.txt" "is 1572864 bytes, more than the 1 MiB"
 echo "train smoke: ok"
