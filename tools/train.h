@@ -12,7 +12,10 @@ int kiln_cmd_train(int argc, char **argv);
 int kiln_cmd_eval(int argc, char **argv);
 int kiln_cmd_export(int argc, char **argv);
 
-/* ---- Shared by train and eval/export (tools/train.c) ------------------------ */
+/* ---- Shared by train and eval/export (tools/train*.c) ----------------------- */
+
+/* The main job's model, under models/. */
+#define DEFAULT_MODEL "tutorial_cnn_28x28x1.txt"
 
 /* Print the library's last error as "kiln CMD: WHAT: message" + hint; 1. */
 int train_fail(const char *cmd, const char *what);

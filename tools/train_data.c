@@ -1,0 +1,116 @@
+/* kiln train's data: Fashion-MNIST splits (optionally the first N
+ * samples), their loaders and the test-set evaluation. Shared by train and
+ * eval (train.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "kiln/kiln.h"
+#include "train.h"
+
+typedef struct limited_ds {
+    kiln_dataset *base;
+    int64_t n;
+} limited_ds;
+
+static int64_t limited_length(void *ctx) { return ((limited_ds *)ctx)->n; }
+static kiln_status limited_get(void *ctx, int64_t i, void *dst, int64_t *label) {
+    return kiln_dataset_get(((limited_ds *)ctx)->base, i, dst, label);
+}
+static void limited_free(void *ctx) {
+    kiln_dataset_free(((limited_ds *)ctx)->base);
+    free(ctx);
+}
+
+kiln_status train_open_split(const char *data, int64_t limit, const char *split, kiln_dataset **out) {
+    kiln_dataset *ds = NULL;
+    kiln_status st = kiln_dataset_open_fashion_mnist(data, split, &ds);
+    if (st != KILN_OK) {
+        char msg[sizeof kiln_error_last()->message];
+        snprintf(msg, sizeof msg, "%s", kiln_error_last()->message);
+        if (st == KILN_ERR_IO)
+            return KILN_RAISE(st,
+                              "install the Debian package dataset-fashion-mnist (scripts/setup.sh does), "
+                              "or pass --data DIR holding the four *-ubyte(.gz) files",
+                              "%s", msg);
+        return st;
+    }
+    if (limit <= 0 || limit >= kiln_dataset_length(ds)) {
+        *out = ds;
+        return KILN_OK;
+    }
+    limited_ds *ctx = malloc(sizeof *ctx);
+    if (!ctx) {
+        kiln_dataset_free(ds);
+        return KILN_ERR_OUT_OF_MEMORY;
+    }
+    *ctx = (limited_ds){ds, limit};
+    static const kiln_dataset_ops ops = {limited_length, limited_get, limited_free};
+    st = kiln_dataset_create(&ops, ctx, kiln_dataset_info(ds), out);
+    if (st != KILN_OK) limited_free(ctx);
+    return st;
+}
+
+kiln_status train_make_loader(kiln_dataset *ds, kiln_device dev, int64_t batch, bool shuffle, uint64_t seed,
+                              int workers, kiln_loader **out) {
+    kiln_loader_opts o = kiln_loader_opts_default();
+    o.batch_size = batch;
+    o.shuffle = shuffle;
+    o.seed = seed;
+    o.num_workers = workers;
+    o.pin_memory = true;
+    o.device = dev;
+    o.transforms.normalize = true;
+    o.transforms.mean[0] = 0.2860f; /* Fashion-MNIST's training-set statistics */
+    o.transforms.std[0] = 0.3530f;
+    return kiln_loader_create(ds, &o, out);
+}
+
+kiln_status train_evaluate(kiln_module *model, kiln_loader *ld, int64_t epoch, double *loss, double *acc,
+                           int64_t *images) {
+    kiln_module_train(model, false);
+    kiln_no_grad_begin();
+    kiln_status st = kiln_loader_epoch_begin(ld, epoch);
+    /* Sums stay on the device; one read at the end. */
+    kiln_tensor *loss_sum = NULL, *hits = NULL;
+    int64_t seen = 0;
+    while (st == KILN_OK) {
+        kiln_scope_begin();
+        kiln_tensor *x = NULL, *y = NULL;
+        st = kiln_loader_next(ld, &x, &y);
+        if (st != KILN_OK || !x) {
+            kiln_scope_end();
+            break;
+        }
+        int64_t b = kiln_size(x, 0);
+        kiln_tensor *logits = kiln_module_forward(model, x);
+        kiln_tensor *l = logits ? kiln_cross_entropy(logits, y, NULL) : NULL;
+        kiln_tensor *lb = l ? kiln_mul_scalar(l, (double)b) : NULL;
+        kiln_tensor *am = lb ? kiln_argmax(logits, 1, false) : NULL;
+        kiln_tensor *eq = am ? kiln_eq(am, y) : NULL;
+        kiln_tensor *n = eq ? kiln_sum(eq, 0, NULL, false) : NULL;
+        /* Each running sum is a scoped result moved out of the scope. */
+        kiln_tensor *ns = !n ? NULL : loss_sum ? kiln_add(loss_sum, lb) : lb;
+        kiln_tensor *nh = !ns ? NULL : hits ? kiln_add(hits, n) : n;
+        if (!nh) st = kiln_error_last()->status;
+        if (ns) kiln_keep(ns);
+        if (nh) kiln_keep(nh);
+        kiln_release(loss_sum);
+        kiln_release(hits);
+        loss_sum = ns, hits = nh;
+        seen += b;
+        kiln_scope_end();
+    }
+    double ls = 0, h = 0;
+    if (st == KILN_OK && loss_sum) st = kiln_item(loss_sum, &ls);
+    if (st == KILN_OK && hits) st = kiln_item(hits, &h);
+    kiln_release(loss_sum);
+    kiln_release(hits);
+    kiln_grad_mode_end();
+    kiln_module_train(model, true);
+    *loss = seen ? ls / (double)seen : 0;
+    *acc = seen ? h / (double)seen : 0;
+    if (images) *images = seen;
+    return st;
+}

@@ -1,0 +1,98 @@
+/* kiln train's model spec: where the default one lives, reading a spec
+ * file (type, size and content checked before it is parsed) and parsing a
+ * spec within what a checkpoint can hold. Shared by train, eval and
+ * export (train.h). */
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kiln/kiln.h"
+#include "train.h"
+
+/* The default model: next to an installed binary (PREFIX/share/kiln/models),
+ * else in the source tree this binary was built from. */
+const char *train_default_model(char *buf, size_t size) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = '\0';
+        int len = snprintf(buf, size, "%s/../share/kiln/models/%s", exe, DEFAULT_MODEL);
+        if (len > 0 && (size_t)len < size && access(buf, R_OK) == 0) return buf;
+    }
+#ifdef KILN_SOURCE_DIR
+    int n_src = snprintf(buf, size, "%s/models/%s", KILN_SOURCE_DIR, DEFAULT_MODEL);
+    if (n_src > 0 && (size_t)n_src < size && access(buf, R_OK) == 0) return buf;
+#endif
+    return NULL;
+}
+
+int train_parse_spec(const char *cmd, const char *spec, const char *name, const char *ckpt, int64_t c, int64_t h,
+                     int64_t w, kiln_module **m) {
+    kiln_model_spec_budget b = {0};
+    struct stat sb;
+    if (ckpt && stat(ckpt, &sb) == 0) b.max_parameters = sb.st_size / 2 > 0 ? (int64_t)sb.st_size / 2 : 1;
+    if (kiln_model_spec_parse_limited(spec, strlen(spec), name, c, h, w, &b, m) == KILN_OK) return 0;
+    train_fail(cmd, "model");
+    if (b.max_parameters > 0 && b.parameters > b.max_parameters)
+        fprintf(stderr,
+                "kiln %s: %s is %lld bytes, room for at most %lld parameters: the model spec stored in it was "
+                "edited or the file is damaged; pass --model FILE with the spec it was trained with\n",
+                cmd, ckpt, (long long)sb.st_size, (long long)b.max_parameters);
+    return 1;
+}
+
+/* The model spec file's text, NUL-terminated (free() it), or NULL after a
+ * message: the file's type and size are checked before it is read (a
+ * directory, FIFO or device is named as such, more than 1 MiB refused with
+ * the size), and a NUL byte, which would end the text early, is an error
+ * at its line and column. */
+char *train_read_text(const char *cmd, const char *path) {
+    enum { SPEC_MAX = 1 << 20 };
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kiln %s: cannot read model spec %s: %s\n", cmd, path, strerror(errno));
+        return NULL;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > SPEC_MAX) {
+        if (S_ISDIR(sb.st_mode))
+            fprintf(stderr, "kiln %s: model spec %s is a directory: pass a spec file (models/ ships them)\n", cmd, path);
+        else if (!S_ISREG(sb.st_mode))
+            fprintf(stderr, "kiln %s: model spec %s is not a regular file (a device, pipe or socket)\n", cmd, path);
+        else
+            fprintf(stderr, "kiln %s: model spec %s is %lld bytes, more than the 1 MiB (%d bytes) a spec may hold\n",
+                    cmd, path, (long long)sb.st_size, SPEC_MAX);
+        fclose(f);
+        return NULL;
+    }
+    char *text = malloc(SPEC_MAX + 2);
+    size_t len = text ? fread(text, 1, SPEC_MAX + 1, f) : 0;
+    bool bad = text && ferror(f);
+    fclose(f);
+    if (!text || bad || len > SPEC_MAX) {
+        fprintf(stderr, "kiln %s: cannot read model spec %s%s\n", cmd, path,
+                !text ? ": out of memory" : len > SPEC_MAX ? ": it grew past 1 MiB while it was read" : "");
+        free(text);
+        return NULL;
+    }
+    text[len] = '\0';
+    const char *nul = memchr(text, '\0', len);
+    if (nul) {
+        int line = 1;
+        const char *bol = text;
+        for (const char *p = text; p < nul; p++)
+            if (*p == '\n') line++, bol = p + 1;
+        fprintf(stderr, "kiln %s: model spec %s:%d: a NUL byte at column %d: a model spec is text\n", cmd, path, line,
+                (int)(nul - bol) + 1);
+        free(text);
+        return NULL;
+    }
+    return text;
+}
