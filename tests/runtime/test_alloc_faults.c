@@ -186,6 +186,24 @@ static void test_steady_state(const config *cfg, kiln_tensor *x, kiln_tensor *y)
     printf("%s, steady step: %lld injection points, %d errors\n", cfg->name, (long long)count, errors);
 }
 
+/* Walk a failure over every allocation of fn(path, model); returns the
+ * number of injection points. */
+static int64_t walk_io(const char *what, kiln_status (*fn)(const char *, kiln_module *), const char *path,
+                       kiln_module *m) {
+    size_t base = kiln_memory_allocated(KILN_CPU);
+    kiln_memory_fail_nth(-1);
+    CHECK_OK(fn(path, m));
+    int64_t points = kiln_memory_alloc_count();
+    for (int64_t i = 0; i < points; i++) {
+        kiln_memory_fail_nth(i);
+        kiln_status st = fn(path, m);
+        kiln_memory_fail_nth(-1);
+        check_outcome(st, what, i);
+        CHECK_EQ_I((int64_t)kiln_memory_allocated(KILN_CPU), (int64_t)base);
+    }
+    return points;
+}
+
 static void test_safetensors(void) {
     char path[] = "/tmp/kiln_faults_XXXXXX";
     int fd = mkstemp(path);
@@ -195,28 +213,9 @@ static void test_safetensors(void) {
     static const config cpu = {"cpu", {KILN_DEVICE_CPU, 0}, false, 0};
     net n;
     CHECK(net_make(&n, &cpu));
-    size_t base = kiln_memory_allocated(KILN_CPU);
-    kiln_memory_fail_nth(-1);
+    int64_t saves = walk_io("safetensors save", kiln_safetensors_save, path, n.model);
     CHECK_OK(kiln_safetensors_save(path, n.model));
-    int64_t saves = kiln_memory_alloc_count();
-    for (int64_t i = 0; i < saves; i++) {
-        kiln_memory_fail_nth(i);
-        kiln_status st = kiln_safetensors_save(path, n.model);
-        kiln_memory_fail_nth(-1);
-        check_outcome(st, "safetensors save", i);
-        CHECK_EQ_I((int64_t)kiln_memory_allocated(KILN_CPU), (int64_t)base);
-    }
-    CHECK_OK(kiln_safetensors_save(path, n.model));
-    kiln_memory_fail_nth(-1);
-    CHECK_OK(kiln_safetensors_load(path, n.model));
-    int64_t loads = kiln_memory_alloc_count();
-    for (int64_t i = 0; i < loads; i++) {
-        kiln_memory_fail_nth(i);
-        kiln_status st = kiln_safetensors_load(path, n.model);
-        kiln_memory_fail_nth(-1);
-        check_outcome(st, "safetensors load", i);
-        CHECK_EQ_I((int64_t)kiln_memory_allocated(KILN_CPU), (int64_t)base);
-    }
+    int64_t loads = walk_io("safetensors load", kiln_safetensors_load, path, n.model);
     /* The file a failed save left is still the last good one. */
     CHECK_OK(kiln_safetensors_load(path, n.model));
     net_free(&n);
