@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything, slow tests included: the tiers of scripts/test.sh, then the
-# tests labelled `slow` in the release and sanitizer builds. For
-# contributors before a large change; CI runs scripts/test.sh only.
+# tests labelled `slow` in the release and sanitizer builds, then every
+# fuzz target for 10^7 executions (hours on 2 cores; KILN_SKIP_LONG_FUZZ=1
+# leaves that out, KILN_FUZZ_RUNS=N changes it). For contributors before a
+# large change; CI runs scripts/test.sh only.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 "$top/scripts/test.sh" "$@"
