@@ -237,7 +237,13 @@ static int parse_args(int argc, char **argv, train_args *a) {
             } else if (strcmp(o, "--lr") == 0) {
                 char *end;
                 a->lr = strtod(v, &end);
-                ok = *v && !*end && a->lr > 0;
+                /* Adam's step is lr-sized: above 10 every weight is noise
+                 * after one step (1e308 and inf trained NaN and exited 0). */
+                ok = *v && !*end && isfinite(a->lr) && a->lr > 0 && a->lr <= 10;
+                if (!ok) {
+                    fprintf(stderr, "kiln train: --lr %s: give a finite learning rate in (0, 10] (the default is 3e-3)\n", v);
+                    return 2;
+                }
             } else {
                 fprintf(stderr, "kiln train: unknown option '%s' (kiln train --help)\n", o);
                 return 2;
@@ -454,6 +460,13 @@ static kiln_status window_land(train_run *r, epoch_state *e, bool wait) {
     KILN_TRY(train_readback_finish(&e->rb, wait, &wl, &wh, &ready));
     if (!ready) return KILN_OK;
     e->shown_loss = train_window_record(r, &e->rb, wl, wh);
+    /* A loss that is no longer finite will not come back: stop, naming the
+     * window (with f16 loss scaling the scaler skips such steps instead). */
+    if (!isfinite(e->shown_loss) && r->amp != KILN_F16)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                          "lower --lr, or rerun with --detect-anomaly to name the op that made the first NaN/inf",
+                          "the training loss became %g in the window ending at step %lld", e->shown_loss,
+                          (long long)r->step);
     e->shown_batch = e->rb.batch;
     e->landed = true;
     e->loss_sum += wl, e->correct += wh;

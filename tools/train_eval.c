@@ -4,6 +4,7 @@
  * stores (kiln train embeds it). */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +118,13 @@ int kiln_cmd_eval(int argc, char **argv) {
     double loss = 0, acc = 0;
     int64_t n = 0;
     if (!rc && train_evaluate(m, ld, 0, &loss, &acc, &n) != KILN_OK) rc = train_fail("eval", "evaluation");
+    if (!rc && !isfinite(loss)) {
+        fprintf(stderr,
+                "kiln eval: %s: the test loss is %g: the checkpoint's weights are not finite (a run that "
+                "diverged, or a damaged file); evaluate an earlier checkpoint\n",
+                a.checkpoint, loss);
+        rc = 1;
+    }
     if (!rc) {
         printf("kiln eval: %s: test accuracy %.2f%%, test loss %.4f on %lld images\n", a.checkpoint, 100 * acc, loss,
                (long long)n);

@@ -131,6 +131,38 @@ grep -q "edited.safetensors:[0-9]*: 'linear 51200' adds 59033600 parameters" "$o
 grep -q "room for at most [0-9]* parameters: the model spec stored in it was edited" "$out/edit.err"
 echo "eval/export: ok"
 
+# 3b. Weights that are not finite: eval refuses them, and training from
+# them stops at its first window naming the step and --detect-anomaly.
+"$kiln" train $args --out "$out/nanbase" --max-steps 3 > /dev/null 2>&1
+mkdir -p "$out/nan"
+cp "$out/nanbase/metrics.jsonl" "$out/nan/"
+python3 - "$out/nanbase/checkpoint.safetensors" "$out/nan/checkpoint.safetensors" <<'PY'
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+name = next(k for k, v in head.items() if k != "__metadata__" and v["dtype"] == "F32" and k.endswith("weight"))
+begin, end = head[name]["data_offsets"]
+raw[8 + n + begin:8 + n + end] = struct.pack("<f", float("nan")) * ((end - begin) // 4)
+open(sys.argv[2], "wb").write(raw)
+PY
+if "$kiln" eval --checkpoint "$out/nan/checkpoint.safetensors" --limit 64 > /dev/null 2> "$out/nan.err"; then
+  echo "eval of a checkpoint with NaN weights exited 0"; exit 1
+fi
+grep -q "the checkpoint's weights are not finite" "$out/nan.err" || { cat "$out/nan.err"; exit 1; }
+if "$kiln" train $args --resume "$out/nan" --out "$out/nan" > /dev/null 2> "$out/nan_train.err"; then
+  echo "training from NaN weights exited 0"; exit 1
+fi
+grep -q "the training loss became nan in the window ending at step [0-9]" "$out/nan_train.err" ||
+  { cat "$out/nan_train.err"; exit 1; }
+grep -q "detect-anomaly" "$out/nan_train.err"
+# Absurd hyper-parameters are refused before anything runs.
+for lr in inf 1e308 nan 0 11; do
+  if "$kiln" train --lr "$lr" --limit 64 --out "$out/lr" 2> "$out/lr.err"; then echo "--lr $lr was accepted"; exit 1; fi
+  grep -q -- "--lr $lr: give a finite learning rate in (0, 10]" "$out/lr.err" || { cat "$out/lr.err"; exit 1; }
+done
+echo "non-finite weights and hyper-parameters: refused"
+
 # 4. A missing dataset names the package and the path.
 if "$kiln" train --data "$out/no_such_dir" --out "$out/nodata" 2> "$out/nodata.err"; then
   echo "a missing dataset was accepted"; exit 1
