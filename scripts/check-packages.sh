@@ -6,7 +6,7 @@
 #   - in setup.sh's list,
 #   - in the Depends/Pre-Depends closure of a listed package (Recommends and
 #     Suggests do not count: setup installs with --no-install-recommends),
-#   - Essential.
+#   - Essential, or in the Depends closure of an Essential package.
 # A package used but not accounted for is a step a fresh machine would miss.
 #
 #   scripts/check-packages.sh --quick         configure only (under a minute)
