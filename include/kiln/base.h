@@ -106,6 +106,10 @@ kiln_rng kiln_rng_make(uint64_t seed);
 kiln_rng kiln_rng_split(kiln_rng parent, uint64_t id);
 /* The `index`-th 32-bit word of the draw starting at `rng` (no state change). */
 uint32_t kiln_rng_u32_at(const kiln_rng *rng, uint64_t index);
+/* Shuffle perm[0..n) in place (Fisher-Yates; position i swaps with word
+ * pair 2i, 2i+1 of the draw at `rng` taken modulo i + 1): the same order
+ * on every machine for the same generator. No state change, no block. */
+void kiln_rng_shuffle(const kiln_rng *rng, int64_t *perm, int64_t n);
 /* Uniform float in [0, 1) from a 32-bit word (24 random bits). */
 float kiln_rng_u32_to_uniform(uint32_t word);
 /* Standard normal for element `index` of a draw (Box-Muller over the words

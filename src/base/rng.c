@@ -34,6 +34,17 @@ uint32_t kiln_rng_u32_at(const kiln_rng *rng, uint64_t index) {
     return kiln_philox_u32_at(rng->seed, rng->subsequence, rng->offset, index);
 }
 
+void kiln_rng_shuffle(const kiln_rng *rng, int64_t *perm, int64_t n) {
+    for (int64_t i = n - 1; i > 0; i--) {
+        uint64_t w =
+            ((uint64_t)kiln_rng_u32_at(rng, 2 * (uint64_t)i) << 32) | kiln_rng_u32_at(rng, 2 * (uint64_t)i + 1);
+        int64_t j = (int64_t)(w % (uint64_t)(i + 1));
+        int64_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
 float kiln_rng_u32_to_uniform(uint32_t word) { return kiln_philox_uniform(word); }
 
 float kiln_rng_normal_at(const kiln_rng *rng, uint64_t index) {

@@ -417,14 +417,7 @@ static void make_permutation(int64_t *perm, int64_t n, bool shuffle, uint64_t se
     for (int64_t i = 0; i < n; i++) perm[i] = i;
     if (!shuffle) return;
     kiln_rng r = kiln_rng_split(kiln_rng_split(kiln_rng_make(seed), PERM_TAG), (uint64_t)epoch);
-    for (int64_t i = n - 1; i > 0; i--) {
-        uint64_t w =
-            ((uint64_t)kiln_rng_u32_at(&r, 2 * (uint64_t)i) << 32) | kiln_rng_u32_at(&r, 2 * (uint64_t)i + 1);
-        int64_t j = (int64_t)(w % (uint64_t)(i + 1));
-        int64_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    kiln_rng_shuffle(&r, perm, n);
 }
 
 kiln_status kiln_loader_epoch_begin(kiln_loader *l, int64_t epoch) {

@@ -12,14 +12,7 @@
  * same permutation on every rank and machine. */
 static void permute(int64_t *perm, int64_t n, uint64_t seed, int64_t epoch) {
     kiln_rng r = kiln_rng_split(kiln_rng_split(kiln_rng_make(seed), SAMPLER_TAG), (uint64_t)epoch);
-    for (int64_t i = n - 1; i > 0; i--) {
-        uint64_t w =
-            ((uint64_t)kiln_rng_u32_at(&r, 2 * (uint64_t)i) << 32) | kiln_rng_u32_at(&r, 2 * (uint64_t)i + 1);
-        int64_t j = (int64_t)(w % (uint64_t)(i + 1));
-        int64_t t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    kiln_rng_shuffle(&r, perm, n);
 }
 
 kiln_status kiln_dist_sampler_indices(int64_t n, int world, int rank, int64_t epoch, uint64_t seed,
