@@ -120,6 +120,21 @@ static int check_outcome(kiln_status st, const char *what, int64_t at) {
     return 1;
 }
 
+/* One injection: allocation i of a step fails; the outcome is checked and
+ * the next step, with allocation restored, must succeed with a finite
+ * loss. Returns 1 when the failure came back as an error. */
+static int fail_then_recover(net *n, kiln_tensor *x, kiln_tensor *y, const char *phase, int64_t i) {
+    double loss = 0, after = NAN;
+    kiln_memory_fail_nth(i);
+    kiln_status st = step(n, x, y, &loss);
+    kiln_memory_fail_nth(-1);
+    int error = check_outcome(st, n->cfg->name, i);
+    CHECK_MSG(step(n, x, y, &after) == KILN_OK, "%s %s, allocation %lld: the next step failed: %s", n->cfg->name,
+              phase, (long long)i, kiln_error_message());
+    CHECK_MSG(isfinite(after), "%s %s, allocation %lld: next loss %g", n->cfg->name, phase, (long long)i, after);
+    return error;
+}
+
 static void test_first_step(const config *cfg, kiln_tensor *x, kiln_tensor *y) {
     size_t base = kiln_memory_allocated(cfg->device);
     net n;
@@ -137,16 +152,7 @@ static void test_first_step(const config *cfg, kiln_tensor *x, kiln_tensor *y) {
             CHECK_MSG(false, "model setup failed: %s", kiln_error_message());
             break;
         }
-        double loss = 0;
-        kiln_memory_fail_nth(i);
-        kiln_status st = step(&m, x, y, &loss);
-        kiln_memory_fail_nth(-1);
-        errors += check_outcome(st, cfg->name, i);
-        /* Usable afterwards: a step with allocation restored succeeds. */
-        double after = NAN;
-        CHECK_MSG(step(&m, x, y, &after) == KILN_OK, "%s first step, allocation %lld: the next step failed: %s",
-                  cfg->name, (long long)i, kiln_error_message());
-        CHECK_MSG(isfinite(after), "%s first step, allocation %lld: next loss %g", cfg->name, (long long)i, after);
+        errors += fail_then_recover(&m, x, y, "first step", i);
         net_free(&m);
         CHECK_MSG(kiln_memory_allocated(cfg->device) == base,
                   "%s first step, allocation %lld: %zu bytes still allocated after freeing everything (base %zu)",
@@ -169,14 +175,7 @@ static void test_steady_state(const config *cfg, kiln_tensor *x, kiln_tensor *y)
     int64_t count = kiln_memory_alloc_count();
     int errors = 0;
     for (int64_t i = 0; i < count; i++) {
-        kiln_memory_fail_nth(i);
-        kiln_status st = step(&n, x, y, &loss);
-        kiln_memory_fail_nth(-1);
-        errors += check_outcome(st, cfg->name, i);
-        double after = NAN;
-        CHECK_MSG(step(&n, x, y, &after) == KILN_OK, "%s steady step, allocation %lld: the next step failed: %s",
-                  cfg->name, (long long)i, kiln_error_message());
-        CHECK_MSG(isfinite(after), "%s steady step, allocation %lld: next loss %g", cfg->name, (long long)i, after);
+        errors += fail_then_recover(&n, x, y, "steady step", i);
         CHECK_MSG(kiln_memory_allocated(cfg->device) == trained,
                   "%s steady step, allocation %lld: %zu bytes allocated between steps, %zu before", cfg->name,
                   (long long)i, kiln_memory_allocated(cfg->device), trained);
