@@ -98,20 +98,47 @@ const char *kiln_safetensors_metadata(const kiln_safetensors *f, const char *key
  *     <param> the parameter's state-dict name) and "optimizer.steps" (i64,
  *     the update count of each parameter, in optimizer order);
  *   - in the header's __metadata__ string map (keys "kiln.*"): the format
- *     version, epoch, step, batch position in the epoch, data seed, the
- *     device generator (seed, subsequence, offset), the deterministic flag,
- *     the CPU kernel table in force (fast or reference), the convolution
- *     autotuner switches (conv_autotune, cudnn_benchmark), the optimizer's
- *     kind, lr and step count, and the model spec text and input shape when
- *     given (kiln eval / kiln export rebuild the model from them), and with
- *     mixed precision the AMP mode and the loss scaler's scale and growth
- *     tracker (kiln.amp, kiln.amp.scale, kiln.amp.growth_tracker).
- * See docs/training.md, "Checkpoint format". */
+ *     version (kiln.checkpoint), epoch, step, batch position in the epoch,
+ *     data seed, the device generator (seed, subsequence, offset), the
+ *     deterministic flag, the CPU kernel table in force (fast or
+ *     reference), the convolution autotuner switches (conv_autotune,
+ *     cudnn_benchmark), the optimizer's kind, lr and step count, the model
+ *     spec text and input shape when given (kiln eval / kiln export
+ *     rebuild the model from them), with mixed precision the AMP mode and
+ *     the loss scaler's scale and growth tracker (kiln.amp, kiln.amp.scale,
+ *     kiln.amp.growth_tracker), and from format 2 on the epoch's and the
+ *     open metrics window's running sums (kiln.epoch_loss_sum, ...) and
+ *     the caller's run configuration (kiln.run_config).
+ *
+ * Every value is untrusted on load: each is parsed whole and checked
+ * against its range below before anything uses it, and an error names the
+ * file, the key, the value and the range. See docs/training.md,
+ * "Checkpoint format". */
+
+/* The format version kiln_checkpoint_save writes ("kiln.checkpoint").
+ * Load reads 1 (no running sums, no run configuration: they load as 0 and
+ * NULL) and 2; any other version is refused. */
+#define KILN_CHECKPOINT_FORMAT 2
+/* Ranges of the training position, checked on save and on load: epochs
+ * (kiln.epoch, kiln.epochs_done) in [0, KILN_CHECKPOINT_MAX_EPOCH]; steps,
+ * batches and images (kiln.step, kiln.batch_in_epoch, the optimizer's
+ * step counts, the running sums' counts) in [0, KILN_CHECKPOINT_MAX_COUNT],
+ * where doubles still hold every integer (2^53). */
+#define KILN_CHECKPOINT_MAX_EPOCH 1000000
+#define KILN_CHECKPOINT_MAX_COUNT 9007199254740992LL
 
 /* What a training loop needs, besides weights and optimizer, to continue
  * exactly where it stopped. Saved from and loaded into this struct;
- * `rng_*`, `deterministic` and `cpu_kernels` are filled by
- * kiln_checkpoint_save itself (the values in force) and by load. */
+ * `rng_*`, `deterministic`, `cpu_kernels` and `format_version` are filled
+ * by kiln_checkpoint_save itself (the values in force) and by load.
+ * Save refuses (KILN_ERR_INVALID_ARGUMENT) values load would refuse:
+ *   0 <= epochs_done <= epoch <= KILN_CHECKPOINT_MAX_EPOCH;
+ *   step, batch_in_epoch, epoch_images in [0, KILN_CHECKPOINT_MAX_COUNT];
+ *   window_steps <= batch_in_epoch, window_images <= epoch_images;
+ *   the loss sums finite, 0 <= epoch_correct <= epoch_images - window_images
+ *   and 0 <= window_correct <= window_images;
+ *   the input shape all 0 (not recorded) or each of c, h, w in [1, 2^20];
+ *   with amp, amp_scale finite and > 0 and amp_growth_tracker >= 0. */
 typedef struct kiln_train_state {
     int64_t epoch;          /* the epoch in progress (0-based) */
     int64_t step;           /* optimizer steps taken in total */
@@ -130,27 +157,55 @@ typedef struct kiln_train_state {
     char amp[8];
     double amp_scale;
     int64_t amp_growth_tracker;
+    /* Load: the file's format version (1 or KILN_CHECKPOINT_FORMAT). */
+    int format_version;
+    /* The running sums of `epoch` at the save point (format 2; 0 at an
+     * epoch boundary), so a resumed epoch reports what an uninterrupted
+     * one would: the loss and correct sums of the epoch's batches whose
+     * metrics windows were closed, and the images of all its batches. */
+    double epoch_loss_sum, epoch_correct;
+    int64_t epoch_images;
+    /* The metrics window open at the save point (format 2): its steps,
+     * images and sums, not in the epoch's sums yet. A resumed loop carries
+     * them on, so the window that straddles the stop closes with exactly
+     * the sums of the uninterrupted run. */
+    int64_t window_steps, window_images;
+    double window_loss_sum, window_correct;
+    /* Save: the caller's run configuration (any text, e.g. a JSON object
+     * of the flags a run was started with; NULL: none), borrowed, stored
+     * as kiln.run_config. Load: a malloc'd copy the caller frees (NULL
+     * when the file has none). The library does not interpret it. */
+    char *run_config;
 } kiln_train_state;
 
 /* Write a checkpoint of m, opt (NULL: weights only) and *state (NULL:
  * none) to `path`, atomically like kiln_safetensors_save (temporary file in
  * the same directory, fsync, rename, fsync of the directory). The device
  * generator recorded is that of m's first parameter's device. Copies every
- * tensor to the host: blocks. Borrows everything. Errors: KILN_ERR_IO
- * naming the path and the reason; nothing is left behind on error. */
+ * tensor to the host: blocks. Borrows everything. Errors:
+ * KILN_ERR_INVALID_ARGUMENT naming the field of *state outside its range
+ * (kiln_train_state), KILN_ERR_IO naming the path and the reason; nothing
+ * is left behind on error. */
 kiln_status kiln_checkpoint_save(const char *path, kiln_module *m, kiln_optimizer *opt,
                                  const kiln_train_state *state);
 /* Load a checkpoint into m, opt (NULL: optimizer state ignored) and
- * *state (NULL: ignored; else filled, its model_spec malloc'd). The header
- * is validated first (lengths, JSON, dtypes, shapes, data offsets); the
- * module's names must match exactly (the error lists the missing and
- * unexpected names: a checkpoint of another model), every shape and dtype
- * is checked before anything is copied. With opt, the optimizer must be
- * of the saved kind over the same parameters; its state, lr and step
- * counts are replaced. With state, the device generator is restored
- * (kiln_manual_seed + advance), so dropout draws continue where they
- * stopped; the deterministic flag is NOT changed (compare
- * state->deterministic). Blocks. */
+ * *state (NULL: ignored; else filled, its model_spec and run_config
+ * malloc'd for the caller to free; both NULL after an error). The header is
+ * validated first (the file's type and size, lengths, JSON, dtypes,
+ * shapes, data offsets indexing the data section exactly), then the
+ * format version and, with opt or state, every metadata value against its
+ * range (kiln_train_state; the optimizer's lr finite and >= 0, each
+ * parameter's step count in [0, the optimizer's step count]) before
+ * anything is changed; the module's names must match exactly (the error
+ * lists the missing and unexpected names: a checkpoint of another model),
+ * every shape and dtype is checked before anything is copied. With opt,
+ * the optimizer must be of the saved kind over the same parameters; its
+ * state, lr and step counts are replaced. With state, the device
+ * generator is restored (kiln_manual_seed + advance), so dropout draws
+ * continue where they stopped; the deterministic flag is NOT changed
+ * (compare state->deterministic). Errors: KILN_ERR_IO naming the file and
+ * the key or tensor at fault. On error the module may be partly loaded
+ * only when a copy itself fails. Blocks (reads the file). */
 kiln_status kiln_checkpoint_load(const char *path, kiln_module *m, kiln_optimizer *opt, kiln_train_state *state);
 /* The __metadata__ value of `key` in the safetensors file `path`: *value
  * gets a malloc'd copy (free()), or NULL when the key is absent (still

@@ -6,7 +6,9 @@
  * checkpoint is the one place outside src/optim that needs every state
  * slot and the per-parameter step counts. */
 #include <errno.h>
+#include <float.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +22,6 @@
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
 
-#define CKPT_FORMAT "1"
 #define OPT_PREFIX "optimizer."
 
 static const char *slot_name(const kiln_optimizer *o, int k) {
@@ -62,7 +63,7 @@ typedef struct ckpt_writer {
     kiln_named_tensor *items;
     char **names; /* owned names of the optimizer entries */
     int n, cap, n_names;
-    char *meta_text[64]; /* owned key/value strings */
+    char *meta_text[96]; /* owned key/value strings */
     int n_meta;
 } ckpt_writer;
 
@@ -146,6 +147,76 @@ static bool add_optimizer(ckpt_writer *w, kiln_module *m, kiln_optimizer *o, kil
            add_meta(w, "kiln.optimizer.params", "%d", o->n);
 }
 
+/* ---- The training state's ranges ---------------------------------------------------------
+ * One check for save (a caller's bug: KILN_ERR_INVALID_ARGUMENT) and load
+ * (an edited or damaged file: KILN_ERR_IO), so every checkpoint Kiln
+ * writes loads, and every value a load hands out is in range. */
+
+#define CKPT_HINT_LOAD "the checkpoint was edited or damaged: resume from another checkpoint, or train from scratch"
+
+typedef struct range_ctx {
+    const char *path;
+    bool saving;
+} range_ctx;
+
+static kiln_status out_of_range(const range_ctx *c, const char *key, const char *value, const char *range) {
+    if (c->saving)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass a training state within the ranges of kiln/io.h",
+                          "kiln_checkpoint_save %s: the state's '%s' is %s, outside %s", c->path, key, value, range);
+    return KILN_RAISE(KILN_ERR_IO, CKPT_HINT_LOAD, "%s: metadata '%s' is %s, outside %s", c->path, key, value, range);
+}
+
+static kiln_status check_i64(const range_ctx *c, const char *key, int64_t v, int64_t lo, int64_t hi,
+                             const char *hi_name) {
+    if (v >= lo && v <= hi) return KILN_OK;
+    char value[32], range[96];
+    snprintf(value, sizeof value, "%" PRId64, v);
+    snprintf(range, sizeof range, "%" PRId64 "..%" PRId64 "%s%s%s", lo, hi, hi_name ? " (" : "", hi_name ? hi_name : "",
+             hi_name ? ")" : "");
+    return out_of_range(c, key, value, range);
+}
+
+/* A finite double in [lo, hi] (either bound may be infinite); `range`
+ * says it in words for the error. */
+static kiln_status check_f64(const range_ctx *c, const char *key, double v, double lo, double hi, const char *range) {
+    if (isfinite(v) && v >= lo && v <= hi) return KILN_OK;
+    char value[32];
+    snprintf(value, sizeof value, "%.17g", v);
+    return out_of_range(c, key, value, range);
+}
+
+#define MAX_INPUT_DIM (1 << 20)
+
+static kiln_status check_state(const range_ctx *c, const kiln_train_state *s) {
+    const int64_t cnt = KILN_CHECKPOINT_MAX_COUNT;
+    KILN_TRY(check_i64(c, "kiln.epoch", s->epoch, 0, KILN_CHECKPOINT_MAX_EPOCH, "KILN_CHECKPOINT_MAX_EPOCH"));
+    KILN_TRY(check_i64(c, "kiln.epochs_done", s->epochs_done, 0, s->epoch, "kiln.epoch"));
+    KILN_TRY(check_i64(c, "kiln.step", s->step, 0, cnt, "2^53"));
+    KILN_TRY(check_i64(c, "kiln.batch_in_epoch", s->batch_in_epoch, 0, cnt, "2^53"));
+    KILN_TRY(check_i64(c, "kiln.epoch_images", s->epoch_images, 0, cnt, "2^53"));
+    KILN_TRY(check_i64(c, "kiln.window_steps", s->window_steps, 0, s->batch_in_epoch, "kiln.batch_in_epoch"));
+    KILN_TRY(check_i64(c, "kiln.window_images", s->window_images, 0, s->epoch_images, "kiln.epoch_images"));
+    KILN_TRY(check_f64(c, "kiln.epoch_loss_sum", s->epoch_loss_sum, -INFINITY, INFINITY, "the finite numbers"));
+    KILN_TRY(check_f64(c, "kiln.window_loss_sum", s->window_loss_sum, -INFINITY, INFINITY, "the finite numbers"));
+    KILN_TRY(check_f64(c, "kiln.epoch_correct", s->epoch_correct, 0, (double)(s->epoch_images - s->window_images),
+                       "0..kiln.epoch_images - kiln.window_images"));
+    KILN_TRY(check_f64(c, "kiln.window_correct", s->window_correct, 0, (double)s->window_images,
+                       "0..kiln.window_images"));
+    bool none = !s->input_c && !s->input_h && !s->input_w;
+    if (!none) {
+        KILN_TRY(check_i64(c, "kiln.input (channels)", s->input_c, 1, MAX_INPUT_DIM, NULL));
+        KILN_TRY(check_i64(c, "kiln.input (height)", s->input_h, 1, MAX_INPUT_DIM, NULL));
+        KILN_TRY(check_i64(c, "kiln.input (width)", s->input_w, 1, MAX_INPUT_DIM, NULL));
+    }
+    if (s->amp[0]) {
+        if (strcmp(s->amp, "f16") && strcmp(s->amp, "bf16"))
+            return out_of_range(c, "kiln.amp", s->amp, "f16 or bf16");
+        KILN_TRY(check_f64(c, "kiln.amp.scale", s->amp_scale, DBL_MIN, INFINITY, "the finite numbers > 0"));
+        KILN_TRY(check_i64(c, "kiln.amp.growth_tracker", s->amp_growth_tracker, 0, cnt, "2^53"));
+    }
+    return KILN_OK;
+}
+
 static bool add_state(ckpt_writer *w, kiln_module *m, const kiln_train_state *s) {
     kiln_rng rng = kiln_device_rng_reserve(module_device(m), 0);
     bool ok = add_meta(w, "kiln.generator.seed", "%" PRIu64, rng.seed) &&
@@ -156,13 +227,22 @@ static bool add_state(ckpt_writer *w, kiln_module *m, const kiln_train_state *s)
               add_meta_str(w, "kiln.conv_autotune", kiln_is_conv_autotune() ? "true" : "false") &&
               add_meta_str(w, "kiln.cudnn_benchmark", kiln_is_cudnn_benchmark() ? "true" : "false");
     if (!ok || !s) return ok;
+    /* %.17g: every double comes back bit for bit. */
     ok = add_meta(w, "kiln.epoch", "%" PRId64, s->epoch) && add_meta(w, "kiln.step", "%" PRId64, s->step) &&
          add_meta(w, "kiln.batch_in_epoch", "%" PRId64, s->batch_in_epoch) &&
          add_meta(w, "kiln.epochs_done", "%" PRId64, s->epochs_done) &&
-         add_meta(w, "kiln.data_seed", "%" PRIu64, s->data_seed);
+         add_meta(w, "kiln.data_seed", "%" PRIu64, s->data_seed) &&
+         add_meta(w, "kiln.epoch_loss_sum", "%.17g", s->epoch_loss_sum) &&
+         add_meta(w, "kiln.epoch_correct", "%.17g", s->epoch_correct) &&
+         add_meta(w, "kiln.epoch_images", "%" PRId64, s->epoch_images) &&
+         add_meta(w, "kiln.window_steps", "%" PRId64, s->window_steps) &&
+         add_meta(w, "kiln.window_images", "%" PRId64, s->window_images) &&
+         add_meta(w, "kiln.window_loss_sum", "%.17g", s->window_loss_sum) &&
+         add_meta(w, "kiln.window_correct", "%.17g", s->window_correct);
     if (ok && s->input_c > 0)
         ok = add_meta(w, "kiln.input", "%" PRId64 "x%" PRId64 "x%" PRId64, s->input_c, s->input_h, s->input_w);
     if (ok && s->model_spec) ok = add_meta_str(w, "kiln.model_spec", s->model_spec);
+    if (ok && s->run_config) ok = add_meta_str(w, "kiln.run_config", s->run_config);
     if (ok && s->amp[0])
         ok = add_meta_str(w, "kiln.amp", s->amp) && add_meta(w, "kiln.amp.scale", "%.17g", s->amp_scale) &&
              add_meta(w, "kiln.amp.growth_tracker", "%" PRId64, s->amp_growth_tracker);
@@ -173,13 +253,14 @@ kiln_status kiln_checkpoint_save(const char *path, kiln_module *m, kiln_optimize
                                  const kiln_train_state *state) {
     if (!path || !m)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_checkpoint_save: NULL path or module");
+    if (state) KILN_TRY(check_state(&(range_ctx){path, true}, state));
     kiln_api_enter();
     ckpt_writer w = {0};
     kiln_tensor *steps = NULL;
     kiln_named_tensor *sd = NULL;
     int n_sd = 0;
     kiln_status st = kiln_module_state_dict(m, &sd, &n_sd);
-    bool ok = st == KILN_OK && add_meta_str(&w, "kiln.checkpoint", CKPT_FORMAT);
+    bool ok = st == KILN_OK && add_meta(&w, "kiln.checkpoint", "%d", KILN_CHECKPOINT_FORMAT);
     for (int i = 0; ok && i < n_sd; i++) ok = add_item(&w, sd[i].name, sd[i].tensor, false);
     if (ok && opt) ok = add_optimizer(&w, m, opt, &steps);
     if (ok) ok = add_state(&w, m, state);
@@ -196,30 +277,70 @@ kiln_status kiln_checkpoint_save(const char *path, kiln_module *m, kiln_optimize
 
 /* ---- Loading --------------------------------------------------------------------------- */
 
+static kiln_status bad_value(const char *path, const char *key, const char *v, const char *expected) {
+    /* Shown cut to 40 bytes, control bytes as '?': a damaged file's value
+     * can be long, or hold escapes for the terminal. */
+    char shown[48] = "";
+    size_t n = v ? strlen(v) : 0;
+    for (size_t i = 0; i < n && i < 40; i++) shown[i] = (unsigned char)v[i] < 0x20 || v[i] == 0x7f ? '?' : v[i];
+    shown[n < 40 ? n : 40] = '\0';
+    return KILN_RAISE(KILN_ERR_IO, CKPT_HINT_LOAD, "%s: metadata '%s' is %s%s%s%s, expected %s", path, key,
+                      v ? "'" : "missing", shown, n > 40 ? "..." : "", v ? "'" : "", expected);
+}
+
+/* A whole decimal integer: an optional '-' and digits, nothing else. */
 static kiln_status meta_i64(const char *path, const kiln_st_index *idx, const char *key, int64_t *out) {
     const char *v = kiln_st_meta_get(idx, key);
-    char *end;
+    char *end = NULL;
     errno = 0;
-    long long x = v ? strtoll(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno)
-        return KILN_RAISE(KILN_ERR_IO, "the checkpoint is damaged or was not written by kiln_checkpoint_save",
-                          "%s: metadata '%s' is %s%s%s, expected an integer", path, key, v ? "'" : "missing",
-                          v ? v : "", v ? "'" : "");
+    long long x = v && (*v == '-' || (*v >= '0' && *v <= '9')) ? strtoll(v, &end, 10) : 0;
+    if (!end || *end || errno) return bad_value(path, key, v, "an integer");
     *out = x;
     return KILN_OK;
 }
 
 static kiln_status meta_u64(const char *path, const kiln_st_index *idx, const char *key, uint64_t *out) {
     const char *v = kiln_st_meta_get(idx, key);
-    char *end;
+    char *end = NULL;
     errno = 0;
-    unsigned long long x = v ? strtoull(v, &end, 10) : 0;
-    if (!v || !*v || *end || errno || *v == '-')
-        return KILN_RAISE(KILN_ERR_IO, "the checkpoint is damaged or was not written by kiln_checkpoint_save",
-                          "%s: metadata '%s' is %s%s%s, expected an unsigned integer", path, key,
-                          v ? "'" : "missing", v ? v : "", v ? "'" : "");
+    unsigned long long x = v && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
+    if (!end || *end || errno) return bad_value(path, key, v, "an unsigned integer");
     *out = x;
     return KILN_OK;
+}
+
+/* A number (strtod's syntax; inf and nan parse here and are refused by
+ * the range checks, which name the key). */
+static kiln_status meta_f64(const char *path, const kiln_st_index *idx, const char *key, double *out) {
+    const char *v = kiln_st_meta_get(idx, key);
+    char *end = NULL;
+    double x = v && *v && *v != ' ' ? strtod(v, &end) : 0;
+    if (!end || *end) return bad_value(path, key, v, "a number");
+    *out = x;
+    return KILN_OK;
+}
+
+/* "true" or "false"; absent: false. */
+static kiln_status meta_bool(const char *path, const kiln_st_index *idx, const char *key, bool *out) {
+    const char *v = kiln_st_meta_get(idx, key);
+    *out = v && !strcmp(v, "true");
+    if (v && !*out && strcmp(v, "false")) return bad_value(path, key, v, "true or false");
+    return KILN_OK;
+}
+
+/* "kiln.checkpoint": 1 or KILN_CHECKPOINT_FORMAT; *version 0 when absent
+ * (a plain safetensors file). */
+static kiln_status format_version(const char *path, const kiln_st_index *idx, int *version) {
+    const char *v = kiln_st_meta_get(idx, "kiln.checkpoint");
+    *version = 0;
+    if (!v) return KILN_OK;
+    if (!strcmp(v, "1") || !strcmp(v, "2")) {
+        *version = v[0] - '0';
+        return KILN_OK;
+    }
+    return KILN_RAISE(KILN_ERR_IO, "load it with the Kiln that wrote it, or a newer one",
+                      "%s: metadata 'kiln.checkpoint' is format version '%.40s'%s; this Kiln reads versions 1 to %d",
+                      path, v, strlen(v) > 40 ? "..." : "", KILN_CHECKPOINT_FORMAT);
 }
 
 static const kiln_st_entry *find(const kiln_st_index *idx, const char *name) {
@@ -250,30 +371,53 @@ static kiln_status state_tensor(const char *path, const kiln_st_entry *e, const 
     return *out ? KILN_OK : kiln_error_last()->status;
 }
 
-static kiln_status load_optimizer(const char *path, const kiln_st_index *idx, const uint8_t *data, kiln_module *m,
-                                  kiln_optimizer *o) {
+/* The optimizer's scalars, checked before anything is loaded. */
+typedef struct opt_record {
+    double lr;
+    int64_t step_count;
+    const kiln_st_entry *steps; /* "optimizer.steps": (n,) i64 */
+} opt_record;
+
+static kiln_status check_optimizer(const char *path, const kiln_st_index *idx, const uint8_t *data,
+                                   const kiln_optimizer *o, opt_record *rec) {
     const char *kind = kiln_st_meta_get(idx, "kiln.optimizer");
     if (!kind)
         return KILN_RAISE(KILN_ERR_IO, "load it without an optimizer (weights only), or train from scratch",
                           "%s holds no optimizer state", path);
     if (strcmp(kind, kind_name(o->kind)))
         return KILN_RAISE(KILN_ERR_IO, "use the optimizer the checkpoint was trained with",
-                          "%s holds %s state but the optimizer is %s", path, kind, kind_name(o->kind));
-    int64_t n = 0, step_count = 0;
+                          "%s holds %.40s state but the optimizer is %s", path, kind, kind_name(o->kind));
+    int64_t n = 0;
     KILN_TRY(meta_i64(path, idx, "kiln.optimizer.params", &n));
-    KILN_TRY(meta_i64(path, idx, "kiln.optimizer.step_count", &step_count));
     if (n != o->n)
         return KILN_RAISE(KILN_ERR_IO, "the checkpoint was saved from a different model",
                           "%s: optimizer state for %lld parameters, the optimizer has %d", path, (long long)n, o->n);
-    const char *lr_text = kiln_st_meta_get(idx, "kiln.optimizer.lr");
-    char *end = NULL;
-    double lr = lr_text ? strtod(lr_text, &end) : 0;
-    if (!lr_text || !*lr_text || *end || !(lr >= 0))
-        return KILN_RAISE(KILN_ERR_IO, NULL, "%s: metadata 'kiln.optimizer.lr' is missing or not a number", path);
+    const range_ctx c = {path, false};
+    KILN_TRY(meta_i64(path, idx, "kiln.optimizer.step_count", &rec->step_count));
+    KILN_TRY(check_i64(&c, "kiln.optimizer.step_count", rec->step_count, 0, KILN_CHECKPOINT_MAX_COUNT, "2^53"));
+    KILN_TRY(meta_f64(path, idx, "kiln.optimizer.lr", &rec->lr));
+    KILN_TRY(check_f64(&c, "kiln.optimizer.lr", rec->lr, 0, INFINITY, "the finite numbers >= 0"));
     const kiln_st_entry *se = find(idx, OPT_PREFIX "steps");
     if (!se || se->dtype != KILN_I64 || se->shape.ndim != 1 || se->shape.d[0] != o->n)
-        return KILN_RAISE(KILN_ERR_IO, NULL, "%s: '" OPT_PREFIX "steps' is missing or not i64 (%d)", path, o->n);
+        return KILN_RAISE(KILN_ERR_IO, CKPT_HINT_LOAD, "%s: tensor '" OPT_PREFIX "steps' is missing or not i64 (%d)",
+                          path, o->n);
+    /* Each parameter's update count: a negative one made Adam's bias
+     * correction divide by a negative power (loss -nan). */
+    for (int i = 0; i < o->n; i++) {
+        int64_t k;
+        memcpy(&k, data + se->begin + (size_t)i * sizeof k, sizeof k);
+        if (k < 0 || k > rec->step_count)
+            return KILN_RAISE(KILN_ERR_IO, CKPT_HINT_LOAD,
+                              "%s: tensor '" OPT_PREFIX "steps'[%d] (parameter %d's update count) is %lld, outside "
+                              "0..%lld (kiln.optimizer.step_count)",
+                              path, i, i, (long long)k, (long long)rec->step_count);
+    }
+    rec->steps = se;
+    return KILN_OK;
+}
 
+static kiln_status load_optimizer(const char *path, const kiln_st_index *idx, const uint8_t *data, kiln_module *m,
+                                  kiln_optimizer *o, const opt_record *rec) {
     kiln_named_tensor *named = NULL;
     int n_named = 0;
     KILN_TRY(kiln_module_named_parameters(m, &named, &n_named));
@@ -317,9 +461,9 @@ static kiln_status load_optimizer(const char *path, const kiln_st_index *idx, co
                 o->state[k][i] = fresh[(size_t)i * KILN_OPTIM_STATES + k];
                 fresh[(size_t)i * KILN_OPTIM_STATES + k] = NULL;
             }
-        memcpy(o->steps, data + se->begin, (size_t)o->n * sizeof *o->steps);
-        o->step_count = step_count;
-        o->lr = lr;
+        memcpy(o->steps, data + rec->steps->begin, (size_t)o->n * sizeof *o->steps);
+        o->step_count = rec->step_count;
+        o->lr = rec->lr;
     }
     for (size_t i = 0; fresh && i < slots; i++) kiln_tensor_drop(fresh[i]);
     free(fresh);
@@ -327,8 +471,29 @@ static kiln_status load_optimizer(const char *path, const kiln_st_index *idx, co
     return st;
 }
 
-static kiln_status load_state(const char *path, const kiln_st_index *idx, kiln_module *m, kiln_train_state *s) {
+/* "CxHxW", each a whole positive number (the ranges are check_state's). */
+static kiln_status meta_input(const char *path, const kiln_st_index *idx, kiln_train_state *s) {
+    const char *v = kiln_st_meta_get(idx, "kiln.input");
+    if (!v) return KILN_OK;
+    int64_t *dims[3] = {&s->input_c, &s->input_h, &s->input_w};
+    const char *p = v;
+    for (int k = 0; k < 3; k++) {
+        char *end = NULL;
+        errno = 0;
+        long long x = *p >= '0' && *p <= '9' ? strtoll(p, &end, 10) : 0;
+        if (!end || errno || (k < 2 ? *end != 'x' : *end != '\0') || x <= 0)
+            return bad_value(path, "kiln.input", v, "CxHxW, three positive integers");
+        *dims[k] = x;
+        p = end + 1;
+    }
+    return KILN_OK;
+}
+
+/* Every value of the training state, parsed and range-checked; nothing
+ * else is touched. s->model_spec and s->run_config are malloc'd. */
+static kiln_status parse_state(const char *path, const kiln_st_index *idx, int version, kiln_train_state *s) {
     memset(s, 0, sizeof *s);
+    s->format_version = version;
     KILN_TRY(meta_i64(path, idx, "kiln.epoch", &s->epoch));
     KILN_TRY(meta_i64(path, idx, "kiln.step", &s->step));
     KILN_TRY(meta_i64(path, idx, "kiln.batch_in_epoch", &s->batch_in_epoch));
@@ -337,56 +502,80 @@ static kiln_status load_state(const char *path, const kiln_st_index *idx, kiln_m
     KILN_TRY(meta_u64(path, idx, "kiln.generator.seed", &s->rng_seed));
     KILN_TRY(meta_u64(path, idx, "kiln.generator.subsequence", &s->rng_subsequence));
     KILN_TRY(meta_u64(path, idx, "kiln.generator.offset", &s->rng_offset));
-    const char *det = kiln_st_meta_get(idx, "kiln.deterministic");
-    s->deterministic = det && !strcmp(det, "true");
+    /* The generator advances by 4 draws per offset (restore_generator). */
+    if (s->rng_offset > UINT64_MAX / 4)
+        return KILN_RAISE(KILN_ERR_IO, CKPT_HINT_LOAD, "%s: metadata 'kiln.generator.offset' is %" PRIu64
+                          ", outside 0..%" PRIu64, path, s->rng_offset, UINT64_MAX / 4);
+    KILN_TRY(meta_bool(path, idx, "kiln.deterministic", &s->deterministic));
     const char *kern = kiln_st_meta_get(idx, "kiln.cpu_kernels");
+    if (kern && strcmp(kern, "fast") && strcmp(kern, "reference")) return bad_value(path, "kiln.cpu_kernels", kern, "fast or reference");
     snprintf(s->cpu_kernels, sizeof s->cpu_kernels, "%s", kern ? kern : "");
-    const char *input = kiln_st_meta_get(idx, "kiln.input");
-    long long c = 0, h = 0, w = 0;
-    if (input && sscanf(input, "%lldx%lldx%lld", &c, &h, &w) == 3) s->input_c = c, s->input_h = h, s->input_w = w;
-    const char *spec = kiln_st_meta_get(idx, "kiln.model_spec");
+    KILN_TRY(meta_input(path, idx, s));
+    if (version >= 2) {
+        KILN_TRY(meta_f64(path, idx, "kiln.epoch_loss_sum", &s->epoch_loss_sum));
+        KILN_TRY(meta_f64(path, idx, "kiln.epoch_correct", &s->epoch_correct));
+        KILN_TRY(meta_i64(path, idx, "kiln.epoch_images", &s->epoch_images));
+        KILN_TRY(meta_i64(path, idx, "kiln.window_steps", &s->window_steps));
+        KILN_TRY(meta_i64(path, idx, "kiln.window_images", &s->window_images));
+        KILN_TRY(meta_f64(path, idx, "kiln.window_loss_sum", &s->window_loss_sum));
+        KILN_TRY(meta_f64(path, idx, "kiln.window_correct", &s->window_correct));
+    }
     const char *amp = kiln_st_meta_get(idx, "kiln.amp");
     if (amp) {
+        if (strcmp(amp, "f16") && strcmp(amp, "bf16")) return bad_value(path, "kiln.amp", amp, "f16 or bf16");
         snprintf(s->amp, sizeof s->amp, "%s", amp);
-        const char *scale = kiln_st_meta_get(idx, "kiln.amp.scale");
-        char *end = NULL;
-        s->amp_scale = scale ? strtod(scale, &end) : 0;
-        if (!scale || *end || !(s->amp_scale > 0))
-            return KILN_RAISE(KILN_ERR_IO, NULL, "%s: metadata 'kiln.amp.scale' is missing or not a positive number",
-                              path);
+        KILN_TRY(meta_f64(path, idx, "kiln.amp.scale", &s->amp_scale));
         KILN_TRY(meta_i64(path, idx, "kiln.amp.growth_tracker", &s->amp_growth_tracker));
     }
-    if (spec && !(s->model_spec = strdup(spec))) return KILN_ERR_OUT_OF_MEMORY;
-    /* The generator: the same seed (so the same per-device subsequence),
-     * then advanced to the saved offset. */
+    KILN_TRY(check_state(&(range_ctx){path, false}, s));
+    const char *spec = kiln_st_meta_get(idx, "kiln.model_spec"), *config = kiln_st_meta_get(idx, "kiln.run_config");
+    if ((spec && !(s->model_spec = strdup(spec))) || (config && !(s->run_config = strdup(config))))
+        return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "out of host memory copying %s's metadata", path);
+    return KILN_OK;
+}
+
+/* The generator: the same seed (so the same per-device subsequence), then
+ * advanced to the saved offset. */
+static kiln_status restore_generator(const char *path, kiln_module *m, const kiln_train_state *s) {
     kiln_device dev = module_device(m);
     kiln_device_rng_seed_all(s->rng_seed);
     kiln_rng now = kiln_device_rng_reserve(dev, 0);
-    if (now.subsequence != s->rng_subsequence) {
-        free(s->model_spec);
-        s->model_spec = NULL;
+    if (now.subsequence != s->rng_subsequence)
         return KILN_RAISE(KILN_ERR_IO, "resume on the device type the checkpoint was written on",
                           "%s: its generator state belongs to another device", path);
-    }
     kiln_device_rng_reserve(dev, 4 * s->rng_offset);
     return KILN_OK;
+}
+
+static void state_free(kiln_train_state *s) {
+    free(s->model_spec);
+    free(s->run_config);
+    s->model_spec = s->run_config = NULL;
 }
 
 kiln_status kiln_checkpoint_load(const char *path, kiln_module *m, kiln_optimizer *opt, kiln_train_state *state) {
     if (!path || !m)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_checkpoint_load: NULL path or module");
+    if (state) memset(state, 0, sizeof *state);
     uint8_t *bytes;
     const uint8_t *data;
     kiln_st_index idx;
     KILN_TRY(kiln_st_read(path, &bytes, &data, &idx));
     kiln_api_enter();
-    kiln_status st = KILN_OK;
-    if ((opt || state) && !kiln_st_meta_get(&idx, "kiln.checkpoint"))
+    int version = 0;
+    kiln_status st = format_version(path, &idx, &version);
+    if (st == KILN_OK && (opt || state) && !version)
         st = KILN_RAISE(KILN_ERR_IO, "load it with kiln_safetensors_load (weights only)",
                         "%s is a weights-only safetensors file, not a Kiln training checkpoint", path);
+    /* Every value is checked before the module, the optimizer or the
+     * generator changes. */
+    opt_record rec = {0};
+    if (st == KILN_OK && state) st = parse_state(path, &idx, version, state);
+    if (st == KILN_OK && opt) st = check_optimizer(path, &idx, data, opt, &rec);
     if (st == KILN_OK) st = kiln_st_load_module(path, &idx, data, m, OPT_PREFIX);
-    if (st == KILN_OK && opt) st = load_optimizer(path, &idx, data, m, opt);
-    if (st == KILN_OK && state) st = load_state(path, &idx, m, state);
+    if (st == KILN_OK && opt) st = load_optimizer(path, &idx, data, m, opt, &rec);
+    if (st == KILN_OK && state) st = restore_generator(path, m, state);
+    if (st != KILN_OK && state) state_free(state);
     kiln_api_leave();
     kiln_st_index_free(&idx);
     free(bytes);

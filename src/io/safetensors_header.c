@@ -185,18 +185,47 @@ const char *kiln_st_meta_get(const kiln_st_index *idx, const char *key) {
     return NULL;
 }
 
-static int cmp_begin(const void *a, const void *b) {
+static int cmp_range(const void *a, const void *b) {
     const kiln_st_entry *x = *(kiln_st_entry *const *)a, *y = *(kiln_st_entry *const *)b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
 }
 
 static int cmp_name(const void *a, const void *b) {
     return strcmp((*(kiln_st_entry *const *)a)->name, (*(kiln_st_entry *const *)b)->name);
 }
 
-/* No two tensors share bytes, no name repeats, and "__metadata__" comes
- * at most once: both found by sorting, so a header of any size is checked
- * in n log n. */
+/* The data section is exactly its tensors' bytes, as the reference
+ * library (safetensors' `validate`) requires: in offset order each range
+ * begins where the previous one ended, the first at 0, and the last ends
+ * at the end of the file. A gap, an overlap or bytes after the last
+ * tensor are refused, so a file never carries data no tensor owns. */
+static kiln_status check_exact(const char *file, kiln_st_entry *const *order, int n, uint64_t data_size) {
+    uint64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const kiln_st_entry *e = order[i];
+        if (e->begin < at)
+            return KILN_RAISE(KILN_ERR_IO, "the file is corrupted", "%s: tensors '%s' and '%s' overlap", file,
+                              order[i - 1]->name, e->name);
+        if (e->begin > at)
+            return KILN_RAISE(KILN_ERR_IO, "the file is corrupted or was not written by a safetensors writer",
+                              "%s: data bytes %llu..%llu belong to no tensor (a gap before '%s'; safetensors data "
+                              "is contiguous)",
+                              file, (unsigned long long)at, (unsigned long long)e->begin, e->name);
+        at = e->end;
+    }
+    if (at != data_size)
+        return KILN_RAISE(KILN_ERR_IO, "the file was appended to or damaged: cut it to its tensors' data, or write it again",
+                          "%s: %llu bytes after the data section's last tensor (the tensors index %llu of its %llu "
+                          "data bytes; safetensors data is exactly the tensors' bytes)",
+                          file, (unsigned long long)(data_size - at), (unsigned long long)at,
+                          (unsigned long long)data_size);
+    return KILN_OK;
+}
+
+/* No name repeats, "__metadata__" comes at most once, and the ranges index
+ * the data section exactly: found by sorting, so a header of any size is
+ * checked in n log n. */
 static kiln_status check_unique(const char *file, kiln_st_index *idx, int n_metadata) {
     if (n_metadata > 1) return bad(file, NULL, "\"__metadata__\" appears twice");
     kiln_st_entry **order = KILN_MALLOC((size_t)(idx->n ? idx->n : 1) * sizeof *order);
@@ -208,11 +237,8 @@ static kiln_status check_unique(const char *file, kiln_st_index *idx, int n_meta
         if (strcmp(order[i]->name, order[i - 1]->name) == 0)
             st = KILN_RAISE(KILN_ERR_IO, "the file is corrupted",
                             "%s: tensor '%s' appears twice in the header", file, order[i]->name);
-    qsort(order, (size_t)idx->n, sizeof *order, cmp_begin);
-    for (int i = 1; i < idx->n && st == KILN_OK; i++)
-        if (order[i]->begin < order[i - 1]->end && order[i]->begin != order[i]->end)
-            st = KILN_RAISE(KILN_ERR_IO, "the file is corrupted", "%s: tensors '%s' and '%s' overlap", file,
-                            order[i - 1]->name, order[i]->name);
+    qsort(order, (size_t)idx->n, sizeof *order, cmp_range);
+    if (st == KILN_OK) st = check_exact(file, order, idx->n, idx->data_size);
     free(order);
     return st;
 }

@@ -96,9 +96,9 @@ int main(void) {
     kiln_tensor *steps_t = kiln_from_data(KILN_SHAPE(nn), KILN_I64, KILN_CPU, steps);
     dump(f, "optimizer.steps", steps_t);
     kiln_release(steps_t);
-    fprintf(f, "],\n\"metadata\":{\"format\":\"pt\",\"kiln.checkpoint\":\"1\",\"kiln.epoch\":\"1\","
+    fprintf(f, "],\n\"metadata\":{\"format\":\"pt\",\"kiln.checkpoint\":\"%d\",\"kiln.epoch\":\"1\","
                "\"kiln.step\":\"1\",\"kiln.data_seed\":\"9\",\"kiln.optimizer\":\"adam\","
-               "\"kiln.optimizer.step_count\":\"1\",\"kiln.model_spec\":\"");
+               "\"kiln.optimizer.step_count\":\"1\",\"kiln.model_spec\":\"", KILN_CHECKPOINT_FORMAT);
     for (const char *c = spec; *c; c++) {
         if (*c == '\n') fputs("\\n", f);
         else fputc(*c, f);

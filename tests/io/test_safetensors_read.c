@@ -230,6 +230,28 @@ static void test_bad_files(void) {
                  "its dtype and shape need 8");
     header_fails("{\"a\":" E8 ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12,
                  "tensors 'a' and 'b' overlap");
+    /* The data section is exactly the tensors' bytes (the reference
+     * library's rule): no bytes after the last tensor, no gap. */
+    header_fails("{\"a\":" E8 "}", 12, "4 bytes after the data section's last tensor");
+    header_fails("{}", 1, "1 bytes after the data section's last tensor");
+    header_fails("{\"a\":" E8 ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", 20,
+                 "data bytes 8..12 belong to no tensor (a gap before 'b'");
+    header_fails("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12,
+                 "data bytes 0..4 belong to no tensor");
+    /* An empty tensor inside another's bytes overlaps it; one between two
+     * tensors, or at the end, is where the data is. */
+    header_fails("{\"a\":" E8 ",\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]}}", 8,
+                 "tensors 'a' and 'z' overlap");
+    path_of(path, sizeof path, "empty_between.safetensors");
+    write_file(path,
+               "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]},"
+               "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]},\"a\":" E8
+               ",\"e\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[16,16]}}",
+               16);
+    CHECK_OK(kiln_safetensors_open(path, &ok));
+    CHECK_EQ_I(kiln_safetensors_tensor_count(ok), 4);
+    kiln_safetensors_close(ok);
+    unlink(path);
 }
 
 int main(void) {
