@@ -19,20 +19,50 @@
 #include "base/error.h"
 #include "data/readers.h"
 
+const char *kiln_file_type_name(unsigned mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    if (S_ISREG(mode)) return "a regular file";
+    return "not a regular file";
+}
+
+/* The hint for an errno from open or stat of a dataset path. */
+static const char *open_hint(int err) {
+    if (err == EACCES || err == EPERM) return "give this user read permission on the file and search (x) permission on its directories";
+    if (err == ELOOP) return "the path runs through a symbolic link loop: point it at the real file";
+    if (err == ENOTDIR) return "a part of the path is a file, not a directory: check the path";
+    return "check the path, or pass the directory that holds the dataset";
+}
+
 kiln_status kiln_file_read_all(const char *path, size_t limit, uint8_t **out, size_t *out_size) {
     *out = NULL;
     *out_size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: open() of a FIFO would otherwise wait for a writer
+     * forever; the type is checked below before anything is read. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         int err = errno;
-        return KILN_RAISE(KILN_ERR_IO, "check the path, or pass the directory that holds the dataset",
-                          "cannot open %s: %s", path, strerror(err));
+        return KILN_RAISE(KILN_ERR_IO, open_hint(err), "cannot open %s: %s", path, strerror(err));
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
         close(fd);
-        return KILN_RAISE(KILN_ERR_IO, NULL, "%s is not a regular file", path);
+        return KILN_RAISE(KILN_ERR_IO, NULL, "cannot stat %s: %s", path, strerror(err));
     }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return KILN_RAISE(KILN_ERR_IO, "pass the path of a dataset file (a regular file)",
+                          "%s is %s, not a regular file", path, kiln_file_type_name((unsigned)st.st_mode));
+    }
+    /* Reads of a regular file never block; clear the flag all the same so
+     * short reads mean what they usually mean. */
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) (void)fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
     char buf[32];
     if ((uint64_t)st.st_size > (uint64_t)limit) {
         close(fd);

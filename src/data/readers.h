@@ -40,8 +40,13 @@ kiln_status kiln_dataset_from_image_set(kiln_image_set *set, kiln_dataset **out)
 /* ---- Files and gzip (file_read.c) ---------------------------------------------- */
 
 /* Read a whole regular file into a new buffer (free with free()); refuses
- * files above `limit` bytes. */
+ * files above `limit` bytes, and anything that is not a regular file (a
+ * directory, a FIFO, a device: checked with fstat after a non-blocking
+ * open, so a FIFO never blocks). Errors name the path and the errno. */
 kiln_status kiln_file_read_all(const char *path, size_t limit, uint8_t **out, size_t *out_size);
+/* "a directory", "a FIFO (named pipe)", ... for a stat st_mode, for
+ * messages about a path that is not a regular file. */
+const char *kiln_file_type_name(unsigned mode);
 /* True when bytes start with the gzip magic 1f 8b. */
 int kiln_is_gzip(const uint8_t *bytes, size_t size);
 /* Decompress gzip data (one or more members) into a new buffer (free with

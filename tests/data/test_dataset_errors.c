@@ -4,6 +4,7 @@
  * also the proof that no bad file makes a reader touch memory it should
  * not. */
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "data/readers.h"
 #include "test_util.h"
@@ -182,6 +183,52 @@ static void test_files(void) {
     CHECK_FAILS(kiln_cifar_parse_memory("c", NULL, 0, 10, &set), KILN_ERR_IO, "empty");
 }
 
+/* Paths that exist but cannot be read as dataset files are named as what
+ * they are, with the errno, never "not found"; a FIFO never blocks. */
+static void test_file_types(void) {
+    char dir[128], path[320], sub[192], loop[192];
+    snprintf(dir, sizeof dir, "%s/types", df_dir);
+    CHECK(mkdir(dir, 0755) == 0);
+    /* A FIFO as the images file, given directly and found in --data. */
+    snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", dir);
+    CHECK(mkfifo(path, 0644) == 0);
+    EXPECT_BAD(kiln_dataset_open_idx(path, good_labels, &bad_ds_), path, "is a FIFO (named pipe), not a regular file");
+    EXPECT_BAD(kiln_dataset_open_fashion_mnist(dir, "train", &bad_ds_), path, "is a FIFO (named pipe)");
+    unlink(path);
+    /* A directory in its place. */
+    CHECK(mkdir(path, 0755) == 0);
+    EXPECT_BAD(kiln_dataset_open_fashion_mnist(dir, "train", &bad_ds_), path, "is a directory, not a regular file");
+    rmdir(path);
+    /* A symbolic link loop in its place. */
+    snprintf(loop, sizeof loop, "%s/loop", dir);
+    CHECK(symlink("loop", loop) == 0 && symlink("loop", path) == 0);
+    EXPECT_BAD(kiln_dataset_open_fashion_mnist(dir, "train", &bad_ds_), path, "symbolic links");
+    EXPECT_BAD(kiln_dataset_open_idx(path, good_labels, &bad_ds_), path, "cannot open", "symbolic links");
+    unlink(path);
+    unlink(loop);
+    /* A regular file as the directory. */
+    EXPECT_BAD(kiln_dataset_open_fashion_mnist(good_labels, "test", &bad_ds_), good_labels,
+               "is a regular file, not a directory");
+    /* A directory that does not exist is still "not found". */
+    snprintf(sub, sizeof sub, "%s/absent", dir);
+    EXPECT_BAD(kiln_dataset_open_fashion_mnist(sub, "test", &bad_ds_), sub, "split not found");
+    /* No permission: root reads anyway, so only other users can check it. */
+    snprintf(sub, sizeof sub, "%s/locked", dir);
+    CHECK(mkdir(sub, 0755) == 0);
+    snprintf(path, sizeof path, "%s/t10k-images-idx3-ubyte", sub);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fclose(f) == 0);
+    CHECK(chmod(sub, 0) == 0);
+    if (geteuid() == 0)
+        printf("skipped: the permission-denied case (running as root, which permission bits do not stop)\n");
+    else
+        EXPECT_BAD(kiln_dataset_open_fashion_mnist(sub, "test", &bad_ds_), path, "Permission denied");
+    CHECK(chmod(sub, 0755) == 0);
+    unlink(path);
+    rmdir(sub);
+    rmdir(dir);
+}
+
 static void test_cifar_errors(void) {
     size_t sz;
     uint8_t *b = df_cifar(0, 3, 10, &sz);
@@ -236,6 +283,7 @@ int main(void) {
     test_idx_sizes();
     test_idx_gzip();
     test_files();
+    test_file_types();
     test_cifar_errors();
     df_cleanup();
     return kt_finish();
