@@ -32,7 +32,8 @@ static kiln_status unusable(const char *path, int err) {
                           "directory",
                           "cannot read %s: %s", path, strerror(err));
     if (err == ELOOP)
-        return KILN_RAISE(KILN_ERR_IO, "the path runs through a symbolic link loop: point it at the real files",
+        return KILN_RAISE(KILN_ERR_IO,
+                          "the path runs through a symbolic link loop: point it at the real files",
                           "cannot read %s: %s", path, strerror(err));
     return KILN_RAISE(KILN_ERR_IO, "pass the directory that holds the four Fashion-MNIST files",
                       "cannot read %s: %s", path, strerror(err));
@@ -52,8 +53,9 @@ static kiln_status find_file(const char *dir, const char *base, char *path, size
         struct stat st;
         if (stat(path, &st) == 0) {
             if (!S_ISREG(st.st_mode))
-                return KILN_RAISE(KILN_ERR_IO, "put the Fashion-MNIST file itself there, or pass another --data",
-                                  "%s is %s, not a regular file", path, kiln_file_type_name((unsigned)st.st_mode));
+                return KILN_RAISE(
+                    KILN_ERR_IO, "put the Fashion-MNIST file itself there, or pass another --data",
+                    "%s is %s, not a regular file", path, kiln_file_type_name((unsigned)st.st_mode));
             *found = true;
             return KILN_OK;
         }

@@ -32,7 +32,8 @@ const char *kiln_file_type_name(unsigned mode) {
 
 /* The hint for an errno from open or stat of a dataset path. */
 static const char *open_hint(int err) {
-    if (err == EACCES || err == EPERM) return "give this user read permission on the file and search (x) permission on its directories";
+    if (err == EACCES || err == EPERM)
+        return "give this user read permission on the file and search (x) permission on its directories";
     if (err == ELOOP) return "the path runs through a symbolic link loop: point it at the real file";
     if (err == ENOTDIR) return "a part of the path is a file, not a directory: check the path";
     return "check the path, or pass the directory that holds the dataset";

@@ -192,12 +192,14 @@ static void test_file_types(void) {
     /* A FIFO as the images file, given directly and found in --data. */
     snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", dir);
     CHECK(mkfifo(path, 0644) == 0);
-    EXPECT_BAD(kiln_dataset_open_idx(path, good_labels, &bad_ds_), path, "is a FIFO (named pipe), not a regular file");
+    EXPECT_BAD(kiln_dataset_open_idx(path, good_labels, &bad_ds_), path,
+               "is a FIFO (named pipe), not a regular file");
     EXPECT_BAD(kiln_dataset_open_fashion_mnist(dir, "train", &bad_ds_), path, "is a FIFO (named pipe)");
     unlink(path);
     /* A directory in its place. */
     CHECK(mkdir(path, 0755) == 0);
-    EXPECT_BAD(kiln_dataset_open_fashion_mnist(dir, "train", &bad_ds_), path, "is a directory, not a regular file");
+    EXPECT_BAD(kiln_dataset_open_fashion_mnist(dir, "train", &bad_ds_), path,
+               "is a directory, not a regular file");
     rmdir(path);
     /* A symbolic link loop in its place. */
     snprintf(loop, sizeof loop, "%s/loop", dir);
@@ -270,7 +272,8 @@ static void test_cifar_errors(void) {
     uint8_t *bomb = calloc(bomb_size, 1);
     p = df_write_gz("bomb.bin.gz", bomb, bomb_size);
     free(bomb);
-    EXPECT_BAD(kiln_dataset_open_cifar(1, &p, 10, &bad_ds_), p, "decompresses to more than", "184380000 bytes");
+    EXPECT_BAD(kiln_dataset_open_cifar(1, &p, 10, &bad_ds_), p, "decompresses to more than",
+               "184380000 bytes");
 }
 
 int main(void) {
