@@ -43,30 +43,119 @@ void kiln_module_free(kiln_module *m) {
         free(m->children.items[i].name);
     }
     free(m->children.items);
+    free(m->names.refs);
     if (m->kind_owned) free((char *)m->kind);
     free(m);
 }
 
 const char *kiln_module_kind(const kiln_module *m) { return m ? m->kind : NULL; }
 
-static kiln_module_slot *slot_find(const kiln_module_slots *s, const char *name) {
-    for (int i = 0; i < s->n; i++)
-        if (strcmp(s->items[i].name, name) == 0) return &s->items[i];
-    return NULL;
+/* ---- Names ---------------------------------------------------------------------------------
+ * One hash index over the parameters', buffers' and children's names
+ * (module_internal.h, kiln_module_names): adding a member and finding one
+ * by name are O(1) expected. There is no removal: a module's members are
+ * only ever added, or replaced in place under the same name. */
+
+/* A name's kind, one bit each so that a lookup can accept several. */
+enum { NAME_PARAM = 1, NAME_BUFFER = 2, NAME_CHILD = 4 };
+
+/* FNV-1a over len bytes. Names come from the program or from a spec's
+ * line numbers, not from an adversary who could pick colliding ones. */
+static uint32_t name_hash(const char *s, size_t len) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++) h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
+}
+
+static const kiln_module_slots *slots_of(const kiln_module *m, int kind) {
+    return kind == NAME_PARAM ? &m->params : kind == NAME_BUFFER ? &m->buffers : &m->children;
+}
+
+/* The bucket holding `name` (len bytes, no NUL needed), or the empty one
+ * where it would go; NULL when the index is empty. Adds the buckets looked
+ * at to *probes. The table is at most half full, so an empty bucket ends
+ * every walk. */
+static kiln_module_name_ref *names_probe(const kiln_module *m, const char *name, size_t len, uint32_t h,
+                                         int64_t *probes) {
+    const kiln_module_names *ix = &m->names;
+    if (!ix->cap) return NULL;
+    size_t mask = (size_t)ix->cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        kiln_module_name_ref *r = &ix->refs[i];
+        ++*probes;
+        if (!r->kind) return r;
+        if (r->hash != h) continue;
+        const char *other = slots_of(m, r->kind)->items[r->index].name;
+        if (strncmp(other, name, len) == 0 && other[len] == '\0') return r;
+    }
+}
+
+/* The member `name` (len bytes) if its kind is one of `kinds` (NAME_*
+ * bits), or NULL. */
+static kiln_module_slot *name_find(const kiln_module *m, int kinds, const char *name, size_t len) {
+    int64_t probes = 0;
+    kiln_module_name_ref *r = names_probe(m, name, len, name_hash(name, len), &probes);
+    if (!r || !(r->kind & kinds)) return NULL;
+    return &slots_of(m, r->kind)->items[r->index];
+}
+
+static kiln_module_slot *slot_find(const kiln_module *m, int kinds, const char *name) {
+    return name_find(m, kinds, name, strlen(name));
+}
+
+/* Room in the index for one more name, so that adding it cannot fail
+ * after the slot is pushed. */
+static kiln_status names_reserve(kiln_module *m) {
+    kiln_module_names *ix = &m->names;
+    if ((int64_t)(ix->n + 1) * 2 <= ix->cap) return KILN_OK;
+    if (ix->cap > INT32_MAX / 4)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "split the module into nested ones",
+                          "%s has %d members, the most one module may hold", m->kind, ix->n);
+    int cap = ix->cap ? 2 * ix->cap : 8;
+    kiln_module_name_ref *refs = KILN_CALLOC((size_t)cap, sizeof *refs);
+    if (!refs) return KILN_ERR_OUT_OF_MEMORY;
+    for (int i = 0; i < ix->cap; i++) {
+        kiln_module_name_ref r = ix->refs[i];
+        if (!r.kind) continue;
+        size_t j = r.hash & (size_t)(cap - 1);
+        while (refs[j].kind) j = (j + 1) & (size_t)(cap - 1);
+        refs[j] = r;
+    }
+    free(ix->refs);
+    ix->refs = refs;
+    ix->cap = cap;
+    return KILN_OK;
 }
 
 /* Names are unique across a module's parameters, buffers and children, as
- * in PyTorch, since they share the state dict's namespace. */
-static kiln_status check_new_name(const kiln_module *m, const char *fn, const char *name) {
+ * in PyTorch, since they share the state dict's namespace. On success the
+ * index has room for the name (names_reserve). */
+static kiln_status check_new_name(kiln_module *m, const char *fn, const char *name) {
     if (!m) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: module is NULL", fn);
     if (!name || !*name || strchr(name, '.') || strlen(name) >= NAME_MAX_LEN / 2)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use a short name without '.'",
                           "%s: bad name '%s' in %s", fn, name ? name : "(null)", m->kind);
-    if (slot_find(&m->params, name) || slot_find(&m->buffers, name) || slot_find(&m->children, name))
+    size_t len = strlen(name);
+    kiln_module_name_ref *r = names_probe(m, name, len, name_hash(name, len), &m->names.probes);
+    if (r && r->kind)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pick a name the module does not use yet",
                           "%s: %s already has a member named '%s'", fn, m->kind, name);
-    return KILN_OK;
+    return names_reserve(m);
 }
+
+/* Index the slot just pushed to the list of `kind` (room reserved). */
+static void names_add(kiln_module *m, int kind) {
+    const kiln_module_slots *s = slots_of(m, kind);
+    const char *name = s->items[s->n - 1].name;
+    size_t len = strlen(name);
+    uint32_t h = name_hash(name, len);
+    kiln_module_name_ref *r = names_probe(m, name, len, h, &m->names.probes);
+    KILN_ASSERT(r && !r->kind);
+    *r = (kiln_module_name_ref){.hash = h, .kind = (uint8_t)kind, .index = s->n - 1};
+    m->names.n++;
+}
+
+int64_t kiln_module_name_probes(const kiln_module *m) { return m ? m->names.probes : 0; }
 
 static kiln_status slot_push(kiln_module_slots *s, const char *name, void *value, bool is_child) {
     if (s->n == s->cap) {
@@ -94,6 +183,7 @@ kiln_status kiln_module_add_child(kiln_module *m, const char *name, kiln_module 
         st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "check the constructor's error",
                         "kiln_module_add_child: child '%s' is NULL", name);
     if (!st) st = slot_push(&m->children, name, child, true);
+    if (!st) names_add(m, NAME_CHILD);
     if (st) kiln_module_free(child);
     return st;
 }
@@ -105,6 +195,7 @@ static kiln_status add_tensor(kiln_module *m, const char *fn, const char *name, 
     kiln_tensor *own = kiln_retain(t);
     kiln_status st = slot_push(param ? &m->params : &m->buffers, name, own, false);
     if (st) kiln_tensor_drop(own);
+    else names_add(m, param ? NAME_PARAM : NAME_BUFFER);
     return st;
 }
 
@@ -117,8 +208,7 @@ kiln_status kiln_module_add_buffer(kiln_module *m, const char *name, kiln_tensor
 }
 
 kiln_tensor *kiln_module_own_tensor(const kiln_module *m, const char *name) {
-    kiln_module_slot *s = slot_find(&m->params, name);
-    if (!s) s = slot_find(&m->buffers, name);
+    kiln_module_slot *s = slot_find(m, NAME_PARAM | NAME_BUFFER, name);
     return s ? s->u.tensor : NULL;
 }
 
@@ -127,7 +217,7 @@ kiln_module *kiln_module_child(kiln_module *m, const char *name) {
         KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_module_child: NULL module or name");
         return NULL;
     }
-    kiln_module_slot *s = slot_find(&m->children, name);
+    kiln_module_slot *s = slot_find(m, NAME_CHILD, name);
     if (!s) {
         KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "list the children with kiln_module_child_at",
                    "kiln_module_child: %s has no child named '%s'", m->kind, name);
@@ -299,17 +389,11 @@ static kiln_module_slot *find_key(kiln_module *m, const char *fn, const char *ke
     }
     const char *part = key;
     for (const char *dot; (dot = strchr(part, '.')) != NULL; part = dot + 1) {
-        kiln_module *child = NULL;
-        for (int i = 0; i < m->children.n; i++) {
-            const char *name = m->children.items[i].name;
-            if (strlen(name) == (size_t)(dot - part) && strncmp(name, part, (size_t)(dot - part)) == 0)
-                child = m->children.items[i].u.child;
-        }
+        kiln_module_slot *child = name_find(m, NAME_CHILD, part, (size_t)(dot - part));
         if (!child) goto missing;
-        m = child;
+        m = child->u.child;
     }
-    kiln_module_slot *s = slot_find(&m->params, part);
-    if (!s) s = slot_find(&m->buffers, part);
+    kiln_module_slot *s = slot_find(m, NAME_PARAM | NAME_BUFFER, part);
     if (s) return s;
 missing:
     KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "list the keys with kiln_module_state_dict",
@@ -376,9 +460,32 @@ static kiln_status key_list_add(char ***list, int *n, const char *name) {
     return KILN_OK;
 }
 
-static bool named_in(const kiln_named_tensor *items, int n, const char *name) {
-    for (int i = 0; i < n; i++)
-        if (strcmp(items[i].name, name) == 0) return true;
+/* The names of a state dict, hashed, so that comparing two of n keys
+ * each is O(n) (a scan per key made loading a 10^5-layer model's state
+ * dict take hours). Buckets hold an index into items, or -1. */
+typedef struct key_set {
+    const kiln_named_tensor *items;
+    size_t mask;
+    int *bucket;
+} key_set;
+
+static kiln_status key_set_init(key_set *ks, const kiln_named_tensor *items, int n) {
+    size_t cap = 8;
+    while (cap < 2 * (size_t)n) cap *= 2;
+    *ks = (key_set){.items = items, .mask = cap - 1, .bucket = KILN_MALLOC(cap * sizeof(int))};
+    if (!ks->bucket) return KILN_ERR_OUT_OF_MEMORY;
+    memset(ks->bucket, 0xff, cap * sizeof(int)); /* -1: empty */
+    for (int i = 0; i < n; i++) {
+        size_t j = name_hash(items[i].name, strlen(items[i].name)) & ks->mask;
+        while (ks->bucket[j] >= 0) j = (j + 1) & ks->mask;
+        ks->bucket[j] = i;
+    }
+    return KILN_OK;
+}
+
+static bool key_set_has(const key_set *ks, const char *name) {
+    for (size_t j = name_hash(name, strlen(name)) & ks->mask; ks->bucket[j] >= 0; j = (j + 1) & ks->mask)
+        if (strcmp(ks->items[ks->bucket[j]].name, name) == 0) return true;
     return false;
 }
 
@@ -414,13 +521,16 @@ static void format_incompatible(char *buf, size_t cap, const kiln_incompatible_k
 }
 
 /* The module's keys the state dict lacks, and its keys the module lacks. */
-static kiln_status compare_keys(const kiln_named_tensor *own, int n_own, const kiln_named_tensor *items, int n,
+static kiln_status compare_keys(const key_set *own, int n_own, const key_set *items, int n,
                                 kiln_incompatible_keys *k) {
-    for (int i = 0; i < n_own; i++)
-        if (!named_in(items, n, own[i].name)) KILN_TRY(key_list_add(&k->missing_keys, &k->n_missing, own[i].name));
-    for (int j = 0; j < n; j++)
-        if (!named_in(own, n_own, items[j].name))
-            KILN_TRY(key_list_add(&k->unexpected_keys, &k->n_unexpected, items[j].name));
+    for (int i = 0; i < n_own; i++) {
+        const char *name = own->items[i].name;
+        if (!key_set_has(items, name)) KILN_TRY(key_list_add(&k->missing_keys, &k->n_missing, name));
+    }
+    for (int j = 0; j < n; j++) {
+        const char *name = items->items[j].name;
+        if (!key_set_has(own, name)) KILN_TRY(key_list_add(&k->unexpected_keys, &k->n_unexpected, name));
+    }
     return KILN_OK;
 }
 
@@ -437,7 +547,10 @@ static kiln_status load_state_dict_body(kiln_module *m, const kiln_named_tensor 
     kiln_named_tensor *own = NULL;
     int n_own = 0;
     KILN_TRY(kiln_module_state_dict(m, &own, &n_own));
-    kiln_status st = compare_keys(own, n_own, items, n, k);
+    key_set own_set = {0}, item_set = {0};
+    kiln_status st = key_set_init(&own_set, own, n_own);
+    if (!st) st = key_set_init(&item_set, items, n);
+    if (!st) st = compare_keys(&own_set, n_own, &item_set, n, k);
     char keys[800];
     if (!st && strict && (k->n_missing || k->n_unexpected)) {
         format_incompatible(keys, sizeof keys, k);
@@ -453,7 +566,9 @@ static kiln_status load_state_dict_body(kiln_module *m, const kiln_named_tensor 
                         "kiln_module_load_state_dict: no key of the state dict matches the module: %s", keys);
     }
     for (int j = 0; !st && j < n; j++)
-        if (named_in(own, n_own, items[j].name)) st = state_set_body(m, items[j].name, items[j].tensor);
+        if (key_set_has(&own_set, items[j].name)) st = state_set_body(m, items[j].name, items[j].tensor);
+    free(own_set.bucket);
+    free(item_set.bucket);
     free(own);
     return st;
 }

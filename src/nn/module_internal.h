@@ -19,6 +19,26 @@ typedef struct kiln_module_slots {
     kiln_module_slot *items;
 } kiln_module_slots;
 
+/* Where one name lives: which slot list and its index there. */
+typedef struct kiln_module_name_ref {
+    uint32_t hash;
+    uint8_t kind; /* 0: empty bucket; 1: a parameter, 2: a buffer, 4: a child */
+    int32_t index;
+} kiln_module_name_ref;
+
+/* Every name of a module's parameters, buffers and children in one
+ * open-addressed hash table (linear probing, at most half full), so that
+ * adding or finding a member is O(1) expected however many the module
+ * has: a model spec of n layers is one Sequential of n children, and the
+ * linear scan this replaces made building it O(n^2) (issue 20: 209k
+ * layers in 275 s). `probes` counts the buckets that adding members has
+ * looked at, for the test that holds the cost linear. */
+typedef struct kiln_module_names {
+    int cap, n; /* cap: 0 or a power of two */
+    kiln_module_name_ref *refs;
+    int64_t probes;
+} kiln_module_names;
+
 /* What a layer's forward needs besides its parameters. */
 typedef struct kiln_module_config {
     kiln_conv2d_opts conv;
@@ -49,6 +69,7 @@ struct kiln_module {
     bool training;
     bool keep_f32; /* BatchNorm: parameters and buffers stay f32 under to_dtype(f16/bf16) */
     kiln_module_slots params, buffers, children;
+    kiln_module_names names; /* the index over all three */
     kiln_module_config cfg;
     kiln_layer_forward forward;
     kiln_module_forward_fn user_forward;
@@ -70,5 +91,7 @@ kiln_tensor *kiln_nn_sequential_run_take(kiln_module *seq, int begin, int end, k
 kiln_module *kiln_module_new(const char *kind, kiln_layer_forward forward);
 /* The parameter or buffer `name` of m itself (no dots), borrowed, or NULL. */
 kiln_tensor *kiln_module_own_tensor(const kiln_module *m, const char *name);
+/* The hash buckets that adding members to m has looked at so far (tests). */
+int64_t kiln_module_name_probes(const kiln_module *m);
 
 #endif
