@@ -19,7 +19,7 @@
  * Ctrl-C finishes the step, writes a checkpoint and exits 130; --resume
  * continues from one. */
 #include <errno.h>
-#include <float.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -32,7 +32,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
 
 #include "base/error.h"
 #include "kiln/kiln.h"
@@ -186,7 +185,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
             usage(stdout);
             return -1;
         }
-        if (!strcmp(o, "--deterministic")) a->deterministic = true;
+        if (!strcmp(o, "--deterministic")) a->deterministic = true, a->given |= TRAIN_GIVEN_DETERMINISTIC;
         else if (!strcmp(o, "--monitor")) a->monitor = true;
         else if (!strcmp(o, "--detect-leaks")) a->detect_leaks = true;
         else if (!strcmp(o, "--detect-anomaly")) a->detect_anomaly = true;
@@ -203,39 +202,53 @@ static int parse_args(int argc, char **argv, train_args *a) {
             int64_t n = 0;
             bool ok = true;
             if (strcmp(o, "--model") == 0) a->model = v;
-            else if (strcmp(o, "--data") == 0) a->data = v;
+            else if (strcmp(o, "--data") == 0) a->data = v, a->given |= TRAIN_GIVEN_DATA;
             else if (strcmp(o, "--out") == 0) a->out = v;
             else if (strcmp(o, "--resume") == 0) a->resume = v;
-            else if (strcmp(o, "--epochs") == 0) ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->epochs = (int)n);
-            else if (strcmp(o, "--accum") == 0) ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->accum = (int)n);
+            else if (strcmp(o, "--epochs") == 0) {
+                ok = parse_i64(v, 1, &n) && n <= TRAIN_MAX_EPOCHS && (a->epochs = (int)n);
+                a->given |= TRAIN_GIVEN_EPOCHS;
+                if (!ok) {
+                    fprintf(stderr, "kiln train: --epochs %s: give a whole number of epochs in 1..%d\n", v,
+                            TRAIN_MAX_EPOCHS);
+                    return 2;
+                }
+            } else if (strcmp(o, "--accum") == 0)
+                ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->accum = (int)n), a->given |= TRAIN_GIVEN_ACCUM;
             else if (strcmp(o, "--log-every") == 0)
-                ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->log_every = (int)n);
+                ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->log_every = (int)n), a->given |= TRAIN_GIVEN_LOG_EVERY;
             else if (strcmp(o, "--profile") == 0)
                 ok = parse_i64(v, 1, &n) && n < 100000 && (a->profile_steps = (int)n);
             else if (strcmp(o, "--workers") == 0) ok = parse_i64(v, -1, &n) && n < 256 && ((a->workers = (int)n), 1);
-            else if (strcmp(o, "--batch") == 0) ok = parse_i64(v, 1, &a->batch);
-            else if (strcmp(o, "--limit") == 0) ok = parse_i64(v, 1, &a->limit);
+            else if (strcmp(o, "--batch") == 0) ok = parse_i64(v, 1, &a->batch), a->given |= TRAIN_GIVEN_BATCH;
+            else if (strcmp(o, "--limit") == 0) ok = parse_i64(v, 1, &a->limit), a->given |= TRAIN_GIVEN_LIMIT;
             else if (strcmp(o, "--max-steps") == 0) ok = parse_i64(v, 1, &a->max_steps);
-            else if (strcmp(o, "--amp") == 0) ok = train_amp_parse(v, &a->amp);
+            else if (strcmp(o, "--amp") == 0) ok = train_amp_parse(v, &a->amp), a->given |= TRAIN_GIVEN_AMP;
             else if (strcmp(o, "--checkpoint") == 0)
                 ok = !strcmp(v, "auto") ? (a->checkpoint_auto = true)
                                         : parse_i64(v, 0, &n) && n <= KILN_NN_MAX_CHECKPOINT_SEGMENTS &&
-                                              ((a->checkpoint = (int)n), 1);
-            else if (strcmp(o, "--memory-budget") == 0) ok = train_parse_size(v, &a->memory_budget);
-            else if (strcmp(o, "--seed") == 0) ok = parse_i64(v, 0, &n) && ((a->seed = (uint64_t)n), a->seed_given = 1);
+                                              ((a->checkpoint = (int)n), 1),
+                a->given |= TRAIN_GIVEN_CHECKPOINT;
+            else if (strcmp(o, "--memory-budget") == 0)
+                ok = train_parse_size(v, &a->memory_budget), a->given |= TRAIN_GIVEN_CHECKPOINT;
+            else if (strcmp(o, "--seed") == 0)
+                ok = parse_i64(v, 0, &n) && ((a->seed = (uint64_t)n), a->seed_given = 1), a->given |= TRAIN_GIVEN_SEED;
             else if (strcmp(o, "--progress") == 0)
                 ok = !strcmp(v, "auto") ? (a->progress = -1, true)
                      : !strcmp(v, "bar") ? (a->progress = 1, true)
                      : !strcmp(v, "lines") ? (a->progress = 0, true)
                                           : false;
             else if (strcmp(o, "--schedule") == 0)
-                ok = !strcmp(v, "onecycle") ? (a->onecycle = true) : !strcmp(v, "constant") ? !(a->onecycle = false) : false;
+                ok = !strcmp(v, "onecycle") ? (a->onecycle = true) : !strcmp(v, "constant") ? !(a->onecycle = false) : false,
+                a->given |= TRAIN_GIVEN_SCHEDULE;
             else if (strcmp(o, "--label-smoothing") == 0) {
                 char *end;
+                a->given |= TRAIN_GIVEN_SMOOTHING;
                 a->label_smoothing = strtod(v, &end);
                 ok = *v && !*end && a->label_smoothing >= 0 && a->label_smoothing < 1;
             } else if (strcmp(o, "--lr") == 0) {
                 char *end;
+                a->given |= TRAIN_GIVEN_LR;
                 a->lr = strtod(v, &end);
                 /* Adam's step is lr-sized: above 10 every weight is noise
                  * after one step (1e308 and inf trained NaN and exited 0). */
@@ -268,20 +281,29 @@ static int parse_args(int argc, char **argv, train_args *a) {
 
 /* ---- Output -------------------------------------------------------------------------------- */
 
-static int make_dirs(const char *path) {
+/* mkdir -p; *made gets the first directory it created (malloc'd; NULL
+ * when all existed), the one to remove after an early failure. */
+static int make_dirs(const char *path, char **made) {
     char tmp[PATH_MAX];
     snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/') continue;
+    *made = NULL;
+    for (char *p = tmp + 1;; p++) {
+        if (*p && *p != '/') continue;
+        char c = *p;
         *p = '\0';
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return -1;
+        if (mkdir(tmp, 0755) == 0) {
+            if (!*made) *made = strdup(tmp);
+        } else if (errno != EEXIST) {
+            return -1;
+        }
+        if (!c) return 0;
         *p = '/';
     }
-    return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
 /* Create the output directory and open metrics.jsonl before any training,
- * so an unwritable place is reported at once. A resumed run appends. */
+ * so an unwritable place is reported at once. A resumed run appends. What
+ * this creates is remembered, for remove_empty_output. */
 static int open_output(train_run *r) {
     if (r->a.out) {
         snprintf(r->out_dir, sizeof r->out_dir, "%s", r->a.out);
@@ -293,13 +315,53 @@ static int open_output(train_run *r) {
     }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->out_dir);
-    if (make_dirs(r->out_dir) != 0 || !(r->metrics = fopen(path, r->a.resume ? "a" : "w"))) {
+    struct stat sb;
+    int made = make_dirs(r->out_dir, &r->made_dir);
+    bool existed = made == 0 && lstat(path, &sb) == 0;
+    /* Opened for appending: a new run's truncation waits for its first
+     * record (train_metric), so a run that fails before it leaves an
+     * earlier run's metrics.jsonl there as it was. O_NONBLOCK: a FIFO
+     * without a reader fails at once instead of blocking the open. */
+    struct stat target;
+    bool irregular = existed && stat(path, &target) == 0 && !S_ISREG(target.st_mode);
+    int fd = made == 0 && !irregular ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644) : -1;
+    if (fd < 0 && !irregular) {
         fprintf(stderr, "kiln train: cannot write to output directory %s: %s (choose another with --out DIR)\n",
                 r->out_dir, strerror(errno));
         return 1;
     }
+    if (irregular || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || fcntl(fd, F_SETFL, O_APPEND) != 0 ||
+        !(r->metrics = fdopen(fd, "a"))) {
+        fprintf(stderr, "kiln train: %s is not a regular file (a FIFO, a device or a directory): metrics are "
+                        "written to a regular file; remove it or choose another --out DIR\n", path);
+        if (fd >= 0) close(fd);
+        return 1;
+    }
+    r->made_metrics = !existed;
+    r->metrics_truncate = !r->a.resume && existed;
     snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s/checkpoint.safetensors", r->out_dir);
     return 0;
+}
+
+/* After a run that failed before writing anything: remove the empty
+ * metrics.jsonl and the directories this run created (rmdir: only when
+ * empty). A file or directory that was there before is never touched. */
+static void remove_empty_output(train_run *r) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", r->out_dir);
+    struct stat sb;
+    if (r->made_metrics && stat(path, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size == 0) unlink(path);
+    if (!r->made_dir) return;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", r->out_dir);
+    for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--) dir[n - 1] = '\0';
+    size_t top = strlen(r->made_dir);
+    /* From the deepest directory up to the first one created. */
+    while (strlen(dir) >= top && rmdir(dir) == 0) {
+        char *slash = strrchr(dir, '/');
+        if (!slash || (size_t)(slash - dir) < top) break;
+        *slash = '\0';
+    }
 }
 
 /* One JSON line into metrics.jsonl (the monitor thread writes too). */
@@ -307,6 +369,7 @@ void train_metric(train_run *r, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     pthread_mutex_lock(&r->metrics_lock);
+    if (r->metrics_truncate && ftruncate(fileno(r->metrics), 0) == 0) r->metrics_truncate = false;
     vfprintf(r->metrics, fmt, ap);
     fflush(r->metrics);
     pthread_mutex_unlock(&r->metrics_lock);
@@ -330,99 +393,19 @@ static void progress_line(const train_run *r, const window_readback *w, double l
     fflush(stderr);
 }
 
-/* ---- Checkpoints ----------------------------------------------------------------------- */
-
-static kiln_status save_checkpoint(train_run *r, int epoch, int64_t batch_in_epoch, int epochs_done,
-                                   double epoch_loss_sum, int64_t epoch_images) {
-    kiln_train_state s = {.epoch = epoch,
-                          .step = r->step,
-                          .batch_in_epoch = batch_in_epoch,
-                          .epochs_done = epochs_done,
-                          .data_seed = r->a.seed,
-                          .input_c = r->info.channels,
-                          .input_h = r->info.height,
-                          .input_w = r->info.width,
-                          .model_spec = r->spec_text};
-    train_amp_save(r, &s);
-    kiln_status st = kiln_checkpoint_save(r->ckpt_path, r->model, r->opt, &s);
-    if (st != KILN_OK) return st;
-    /* The epoch's partial loss sum, for an exact epoch record after resume. */
-    train_metric(r,
-           "{\"event\":\"checkpoint\",\"path\":\"checkpoint.safetensors\",\"epoch\":%d,\"step\":%lld,"
-           "\"batch_in_epoch\":%lld,\"epoch_loss_sum\":%.17g,\"epoch_images\":%lld}\n",
-           epoch + 1, (long long)r->step, (long long)batch_in_epoch, epoch_loss_sum, (long long)epoch_images);
-    return KILN_OK;
-}
-
-/* One field of a checkpoint record as a number in [lo, hi] (whole when
- * `whole`); else 1 with an error naming the file, line and field. The
- * value is range-checked as a double before any conversion, so a huge
- * number cannot overflow. */
-static int resume_field(const cJSON *rec, const char *field, double lo, double hi, bool whole, const char *path,
-                        long line, double *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, field);
-    if (cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi &&
-        (!whole || v->valuedouble == floor(v->valuedouble))) {
-        *out = v->valuedouble;
-        return 0;
-    }
-    char text[64] = "missing";
-    if (cJSON_IsNumber(v)) snprintf(text, sizeof text, "%.9g", v->valuedouble);
-    else if (v) snprintf(text, sizeof text, "not a number");
-    fprintf(stderr,
-            "kiln train: cannot resume: %s:%ld: checkpoint record's %s is %s, outside %.9g..%.9g: the file was "
-            "edited or belongs to another run (remove that line, or resume into a fresh --out)\n",
-            path, line, field, text, lo, hi);
-    return 1;
-}
-
-/* The checkpoint record of step `step` in a resumed run's metrics.jsonl:
- * the partial epoch's loss sum and image count (the last such record
- * wins). No metrics file, or no record, leaves them 0: the epoch record
- * then covers only the resumed part. Lines that do not parse (a crash may
- * leave half a line) or are longer than 4 KiB are skipped; a record of
- * this step whose numbers are out of range is refused: 0, or 1 with the
- * error printed. */
-static int read_resume_sums(train_run *r, int64_t step) {
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", r->out_dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char text[4096]; /* a checkpoint record is ~200 bytes; longer lines are other records */
-    long line = 0;
-    int rc = 0;
-    double max_images = (double)kiln_dataset_length(r->train_ds);
-    while (rc == 0 && fgets(text, sizeof text, f)) {
-        line++;
-        if (!strchr(text, '\n') && !feof(f)) { /* over-long: skip the rest of the line */
-            int c;
-            while ((c = fgetc(f)) != EOF && c != '\n') continue;
-            continue;
-        }
-        if (!strstr(text, "\"checkpoint\"")) continue; /* step records: no need to parse */
-        cJSON *rec = cJSON_Parse(text);
-        const cJSON *ev = cJSON_GetObjectItemCaseSensitive(rec, "event");
-        const cJSON *s = cJSON_GetObjectItemCaseSensitive(rec, "step");
-        double sum = 0, images = 0;
-        if (cJSON_IsString(ev) && !strcmp(ev->valuestring, "checkpoint") && cJSON_IsNumber(s) &&
-            s->valuedouble == (double)step) {
-            rc = resume_field(rec, "epoch_loss_sum", 0, DBL_MAX, false, path, line, &sum);
-            if (!rc) rc = resume_field(rec, "epoch_images", 0, max_images, true, path, line, &images);
-            if (!rc) r->resume_loss_sum = sum, r->resume_images = (int64_t)images;
-        }
-        cJSON_Delete(rec);
-    }
-    fclose(f);
-    return rc;
-}
-
 /* ---- Training ------------------------------------------------------------------------------ */
 
 /* Add `v` (a scoped device scalar) into *acc, kept past the scope. */
-static kiln_status accumulate(kiln_tensor **acc, kiln_tensor *v) {
-    kiln_tensor *sum = *acc ? kiln_add(*acc, v) : kiln_retain(v);
+static kiln_status accumulate(kiln_tensor **acc, kiln_tensor *v, const double *carry) {
+    /* A window carried over a stop starts from its sum so far, in v's
+     * dtype: the same additions, in the same order, as without the stop. */
+    kiln_tensor *base = NULL;
+    if (!*acc && carry && !(base = kiln_full(kiln_shape_of(v), *carry, kiln_dtype_of(v), kiln_get_device(v))))
+        return kiln_error_last()->status;
+    kiln_tensor *prev = *acc ? *acc : base;
+    kiln_tensor *sum = prev ? kiln_add(prev, v) : kiln_retain(v);
     if (!sum) return kiln_error_last()->status;
-    if (*acc) kiln_keep(sum);
+    if (prev) kiln_keep(sum);
     kiln_release(*acc);
     *acc = sum;
     return KILN_OK;
@@ -443,6 +426,9 @@ typedef struct epoch_state {
     kiln_tensor *win_loss, *win_hits; /* the open window's device sums */
     int win_n;
     int64_t win_img;
+    int64_t win_img0;         /* of win_img, images carried over from before a stop (not this run's work) */
+    bool carry;               /* resumed mid-window: the window's sums so far start the device sums */
+    double carry_loss, carry_hits;
     double win_t0, win_wait0;
     window_readback rb;       /* the closed window on its way */
     bool landed;              /* a window of this epoch has landed: shown_* are set */
@@ -485,7 +471,7 @@ static kiln_status window_close(train_run *r, epoch_state *e, double t) {
     window_readback *w = &e->rb;
     double elapsed = t - e->t0;
     w->n = e->win_n, w->epoch = e->epoch + 1, w->step = r->step, w->img = e->win_img, w->batch = e->i;
-    w->lr = kiln_optimizer_get_lr(r->opt), w->img_s = (double)e->win_img / (t - e->win_t0);
+    w->lr = kiln_optimizer_get_lr(r->opt), w->img_s = (double)(e->win_img - e->win_img0) / (t - e->win_t0);
     w->wait_s = ls.wait_s - e->win_wait0, w->window_s = t - e->win_t0;
     /* Since the epoch (re)started: a resumed epoch's batches and images
      * from before the stop are not this run's work. */
@@ -496,7 +482,7 @@ static kiln_status window_close(train_run *r, epoch_state *e, double t) {
     w->mem_res = (long long)ms.reserved_bytes[KILN_POOL_ALL].current;
     w->mem_peak = (long long)ms.allocated_bytes[KILN_POOL_ALL].peak;
     w->amp_scale = train_amp_scale(r);
-    e->win_n = 0, e->win_img = 0, e->win_t0 = t, e->win_wait0 = ls.wait_s;
+    e->win_n = 0, e->win_img = e->win_img0 = 0, e->win_t0 = t, e->win_wait0 = ls.wait_s;
     return train_readback_start(r, w, &e->win_loss, &e->win_hits);
 }
 
@@ -521,6 +507,39 @@ static void progress_bar(train_run *r, const epoch_state *e, double t) {
     fflush(stderr);
 }
 
+/* ---- Checkpoints ----------------------------------------------------------------------- */
+
+/* A checkpoint at batch `batch_in_epoch` of `epoch`. With e (a stop
+ * mid-epoch) it holds the epoch's running sums and the open window's
+ * (read from the device: blocks), so the resumed run's epoch and window
+ * records are the uninterrupted run's; at an epoch boundary they are 0. */
+static kiln_status save_checkpoint(train_run *r, int epoch, int64_t batch_in_epoch, const epoch_state *e) {
+    kiln_train_state s = {.epoch = epoch,
+                          .step = r->step,
+                          .batch_in_epoch = batch_in_epoch,
+                          .epochs_done = epoch,
+                          .data_seed = r->a.seed,
+                          .input_c = r->info.channels,
+                          .input_h = r->info.height,
+                          .input_w = r->info.width,
+                          .model_spec = r->spec_text,
+                          .run_config = r->config_text};
+    if (e) {
+        s.epoch_loss_sum = e->loss_sum, s.epoch_correct = e->correct, s.epoch_images = e->images;
+        s.window_steps = e->win_n, s.window_images = e->win_img;
+        if (e->win_loss) KILN_TRY(kiln_item(e->win_loss, &s.window_loss_sum));
+        if (e->win_hits) KILN_TRY(kiln_item(e->win_hits, &s.window_correct));
+        if (e->carry) s.window_loss_sum = e->carry_loss, s.window_correct = e->carry_hits;
+    }
+    train_amp_save(r, &s);
+    KILN_TRY(kiln_checkpoint_save(r->ckpt_path, r->model, r->opt, &s));
+    train_metric(r,
+                 "{\"event\":\"checkpoint\",\"path\":\"checkpoint.safetensors\",\"epoch\":%d,\"step\":%lld,"
+                 "\"batch_in_epoch\":%lld}\n",
+                 epoch + 1, (long long)r->step, (long long)batch_in_epoch);
+    return KILN_OK;
+}
+
 /* Resume mid-epoch: the loader's order is a function of (seed, epoch);
  * the batches already trained are drawn and dropped. */
 static kiln_status skip_batches(train_run *r, epoch_state *e) {
@@ -536,7 +555,13 @@ static kiln_status skip_batches(train_run *r, epoch_state *e) {
                               "the checkpoint stopped %lld batches into epoch %d, but this run's epoch has %lld",
                               (long long)r->skip_batches, e->epoch + 1, (long long)e->nb);
     }
-    e->loss_sum = r->resume_loss_sum, e->images = e->img_base = r->resume_images;
+    /* The sums of the batches trained before the stop, and the window
+     * that was open then, carried on (kiln_train_state). */
+    const kiln_train_state *s = &r->resumed;
+    e->loss_sum = s->epoch_loss_sum, e->correct = s->epoch_correct;
+    e->images = e->img_base = e->hits_img = s->epoch_images;
+    e->win_n = (int)s->window_steps, e->win_img = e->win_img0 = s->window_images;
+    e->carry = s->window_steps > 0, e->carry_loss = s->window_loss_sum, e->carry_hits = s->window_correct;
     return st;
 }
 
@@ -553,8 +578,9 @@ static kiln_status train_step(train_run *r, epoch_state *e, int64_t *b) {
         if (st == KILN_OK) st = train_amp_backward(r, x, y, &loss, &hits);
         if (st == KILN_OK) st = train_amp_step(r);
         if (st == KILN_OK) st = train_schedule_step(r);
-        if (st == KILN_OK) st = accumulate(&e->win_loss, loss);
-        if (st == KILN_OK) st = accumulate(&e->win_hits, hits);
+        if (st == KILN_OK) st = accumulate(&e->win_loss, loss, e->carry ? &e->carry_loss : NULL);
+        if (st == KILN_OK) st = accumulate(&e->win_hits, hits, e->carry ? &e->carry_hits : NULL);
+        if (st == KILN_OK) e->carry = false;
         kiln_range_pop();
     }
     kiln_scope_end();
@@ -577,13 +603,16 @@ static kiln_status run_steps(train_run *r, epoch_state *e, epoch_end *how, bool 
         e->i++, r->step++, e->win_n++, e->win_img += b, e->images += b, e->hits_img += b;
         if ((st = train_diag_step(r, leak_reported)) != KILN_OK) break;
         bool stop = interrupted || (r->a.max_steps && r->step >= r->a.max_steps);
-        bool last = e->i == e->nb || stop, window_end = e->win_n == r->a.log_every || last;
+        /* A stop mid-window leaves the window open: its sums go into the
+         * checkpoint, and the resumed run closes it where the
+         * uninterrupted run would have (>=: --log-every may be lower now). */
+        bool last = e->i == e->nb, window_end = e->win_n >= r->a.log_every || last;
         double t = tool_now_s();
         /* The previous window lands; before the next one closes, wait for it
          * (one readback slot). */
-        if ((st = window_land(r, e, window_end)) != KILN_OK) break;
+        if ((st = window_land(r, e, window_end || stop)) != KILN_OK) break;
         if (window_end && (st = window_close(r, e, t)) != KILN_OK) break;
-        if (last && (st = window_land(r, e, true)) != KILN_OK) break;
+        if ((last || stop) && (st = window_land(r, e, true)) != KILN_OK) break;
         if (r->tty && (t - e->last_draw > 0.2 || e->i == e->nb)) {
             progress_bar(r, e, t);
             e->last_draw = t;
@@ -611,12 +640,15 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
     if (epoch == r->start_epoch && r->skip_batches > 0) st = skip_batches(r, &e);
     e.i0 = e.i;
     if (st == KILN_OK) st = run_steps(r, &e, how, leak_reported);
+    if (st == KILN_OK && *how == EPOCH_STOPPED) st = save_checkpoint(r, epoch, e.i, &e);
     kiln_release(e.win_loss);
     kiln_release(e.win_hits);
     train_readback_free(&e.rb);
-    if (st != KILN_OK) return st;
+    if (st != KILN_OK || *how == EPOCH_STOPPED) {
+        if (st == KILN_OK) *images += e.images - e.img_base;
+        return st;
+    }
     *images += e.images - e.img_base;
-    if (*how == EPOCH_STOPPED) return save_checkpoint(r, epoch, e.i, epoch, e.loss_sum, e.images);
     double train_time = tool_now_s() - e.t0, test_loss = 0;
     st = train_evaluate(r->model, r->test_ld, epoch, &test_loss, test_acc, NULL);
     if (st != KILN_OK) return st;
@@ -629,21 +661,28 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
                  train_time, epoch_time);
     fprintf(stderr, "epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.2f%% (%.1f s)\n", epoch + 1,
             r->a.epochs, train_loss, test_loss, 100 * *test_acc, epoch_time);
-    return save_checkpoint(r, epoch + 1, 0, epoch + 1, 0, 0);
+    return save_checkpoint(r, epoch + 1, 0, NULL);
+}
+
+/* The line (1-based) where two spec texts first differ. */
+static int first_difference(const char *a, const char *b) {
+    int line = 1;
+    for (; *a && *a == *b; a++, b++) line += *a == '\n';
+    return line;
 }
 
 /* The model: --model, else the spec stored in the resumed checkpoint,
- * else the default. */
+ * else the default. With --resume, --model must hold the stored spec. */
 static int load_model(train_run *r) {
     char model_buf[PATH_MAX];
     const char *model = r->a.model, *from_ckpt = NULL;
-    if (!model && r->a.resume) {
-        char *spec = NULL;
-        if (kiln_checkpoint_read_meta(r->ckpt_path, "kiln.model_spec", &spec) != KILN_OK) return fail("resume");
-        if (spec) {
-            r->spec_text = spec;
-            model = from_ckpt = r->ckpt_path;
-        }
+    char *stored = NULL;
+    if (r->a.resume && kiln_checkpoint_read_meta(r->resume_from, "kiln.model_spec", &stored) != KILN_OK)
+        return fail("resume");
+    if (!model && stored) {
+        r->spec_text = stored;
+        model = from_ckpt = r->resume_from;
+        stored = NULL;
     }
     if (!model) model = train_default_model(model_buf, sizeof model_buf);
     if (!model) {
@@ -651,7 +690,19 @@ static int load_model(train_run *r) {
                         " (looked in PREFIX/share/kiln/models and the source tree); pass --model FILE\n");
         return 1;
     }
-    if (!r->spec_text && !(r->spec_text = train_read_text("train", model))) return 1;
+    if (!r->spec_text && !(r->spec_text = train_read_text("train", model))) {
+        free(stored);
+        return 1;
+    }
+    if (stored && strcmp(stored, r->spec_text)) {
+        fprintf(stderr,
+                "kiln train: --resume %s: --model %s contradicts the model spec stored in the checkpoint (they "
+                "differ at line %d); drop --model to continue the run as it was\n",
+                r->a.resume, model, first_difference(stored, r->spec_text));
+        free(stored);
+        return 2;
+    }
+    free(stored);
     if (train_parse_spec("train", r->spec_text, model, from_ckpt, r->info.channels,
                          r->info.height, r->info.width, &r->model) != 0)
         return 1;
@@ -665,23 +716,39 @@ static int resume_path(train_run *r) {
         fprintf(stderr, "kiln train: cannot resume from %s: %s\n", r->a.resume, strerror(errno));
         return 1;
     }
-    if (S_ISDIR(sb.st_mode)) snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s/checkpoint.safetensors", r->a.resume);
-    else snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s", r->a.resume);
-    if (access(r->ckpt_path, R_OK) != 0) {
-        fprintf(stderr, "kiln train: cannot resume: %s: %s\n", r->ckpt_path, strerror(errno));
+    if (S_ISDIR(sb.st_mode)) snprintf(r->resume_from, sizeof r->resume_from, "%s/checkpoint.safetensors", r->a.resume);
+    else snprintf(r->resume_from, sizeof r->resume_from, "%s", r->a.resume);
+    if (access(r->resume_from, R_OK) != 0) {
+        fprintf(stderr, "kiln train: cannot resume: %s: %s\n", r->resume_from, strerror(errno));
         return 1;
     }
     return 0;
 }
 
-static int resume(train_run *r, char *resume_from) {
+/* The checkpoint's model input against the data's images: a model built
+ * for other images would fail at its first step, naming no file. */
+static int check_input(train_run *r, const kiln_train_state *s) {
+    if (!s->input_c || (s->input_c == r->info.channels && s->input_h == r->info.height && s->input_w == r->info.width))
+        return 0;
+    char file[PATH_MAX + 64];
+    train_split_file(r->a.data, "train", file, sizeof file);
+    fprintf(stderr,
+            "kiln train: --resume %s: the checkpoint's model takes %lldx%lldx%lld images, but the training images "
+            "(%s) are %lldx%lldx%lld; pass the --data the run was trained on\n",
+            r->resume_from, (long long)s->input_c, (long long)s->input_h, (long long)s->input_w, file,
+            (long long)r->info.channels, (long long)r->info.height, (long long)r->info.width);
+    return 1;
+}
+
+static int resume(train_run *r) {
     kiln_train_state s;
-    if (kiln_checkpoint_load(resume_from, r->model, r->opt, &s) != KILN_OK) return fail("resume");
-    if (train_amp_resume(r, &s) != KILN_OK) {
-        free(s.model_spec);
-        return fail("resume");
-    }
+    const char *from = r->resume_from;
+    if (kiln_checkpoint_load(from, r->model, r->opt, &s) != KILN_OK) return fail("resume");
     free(s.model_spec);
+    free(s.run_config);
+    s.model_spec = s.run_config = NULL;
+    if (check_input(r, &s)) return 1;
+    if (train_amp_resume(r, &s) != KILN_OK) return fail("resume");
     /* The CPU kernel table in force, as kiln_init chose it. */
     const char *now = kiln_kernels_in_force(KILN_DEVICE_CPU);
     if (s.cpu_kernels[0] && strcmp(s.cpu_kernels, now)) {
@@ -689,39 +756,64 @@ static int resume(train_run *r, char *resume_from) {
             fprintf(stderr,
                     "kiln train: --deterministic: %s was written with the %s CPU kernels, this run has the %s "
                     "ones; set KILN_CPU_KERNELS=%s to repeat its losses bit for bit\n",
-                    resume_from, s.cpu_kernels, now, s.cpu_kernels);
+                    from, s.cpu_kernels, now, s.cpu_kernels);
             return 1;
         }
         fprintf(stderr, "kiln train: note: %s was written with the %s CPU kernels, this run uses the %s ones\n",
-                resume_from, s.cpu_kernels, now);
+                from, s.cpu_kernels, now);
     }
-    if (r->a.seed_given && r->a.seed != s.data_seed)
-        fprintf(stderr, "kiln train: --seed %llu ignored: the checkpoint's data seed %llu continues\n",
-                (unsigned long long)r->a.seed, (unsigned long long)s.data_seed);
-    r->a.seed = s.data_seed;
+    if (r->a.seed != s.data_seed) {
+        /* Only a format-1 checkpoint (no run configuration) gets here. */
+        if (r->a.seed_given)
+            fprintf(stderr, "kiln train: --seed %llu ignored: the checkpoint's data seed %llu continues\n",
+                    (unsigned long long)r->a.seed, (unsigned long long)s.data_seed);
+        r->a.seed = s.data_seed;
+    }
+    /* The running sums count images of this dataset. */
+    int64_t n = kiln_dataset_length(r->train_ds);
+    if (s.epoch_images > n) {
+        fprintf(stderr,
+                "kiln train: --resume %s: metadata 'kiln.epoch_images' is %lld, more than the %lld training images: "
+                "the checkpoint belongs to another dataset or --limit (pass the run's own)\n",
+                from, (long long)s.epoch_images, (long long)n);
+        return 1;
+    }
+    if (s.format_version < 2 && s.batch_in_epoch > 0)
+        fprintf(stderr,
+                "kiln train: note: %s (checkpoint format %d) holds no running sums: epoch %lld's record will cover "
+                "only the batches trained from here\n",
+                from, s.format_version, (long long)s.epoch + 1);
+    r->resumed = s;
     r->step = s.step;
     r->start_epoch = (int)s.epoch;
     r->skip_batches = s.batch_in_epoch;
-    if (r->skip_batches && read_resume_sums(r, s.step)) return 1;
-    fprintf(stderr, "kiln train: resuming from %s: epoch %lld, step %lld, %lld batches into the epoch\n",
-            resume_from, (long long)s.epoch + 1, (long long)s.step, (long long)s.batch_in_epoch);
+    fprintf(stderr, "kiln train: resuming from %s: epoch %lld, step %lld, %lld batches into the epoch\n", from,
+            (long long)s.epoch + 1, (long long)s.step, (long long)s.batch_in_epoch);
     return 0;
+}
+
+/* The batch is at most the training set: a larger one is the same single
+ * batch, and would only reserve pinned memory for images that are not
+ * there (--batch 1000000000 asked for terabytes). */
+static void clamp_batch(train_run *r) {
+    int64_t n = kiln_dataset_length(r->train_ds);
+    if (n <= 0 || r->a.batch <= n) return;
+    fprintf(stderr, "kiln train: --batch %lld is more than the %lld training images: one batch of %lld per epoch\n",
+            (long long)r->a.batch, (long long)n, (long long)n);
+    r->a.batch = n;
+    if (r->a.accum > n) r->a.accum = (int)n;
 }
 
 /* Everything before the first step; a non-zero return is the exit code. */
 static int setup(train_run *r) {
-    char resume_from[PATH_MAX + 32] = "";
-    if (r->a.resume) {
-        if (resume_path(r)) return 1;
-        snprintf(resume_from, sizeof resume_from, "%s", r->ckpt_path);
-    }
     if (train_open_split(r->a.data, r->a.limit, "train", &r->train_ds) != KILN_OK) return fail("training set");
     if (train_open_split(r->a.data, r->a.limit, "test", &r->test_ds) != KILN_OK) return fail("test set");
-    r->info = kiln_dataset_info(r->train_ds);
-    kiln_manual_seed(r->a.seed);
-    int rc = load_model(r);
-    snprintf(r->ckpt_path, sizeof r->ckpt_path, "%s/checkpoint.safetensors", r->out_dir);
+    int rc = train_check_splits(r->a.data, r->train_ds, r->test_ds);
     if (rc) return rc;
+    r->info = kiln_dataset_info(r->train_ds);
+    clamp_batch(r);
+    kiln_manual_seed(r->a.seed);
+    if ((rc = load_model(r))) return rc;
     if (kiln_module_to(r->model, r->dev) != KILN_OK) return fail("model");
     kiln_tensor **params = NULL;
     int np = 0;
@@ -734,11 +826,22 @@ static int setup(train_run *r) {
     r->loss_opts = kiln_loss_defaults();
     r->loss_opts.label_smoothing = r->a.label_smoothing;
     if (train_amp_setup(r) != KILN_OK) return fail("mixed precision");
-    if (r->a.resume && (rc = resume(r, resume_from))) return rc;
+    if (r->a.resume && (rc = resume(r))) return rc;
+    int64_t test_n = kiln_dataset_length(r->test_ds);
     if (train_make_loader(r->train_ds, r->dev, r->a.batch, true, r->a.seed, r->a.workers, &r->train_ld) != KILN_OK)
         return fail("loader");
-    if (train_make_loader(r->test_ds, r->dev, r->a.batch, false, r->a.seed, r->a.workers, &r->test_ld) != KILN_OK)
+    /* A test batch larger than the test set is the same single batch. */
+    if (train_make_loader(r->test_ds, r->dev, test_n > 0 && test_n < r->a.batch ? test_n : r->a.batch, false,
+                          r->a.seed, r->a.workers, &r->test_ld) != KILN_OK)
         return fail("loader");
+    int64_t nb = kiln_loader_num_batches(r->train_ld);
+    if (r->skip_batches > nb) {
+        fprintf(stderr,
+                "kiln train: --resume %s: the checkpoint stopped %lld batches into epoch %d, but an epoch here has "
+                "%lld: it belongs to another dataset, --limit or --batch (pass the run's own)\n",
+                r->resume_from, (long long)r->skip_batches, r->start_epoch + 1, (long long)nb);
+        return 1;
+    }
     if ((rc = train_checkpoint_setup(r))) return rc;
     if ((rc = train_schedule_setup(r))) return rc;
     char dev[32];
@@ -768,6 +871,8 @@ static void teardown(train_run *r) {
     kiln_dataset_free(r->train_ds);
     kiln_dataset_free(r->test_ds);
     free(r->spec_text);
+    free(r->config_text);
+    free(r->config_data);
     if (r->metrics) fclose(r->metrics);
 }
 
@@ -825,6 +930,15 @@ int kiln_cmd_train(int argc, char **argv) {
     pthread_mutex_init(&r.metrics_lock, NULL);
     int rc = parse_args(argc, argv, &r.a);
     if (rc) return rc < 0 ? 0 : rc;
+    /* The resumed run's configuration, before anything is created. */
+    if (r.a.resume && ((rc = resume_path(&r)) || (rc = train_config_resume(&r)))) {
+        free(r.config_data);
+        return rc;
+    }
+    if (!(r.config_text = train_config_text(&r.a))) {
+        free(r.config_data);
+        return 1;
+    }
     if (r.a.deterministic) kiln_set_deterministic(true);
     r.dev = kiln_default_device();
     r.tty = r.a.progress < 0 ? isatty(2) : r.a.progress == 1;
@@ -834,6 +948,8 @@ int kiln_cmd_train(int argc, char **argv) {
     if (!rc) rc = setup(&r);
     if (!rc) rc = train_and_report(&r);
     teardown(&r);
+    if (rc && rc != 130) remove_empty_output(&r);
+    free(r.made_dir);
     sigint_watch_stop(&watch);
     pthread_mutex_destroy(&r.metrics_lock);
     return rc;

@@ -23,6 +23,12 @@ int train_fail(const char *cmd, const char *what);
  * directory), keeping its first `limit` samples when limit > 0. A missing
  * dataset gets a hint naming the package and --data. */
 kiln_status train_open_split(const char *data, int64_t limit, const char *split, kiln_dataset **out);
+/* The images file of `split` ("train" or "test") under `data` (NULL: the
+ * Debian package's directory), .gz when that one exists, into buf. */
+void train_split_file(const char *data, const char *split, char *buf, size_t size);
+/* The two splits' images must have one size (a model takes one): else a
+ * message naming both files and shapes, and 1. */
+int train_check_splits(const char *data, kiln_dataset *train, kiln_dataset *test);
 /* A loader with kiln train's normalisation. */
 kiln_status train_make_loader(kiln_dataset *ds, kiln_device dev, int64_t batch, bool shuffle, uint64_t seed,
                               int workers, kiln_loader **out);

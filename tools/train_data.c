@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "kiln/kiln.h"
@@ -50,6 +51,27 @@ kiln_status train_open_split(const char *data, int64_t limit, const char *split,
     st = kiln_dataset_create(&ops, ctx, kiln_dataset_info(ds), out);
     if (st != KILN_OK) limited_free(ctx);
     return st;
+}
+
+void train_split_file(const char *data, const char *split, char *buf, size_t size) {
+    const char *dir = data ? data : "/usr/share/datasets/fashion-mnist";
+    const char *prefix = strcmp(split, "train") ? "t10k" : "train";
+    snprintf(buf, size, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
+    if (access(buf, F_OK) != 0) snprintf(buf, size, "%s/%s-images-idx3-ubyte", dir, prefix);
+}
+
+int train_check_splits(const char *data, kiln_dataset *train, kiln_dataset *test) {
+    kiln_sample_info a = kiln_dataset_info(train), b = kiln_dataset_info(test);
+    if (a.channels == b.channels && a.height == b.height && a.width == b.width) return 0;
+    char fa[4200], fb[4200];
+    train_split_file(data, "train", fa, sizeof fa);
+    train_split_file(data, "test", fb, sizeof fb);
+    fprintf(stderr,
+            "kiln train: the training images (%s) are %lldx%lldx%lld but the test images (%s) are %lldx%lldx%lld: "
+            "one model cannot take both; pass a --data whose splits have one image size\n",
+            fa, (long long)a.channels, (long long)a.height, (long long)a.width, fb, (long long)b.channels,
+            (long long)b.height, (long long)b.width);
+    return 1;
 }
 
 kiln_status train_make_loader(kiln_dataset *ds, kiln_device dev, int64_t batch, bool shuffle, uint64_t seed,

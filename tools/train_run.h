@@ -13,6 +13,27 @@
 /* --amp (train_amp.c). */
 typedef enum train_amp_mode { TRAIN_AMP_AUTO = 0, TRAIN_AMP_OFF, TRAIN_AMP_F16, TRAIN_AMP_BF16 } train_amp_mode;
 
+/* The flags that fix a run's math, as bits of train_args.given: set when
+ * the flag was on the command line (not a default, not from a checkpoint). */
+enum {
+    TRAIN_GIVEN_DATA = 1 << 0,
+    TRAIN_GIVEN_LIMIT = 1 << 1,
+    TRAIN_GIVEN_BATCH = 1 << 2,
+    TRAIN_GIVEN_ACCUM = 1 << 3,
+    TRAIN_GIVEN_EPOCHS = 1 << 4,
+    TRAIN_GIVEN_LR = 1 << 5,
+    TRAIN_GIVEN_SEED = 1 << 6,
+    TRAIN_GIVEN_SCHEDULE = 1 << 7,
+    TRAIN_GIVEN_SMOOTHING = 1 << 8,
+    TRAIN_GIVEN_AMP = 1 << 9,
+    TRAIN_GIVEN_CHECKPOINT = 1 << 10,
+    TRAIN_GIVEN_DETERMINISTIC = 1 << 11,
+    TRAIN_GIVEN_LOG_EVERY = 1 << 12,
+};
+
+/* --epochs at most (the checkpoint's epoch range, kiln/io.h). */
+#define TRAIN_MAX_EPOCHS KILN_CHECKPOINT_MAX_EPOCH
+
 typedef struct train_args {
     int epochs, accum, log_every, workers, profile_steps;
     int64_t batch, limit, max_steps;
@@ -27,12 +48,19 @@ typedef struct train_args {
     bool onecycle;          /* --schedule onecycle (default) | constant */
     double label_smoothing; /* --label-smoothing (default 0.1) */
     int progress;           /* --progress: -1 auto (a bar when stderr is a terminal), 0 lines, 1 bar */
+    unsigned given;         /* TRAIN_GIVEN_* of the flags on the command line */
 } train_args;
 
 typedef struct train_run {
     train_args a;
     char out_dir[PATH_MAX];
-    char ckpt_path[PATH_MAX + 32];
+    char ckpt_path[PATH_MAX + 32];   /* where this run writes its checkpoint */
+    char resume_from[PATH_MAX + 32]; /* --resume: the checkpoint file read */
+    char *config_text;               /* the run configuration stored in each checkpoint (train_config.c) */
+    char *config_data;               /* --data from the resumed checkpoint's configuration (a.data points here) */
+    char *made_dir;                  /* the first directory open_output created, to remove after an early failure */
+    bool made_metrics;               /* open_output created metrics.jsonl */
+    bool metrics_truncate;           /* a new run over an old metrics.jsonl: emptied at the first record */
     FILE *metrics;
     pthread_mutex_t metrics_lock;
     kiln_device dev;
@@ -50,8 +78,7 @@ typedef struct train_run {
     int64_t step;
     int start_epoch;
     int64_t skip_batches;     /* resume: batches of start_epoch already trained */
-    double resume_loss_sum;   /* resume: the epoch's loss sum before the stop */
-    int64_t resume_images;
+    kiln_train_state resumed; /* resume: the checkpoint's running sums (its strings freed: NULL) */
     double t0;                /* kiln_cmd_train's start: wall_s counts from here */
     double train_s;           /* the training loops so far (train_s in the summary) */
     kiln_dtype amp;           /* the autocast dtype, KILN_F32 when mixed precision is off */
@@ -61,6 +88,16 @@ typedef struct train_run {
 /* One JSON line into metrics.jsonl, under the run's lock (the monitor
  * thread writes too). */
 void train_metric(train_run *r, const char *fmt, ...);
+
+/* The run configuration (train_config.c): the flags that fix the math,
+ * as the JSON text stored in each checkpoint (kiln.run_config; NULL with a
+ * message when out of memory), and on --resume the checkpoint's
+ * configuration applied to every flag not given, a given flag that
+ * contradicts it refused naming both values. train_config_resume returns
+ * an exit code (0, 1 an unreadable or damaged checkpoint, 2 a
+ * contradiction). */
+char *train_config_text(const train_args *a);
+int train_config_resume(train_run *r);
 
 /* --checkpoint / --memory-budget (train_checkpoint.c): "2GiB", "512MiB",
  * "1.5e9" into bytes; apply the segments to the model (auto: measure one

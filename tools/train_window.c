@@ -2,6 +2,7 @@
  * per-window sums' way to the host (non-blocking copies into pinned memory
  * behind an event; a window's metrics record is written once they have
  * landed). */
+#include <stdio.h>
 #include <string.h>
 
 #include "base/error.h"
@@ -18,8 +19,20 @@
  * uninterrupted run. */
 int train_schedule_setup(train_run *r) {
     if (!r->a.onecycle) return 0;
-    r->sched_total = kiln_loader_num_batches(r->train_ld) * r->a.epochs;
-    if (r->sched_total < 2) return 0; /* too short to schedule: the constant lr */
+    int64_t nb = kiln_loader_num_batches(r->train_ld);
+    r->sched_total = nb * r->a.epochs;
+    if (r->sched_total < 2) return 0; /* one step: nothing to schedule, the constant lr */
+    /* The warm-up ends at step 0.3 * total - 1, which must be past step 0:
+     * the cycle needs 4 steps at the least. */
+    if (0.3 * (double)r->sched_total - 1.0 <= 0) {
+        fprintf(stderr,
+                "kiln train: the one-cycle learning-rate schedule needs at least 4 optimizer steps (its warm-up is "
+                "30%% of them), but this run has %lld (%lld batch%s of %lld per epoch x %d epoch%s); pass "
+                "--schedule constant, or train more steps (more --epochs, a smaller --batch)\n",
+                (long long)r->sched_total, (long long)nb, nb == 1 ? "" : "es", (long long)r->a.batch, r->a.epochs,
+                r->a.epochs == 1 ? "" : "s");
+        return 1;
+    }
     r->sched = kiln_lr_one_cycle_create(r->opt, r->a.lr, r->sched_total, 0.3, 25.0, 1e4);
     if (!r->sched) return train_fail("train", "learning-rate schedule");
     for (int64_t k = 0; k < r->step && k < r->sched_total - 1; k++)

@@ -4,11 +4,23 @@
 #     N-k steps: every step's loss and the test accuracy bit-identical
 #     (--deterministic, same device);
 #     the progress text after a resume counts only the resumed run's work;
+#  1c. the run configuration and the running sums are in the checkpoint:
+#     `--resume DIR --out NEW` alone, with the stopped run's metrics.jsonl
+#     deleted, gives the uninterrupted run's step, window (the ones that
+#     straddle the stops included) and epoch records; a flag that
+#     contradicts the checkpoint is refused naming both values; more
+#     --epochs is said; edited metadata is refused naming the field; a
+#     FIFO as metrics.jsonl is refused at once;
 #  2. Ctrl-C: SIGINT finishes the step, writes a checkpoint, exits 130, and
 #     the run resumes from it to the end;
 #  3. kiln eval / kiln export on the checkpoint; a checkpoint whose stored
 #     spec asks for more parameters than the file can hold is refused;
-#  4. a missing dataset names the Debian package and the path.
+#  4. a missing dataset names the Debian package and the path;
+#  5. careless input on a 16-image dataset: --batch past the dataset is
+#     clamped with a message, train and test images of different sizes are
+#     refused naming both files, the one-cycle schedule too short for its
+#     warm-up suggests --schedule constant, and a failed run leaves no
+#     output directory (and an earlier metrics.jsonl as it was).
 # usage: train_resume.sh KILN_BINARY LIMIT. Exit 77 (skipped) without the dataset.
 set -eu
 kiln=$1
@@ -58,16 +70,70 @@ echo "$shown $(field img_s) $(field window_s) $(field eta_s)" | awk '
     e = $4 - 5 * $3; if (e < 0) e = -e; if (e > 0.002 + 0.001 * $4) { print "resumed eta_s " $4 ", expected 5 x " $3; bad = 1 } }
   END { exit bad }' || { cat "$out/pace.err"; exit 1; }
 echo "resume: img/s and ETA count this run's batches"
-# A checkpoint record edited to a huge image count (past int64) is refused
-# with the file, line and field named, before anything trains.
-"$kiln" train $args --out "$out/huge" --max-steps 2 > /dev/null 2>&1
-n=$(grep -n '"event":"checkpoint"' "$out/huge/metrics.jsonl" | tail -n 1 | cut -d: -f1)
-sed -i "${n}s/\"epoch_images\":[0-9]*/\"epoch_images\":99999999999999999999999/" "$out/huge/metrics.jsonl"
-if "$kiln" train $args --resume "$out/huge" --out "$out/huge" > /dev/null 2> "$out/huge.err"; then
-  echo "a huge epoch_images was accepted"; exit 1
+
+# 1c. The issue's run (--limit --epochs 2 --batch 96 --lr 2e-3 --seed 11),
+# 4 batches per epoch, windows of 3 steps: stopped at step 2 (inside the
+# window 1-3), resumed with --resume and --out alone into a new directory
+# after the stopped run's metrics.jsonl was deleted, stopped again at step
+# 6 (inside the window 5-7), resumed the same way: the records of the three
+# pieces are the uninterrupted run's.
+cfg="--limit 384 --epochs 2 --batch 96 --lr 2e-3 --seed 11 --log-every 3 --deterministic"
+records() { grep -h -v '"event":"checkpoint"\|"event":"summary"' "$@" | sed 's/,"img_s".*//; s/,"train_s".*//'; }
+"$kiln" train $cfg --workers 1 --out "$out/cfull" > /dev/null 2> "$out/cfull.err"
+"$kiln" train $cfg --workers 1 --out "$out/c1" --max-steps 2 > /dev/null 2> "$out/c1.err"
+mv "$out/c1/metrics.jsonl" "$out/c1.jsonl"
+"$kiln" train --resume "$out/c1" --out "$out/c2" --max-steps 6 > /dev/null 2> "$out/c2.err" ||
+  { cat "$out/c2.err"; exit 1; }
+grep -q "resuming from .*step 2, 2 batches into the epoch" "$out/c2.err"
+mv "$out/c2/metrics.jsonl" "$out/c2.jsonl"
+"$kiln" train --resume "$out/c2" --out "$out/c3" > /dev/null 2> "$out/c3.err" || { cat "$out/c3.err"; exit 1; }
+records "$out/cfull/metrics.jsonl" > "$out/a"
+records "$out/c1.jsonl" "$out/c2.jsonl" "$out/c3/metrics.jsonl" > "$out/b"
+grep -q '"event":"step","step":3,' "$out/a"
+grep -q '"event":"step","step":7,' "$out/a"
+test "$(grep -c '"event":"epoch"' "$out/a")" -eq 2
+if ! cmp -s "$out/a" "$out/b"; then
+  echo "records after two resumes differ from the uninterrupted run's:"; diff "$out/a" "$out/b"; exit 1
 fi
-grep -q "cannot resume: $out/huge/metrics.jsonl:$n: checkpoint record's epoch_images is 1e+23, outside 0..256" "$out/huge.err" ||
-  { cat "$out/huge.err"; exit 1; }
+echo "resume: --resume DIR alone into a new --out: $(wc -l < "$out/a") step and epoch records identical"
+# A flag that contradicts the checkpoint is refused, naming both values,
+# before any output directory is made.
+if "$kiln" train --resume "$out/c1" --out "$out/cx" --batch 64 --lr 1e-3 > /dev/null 2> "$out/cx.err"; then
+  echo "a contradicting --batch was accepted"; exit 1
+fi
+grep -q -- "--resume $out/c1: --batch 64 contradicts the checkpoint's --batch 96; drop the flag" "$out/cx.err" ||
+  { cat "$out/cx.err"; exit 1; }
+grep -q -- "--lr 0.001 contradicts the checkpoint's --lr 0.002" "$out/cx.err" || { cat "$out/cx.err"; exit 1; }
+test ! -e "$out/cx"
+# The same values, and the flags that may change, are taken; more epochs is said.
+"$kiln" train --resume "$out/c1" --out "$out/cm" --batch 96 --epochs 3 --max-steps 3 --workers 0 > /dev/null 2> "$out/cm.err" ||
+  { cat "$out/cm.err"; exit 1; }
+grep -q "continuing for 3 epochs instead of 2" "$out/cm.err"
+# Edited metadata is refused naming the file and the field.
+python3 - "$out/c1/checkpoint.safetensors" "$out/ce/checkpoint.safetensors" <<'PY'
+import json, os, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head = json.loads(raw[8:8 + n])
+head["__metadata__"]["kiln.epoch"] = "-4"
+text = json.dumps(head, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+os.makedirs(os.path.dirname(sys.argv[2]))
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+PY
+if "$kiln" train --resume "$out/ce" --out "$out/ce" > /dev/null 2> "$out/ce.err"; then
+  echo "a negative epoch was accepted"; exit 1
+fi
+grep -q "$out/ce/checkpoint.safetensors: metadata 'kiln.epoch' is -4, outside 0..1000000" "$out/ce.err" ||
+  { cat "$out/ce.err"; exit 1; }
+# A FIFO where metrics.jsonl goes is refused at once, not waited on.
+mkdir "$out/fifo"
+mkfifo "$out/fifo/metrics.jsonl"
+if timeout 60 "$kiln" train --resume "$out/c1" --out "$out/fifo" > /dev/null 2> "$out/fifo.err"; then
+  echo "a FIFO as metrics.jsonl was accepted"; exit 1
+fi
+grep -q "fifo/metrics.jsonl is not a regular file" "$out/fifo.err" || { cat "$out/fifo.err"; exit 1; }
+echo "resume: contradictions, edited metadata and a FIFO refused"
 
 # 2. Ctrl-C: wait for the first step record, interrupt, expect 130 and a checkpoint.
 "$kiln" train --limit 2048 --batch 32 --log-every 1 --workers 1 --out "$out/int" > /dev/null 2> "$out/int.err" &
@@ -169,4 +235,44 @@ if "$kiln" train --data "$out/no_such_dir" --out "$out/nodata" 2> "$out/nodata.e
 fi
 grep -q "dataset-fashion-mnist" "$out/nodata.err"
 grep -q "$out/no_such_dir" "$out/nodata.err"
+
+# 5. Careless input on a 16-image dataset (and a test split of 14x14 images).
+python3 - "$out/tiny" "$out/mixed" <<'PY'
+import os, struct, sys
+def images(path, n, h, w):
+    with open(path, "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, h, w) + bytes((i * 7) % 256 for i in range(n * h * w)))
+def labels(path, n):
+    with open(path, "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
+for d, side in ((sys.argv[1], 28), (sys.argv[2], 14)):
+    os.makedirs(d)
+    images(d + "/train-images-idx3-ubyte", 16, 28, 28)
+    labels(d + "/train-labels-idx1-ubyte", 16)
+    images(d + "/t10k-images-idx3-ubyte", 8, side, side)
+    labels(d + "/t10k-labels-idx1-ubyte", 8)
+PY
+tiny="--data $out/tiny --workers 0 --epochs 1"
+# A batch past the dataset is clamped before any pinned memory is asked for.
+"$kiln" train $tiny --schedule constant --batch 1000000000 --out "$out/t1" > /dev/null 2> "$out/t1.err" ||
+  { cat "$out/t1.err"; exit 1; }
+grep -q -- "--batch 1000000000 is more than the 16 training images: one batch of 16 per epoch" "$out/t1.err"
+# The one-cycle schedule needs 4 steps; a shorter run is told what to pass.
+fails() { # expected-text out-dir args...: exits non-zero, says the text, leaves no out-dir
+  want=$1; dir=$2; shift 2
+  if "$kiln" train "$@" --out "$dir" > /dev/null 2> "$out/fails.err"; then echo "accepted: $*"; exit 1; fi
+  grep -q -- "$want" "$out/fails.err" || { echo "expected '$want':"; cat "$out/fails.err"; exit 1; }
+  if [ -e "$dir" ]; then echo "a failed run left $dir:"; ls -la "$dir"; exit 1; fi
+}
+fails "needs at least 4 optimizer steps .* this run has 3 (1 batch of 16 per epoch x 3 epochs); pass --schedule constant" \
+  "$out/t2/new/dirs" $tiny --epochs 3
+# Train and test images of different sizes: refused when the dataset is opened.
+fails "the training images ($out/mixed/train-images-idx3-ubyte) are 1x28x28 but the test images ($out/mixed/t10k-images-idx3-ubyte) are 1x14x14" \
+  "$out/t3" --data "$out/mixed" --workers 0 --schedule constant
+# A failed run into an existing directory leaves its files as they were.
+mkdir "$out/t4"
+echo '{"event":"step","step":1}' > "$out/t4/metrics.jsonl"
+if "$kiln" train --data "$out/mixed" --workers 0 --out "$out/t4" > /dev/null 2>&1; then echo "mixed sizes accepted"; exit 1; fi
+test "$(cat "$out/t4/metrics.jsonl")" = '{"event":"step","step":1}'
+echo "careless input: clamped batch, mixed image sizes, a short one-cycle schedule; no empty output left"
 echo "train resume: ok"
