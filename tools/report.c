@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "metrics_read.h"
 #include "report.h"
 
 /* ---- Numeric columns of the step and epoch records --------------------------------- */
@@ -82,7 +83,7 @@ typedef struct run {
     cJSON *summary;
     cJSON *other[MAX_OTHER];
     size_t n_other, extra_other;
-    size_t lines, malformed, no_event, n_step, n_epoch;
+    size_t lines, malformed, too_long, no_event, n_step, n_epoch;
     size_t bad_line[4], n_bad_listed;
 } run;
 
@@ -91,62 +92,65 @@ static void bad_line(run *r, size_t line) {
     if (r->n_bad_listed < 4) r->bad_line[r->n_bad_listed++] = line;
 }
 
-/* Every finite number of `rec` except the x field goes into a column. */
+/* Every plottable number of `rec` (kiln_metrics_value) except the x
+ * field goes into a column. */
 static bool record_numbers(cols *cs, const cJSON *rec, const char *x_key, double x) {
     const cJSON *f;
     cJSON_ArrayForEach(f, rec) {
         double v;
-        if (!strcmp(f->string, x_key) || !kiln_json_number(f, &v)) continue;
+        if (!strcmp(f->string, x_key) || !kiln_metrics_value(f, &v)) continue;
         if (!col_push(cs, f->string, x, v)) return false;
     }
     return true;
 }
 
-static bool read_metrics(FILE *f, run *r) {
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
+/* The lines of text[0..len) (kiln_metrics_read_file's buffer) into r;
+ * false when host memory ran out. */
+static bool read_metrics(const char *text, size_t len, run *r) {
     bool ok = true;
-    while (ok && (len = getline(&line, &cap, f)) >= 0) {
+    size_t at = 0, n;
+    const char *line;
+    while (ok && kiln_metrics_next_line(text, len, &at, &line, &n)) {
         r->lines++;
-        size_t n = (size_t)len;
-        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
-            n--;
-        size_t start = 0;
-        while (start < n && (line[start] == ' ' || line[start] == '\t')) start++;
-        if (start == n) continue; /* blank */
-        cJSON *rec = kiln_json_parse(line + start, n - start, NULL, 0);
-        if (!cJSON_IsObject(rec)) {
-            cJSON_Delete(rec);
+        kiln_metrics_record m;
+        switch (kiln_metrics_line_parse(line, n, &m)) {
+        case KILN_METRICS_BLANK:
+            break;
+        case KILN_METRICS_TOO_LONG:
+            r->too_long++;
             bad_line(r, r->lines);
-            continue;
-        }
-        const char *event = kiln_json_string(kiln_json_get(rec, "event"), NULL);
-        double x;
-        if (!event) {
+            break;
+        case KILN_METRICS_MALFORMED:
+            bad_line(r, r->lines);
+            break;
+        case KILN_METRICS_NO_EVENT:
             r->no_event++;
-            cJSON_Delete(rec);
-        } else if (!strcmp(event, "step")) {
+            cJSON_Delete(m.rec);
+            break;
+        case KILN_METRICS_STEP:
             r->n_step++;
-            if (!kiln_json_number(kiln_json_get(rec, "step"), &x)) x = (double)r->n_step;
-            ok = record_numbers(&r->step, rec, "step", x);
-            cJSON_Delete(rec);
-        } else if (!strcmp(event, "epoch")) {
+            ok = record_numbers(&r->step, m.rec, "step", m.has_x ? m.x : (double)r->n_step);
+            cJSON_Delete(m.rec);
+            break;
+        case KILN_METRICS_EPOCH:
             r->n_epoch++;
-            if (!kiln_json_number(kiln_json_get(rec, "epoch"), &x)) x = (double)r->n_epoch;
-            ok = record_numbers(&r->epoch, rec, "epoch", x);
-            cJSON_Delete(rec);
-        } else if (!strcmp(event, "summary")) {
+            ok = record_numbers(&r->epoch, m.rec, "epoch", m.has_x ? m.x : (double)r->n_epoch);
+            cJSON_Delete(m.rec);
+            break;
+        case KILN_METRICS_SUMMARY:
             cJSON_Delete(r->summary); /* the last one counts */
-            r->summary = rec;
-        } else if (r->n_other < MAX_OTHER) {
-            r->other[r->n_other++] = rec;
-        } else {
-            r->extra_other++;
-            cJSON_Delete(rec);
+            r->summary = m.rec;
+            break;
+        case KILN_METRICS_OTHER:
+            if (r->n_other < MAX_OTHER) {
+                r->other[r->n_other++] = m.rec;
+            } else {
+                r->extra_other++;
+                cJSON_Delete(m.rec);
+            }
+            break;
         }
     }
-    free(line);
     return ok;
 }
 
@@ -449,11 +453,6 @@ static void usage(FILE *f) {
                "  --snapshot FILE  read the memory snapshot from FILE instead\n");
 }
 
-static bool file_exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 static void run_free(run *r) {
     cols_free(&r->step);
     cols_free(&r->epoch);
@@ -493,23 +492,35 @@ int kiln_cmd_report(int argc, char **argv) {
     memset(&r, 0, sizeof r);
     kiln_strbuf html = {0}, notes = {0}, body = {0};
     plotter pl = {.html = &body, .notes = &notes};
-    FILE *mf = fopen(metrics_path, "r");
-    bool have_snapshot = file_exists(snap_path);
-    if (!mf && !have_snapshot) {
-        fprintf(stderr, "kiln report: cannot read %s: %s (pass the --out directory of a kiln train run)\n",
-                metrics_path, strerror(errno));
+    /* metrics.jsonl: read whole (bounded, regular files only). A missing
+     * one is fine when there is a snapshot to show; one that exists but
+     * cannot be read is an error, never a page that quietly lacks it. */
+    char err[4400];
+    size_t mlen = 0;
+    char *mtext = kiln_metrics_read_file(metrics_path, KILN_METRICS_MAX_FILE_BYTES, &mlen, err, sizeof err);
+    int merr = mtext ? 0 : errno;
+    bool have_metrics = mtext != NULL, metrics_missing = merr == ENOENT;
+    struct stat sb;
+    /* There is one unless the name is free: a symlink loop or an unreadable
+     * entry is reported by rp_memory_section, not taken for "none". */
+    bool have_snapshot = snap_arg || stat(snap_path, &sb) == 0 || errno != ENOENT;
+    if (!have_metrics && (!metrics_missing || !have_snapshot)) {
+        fprintf(stderr, "kiln report: %s (%s)\n", err,
+                merr == EFBIG ? "kiln report reads at most 256 MiB of metrics: keep every n-th step record, "
+                                "e.g. awk 'NR % 10 == 1 || !/\"event\":\"step\"/'"
+                              : "pass the --out directory of a kiln train run, which holds metrics.jsonl");
         return 1;
     }
-    if (mf) {
-        bool ok = read_metrics(mf, &r);
-        fclose(mf);
+    if (have_metrics) {
+        bool ok = read_metrics(mtext, mlen, &r);
+        free(mtext);
         if (!ok) {
             fprintf(stderr, "kiln report: out of host memory reading %s\n", metrics_path);
             run_free(&r);
             return 1;
         }
     } else {
-        note(&notes, "%s cannot be read: training plots skipped", metrics_path);
+        note(&notes, "%s does not exist: training plots skipped", metrics_path);
     }
     if (r.malformed) {
         char lines[96] = "";
@@ -519,8 +530,11 @@ int kiln_cmd_report(int argc, char **argv) {
              r.malformed == 1 ? "" : "s", r.n_bad_listed == 1 ? "" : "s", lines,
              r.malformed > r.n_bad_listed ? ", ..." : "");
     }
+    if (r.too_long)
+        note(&notes, "%zu line%s of metrics.jsonl longer than %zu bytes skipped unread", r.too_long,
+             r.too_long == 1 ? "" : "s", KILN_METRICS_MAX_LINE_BYTES);
     if (r.no_event) note(&notes, "%zu records without an \"event\" field skipped", r.no_event);
-    if (mf && !r.summary)
+    if (have_metrics && !r.summary)
         note(&notes,
              "no summary record: the run was interrupted or is still running (figures below come from the "
              "records it wrote)");
@@ -536,13 +550,21 @@ int kiln_cmd_report(int argc, char **argv) {
             "<tr><th>step records</th><td>%zu</td></tr><tr><th>epoch records</th><td>%zu</td></tr>",
             r.n_step, r.n_epoch);
         const col *acc = col_find(&r.epoch, "test_acc"), *loss = col_find(&r.step, "loss");
-        if (acc && acc->n)
-            kiln_strbuf_printf(&body, "<tr><th>last test_acc (epoch %.0f)</th><td>%.2f%%</td></tr>",
-                               acc->x[acc->n - 1],
-                               acc->y[acc->n - 1] <= 1 ? 100 * acc->y[acc->n - 1] : acc->y[acc->n - 1]);
-        if (loss && loss->n)
-            kiln_strbuf_printf(&body, "<tr><th>last loss (step %.0f)</th><td>%.4g</td></tr>",
-                               loss->x[loss->n - 1], loss->y[loss->n - 1]);
+        char x[32], y[32];
+        if (acc && acc->n) {
+            double a = acc->y[acc->n - 1];
+            rp_format_number(acc->x[acc->n - 1], x, sizeof x);
+            if (a >= 0 && a <= 1)
+                snprintf(y, sizeof y, "%.2f", 100 * a);
+            else
+                rp_format_number(a, y, sizeof y);
+            kiln_strbuf_printf(&body, "<tr><th>last test_acc (epoch %s)</th><td>%s%%</td></tr>", x, y);
+        }
+        if (loss && loss->n) {
+            rp_format_number(loss->x[loss->n - 1], x, sizeof x);
+            snprintf(y, sizeof y, "%.4g", loss->y[loss->n - 1]);
+            kiln_strbuf_printf(&body, "<tr><th>last loss (step %s)</th><td>%s</td></tr>", x, y);
+        }
         kiln_strbuf_printf(&body, "</tbody></table>\n");
     }
     if (r.n_other) {
@@ -553,7 +575,7 @@ int kiln_cmd_report(int argc, char **argv) {
     }
 
     /* Training plots. */
-    if (mf) {
+    if (have_metrics) {
         kiln_strbuf_printf(&body, "<h2>Training</h2>\n<div class=\"grid\">\n");
         static const char *const loss_names[] = {"loss", "loss", NULL};
         plot_cols(&pl, &r.step, "Training loss per step window", "step", "loss", loss_names, 1,
@@ -574,9 +596,14 @@ int kiln_cmd_report(int argc, char **argv) {
         plot_cols(&pl, &r.step, "Learning rate", "step", "lr", lr, 1, "no lr field in the step records");
         kiln_strbuf_printf(&body, "</div>\n");
     }
-    if (have_snapshot)
-        pl.plots += rp_memory_section(&body, &notes, snap_path);
-    else
+    /* A snapshot that exists but cannot be read (a FIFO, a directory, too
+     * large) is an error like metrics.jsonl's; bad JSON inside is a note. */
+    if (have_snapshot && rp_memory_section(&body, &notes, snap_path, &pl.plots) != 0) {
+        free(html.data), free(notes.data), free(body.data);
+        run_free(&r);
+        return 1;
+    }
+    if (!have_snapshot)
         note(&notes,
              "no memory snapshot (%s): memory timeline skipped; a program writes one with "
              "kiln_memory_snapshot (docs/report.md)",

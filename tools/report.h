@@ -53,9 +53,16 @@ void rp_format_bytes(double v, char *buf, size_t n);
 
 /* ---- The memory snapshot (report_memory.c) --------------------------------------- */
 
+/* The most of a memory snapshot kiln report reads: a full history ring
+ * (262144 events of ~300 bytes) is some 80 MB. */
+#define RP_MAX_SNAPSHOT_BYTES ((size_t)512 << 20)
+
 /* Append the memory section for the snapshot at `path` (a timeline plot
- * and tables) to `html`; problems go to `notes` as list items. Returns the
- * number of plots written. */
-int rp_memory_section(kiln_strbuf *html, kiln_strbuf *notes, const char *path);
+ * and tables) to `html` and add its plot count to *plots; problems with
+ * its content go to `notes` as list items. 1 (the reason printed to
+ * stderr, naming the file) when the file cannot be read: not a regular
+ * file (checked before reading, so a FIFO never blocks), over
+ * RP_MAX_SNAPSHOT_BYTES, or unreadable; else 0. */
+int rp_memory_section(kiln_strbuf *html, kiln_strbuf *notes, const char *path, int *plots);
 
 #endif

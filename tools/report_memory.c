@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "metrics_read.h"
 #include "report.h"
 
 #define MAX_LAYERS  8   /* sites drawn separately; the rest are "other" */
@@ -215,7 +216,7 @@ static void note(kiln_strbuf *notes, const char *fmt, ...) {
 static void bytes_cell(kiln_strbuf *o, double v) {
     char b[32];
     rp_format_bytes(v, b, sizeof b);
-    kiln_strbuf_printf(o, "<td data-v=\"%.0f\">%s</td>", v, b);
+    kiln_strbuf_printf(o, "<td data-v=\"%.17g\">%s</td>", v, b);
 }
 
 typedef struct replay {
@@ -486,7 +487,9 @@ static void segments_summary(kiln_strbuf *o, const cJSON *segs, snap *s) {
             rp_html_escape(o, order[k] < g->n ? g->s[order[k]] : "?");
             kiln_strbuf_printf(o, "</td>");
             bytes_cell(o, by_group[order[k]]);
-            kiln_strbuf_printf(o, "<td>%.0f</td></tr>\n", count[order[k]]);
+            char c[32];
+            rp_format_number(count[order[k]], c, sizeof c);
+            kiln_strbuf_printf(o, "<td>%s</td></tr>\n", c);
         }
         kiln_strbuf_printf(o, "</tbody></table>\n");
     }
@@ -565,23 +568,24 @@ static bool read_snapshot(const char *text, size_t len, snap *s, cJSON **root, s
     return ok;
 }
 
-int rp_memory_section(kiln_strbuf *o, kiln_strbuf *notes, const char *path) {
+int rp_memory_section(kiln_strbuf *o, kiln_strbuf *notes, const char *path, int *plots_out) {
     size_t len = 0;
-    char *text = kiln_json_read_file(path, &len);
+    char err[4400];
+    char *text = kiln_metrics_read_file(path, RP_MAX_SNAPSHOT_BYTES, &len, err, sizeof err);
     if (!text) {
-        note(notes, "memory snapshot %s cannot be read: memory timeline skipped", path);
-        return 0;
+        fprintf(stderr, "kiln report: memory snapshot: %s (%s)\n", err,
+                errno == EFBIG ? "record a shorter history with kiln_memory_record_history"
+                               : "pass a snapshot written by kiln_memory_snapshot with --snapshot FILE, or "
+                                 "remove it from the run directory");
+        return 1;
     }
-    char err[160];
     cJSON *root = NULL;
     size_t bad = 0, n_oom = 0;
     int plots = 0;
     snap s = {0};
-    if (!read_snapshot(text, len, &s, &root, &bad, err, sizeof err)) {
-        char msg[400];
-        snprintf(msg, sizeof msg, "memory snapshot %s is not valid JSON (%s): memory timeline skipped", path,
-                 err);
-        note(notes, "%s", msg);
+    char why[160];
+    if (!read_snapshot(text, len, &s, &root, &bad, why, sizeof why)) {
+        note(notes, "memory snapshot %s is not valid JSON (%s): memory timeline skipped", path, why);
         goto out;
     }
     for (size_t i = 0; i < s.n; i++) n_oom += s.evs[i].action == A_OOM;
@@ -604,10 +608,12 @@ int rp_memory_section(kiln_strbuf *o, kiln_strbuf *notes, const char *path) {
         rp_format_bytes(stat_of(stats, "allocated_bytes", "peak"), b, sizeof b);
         rp_format_bytes(stat_of(stats, "reserved_bytes", "current"), c, sizeof c);
         double ooms = 0, dev = 0;
+        char n_ooms[32], n_dev[32];
         kiln_json_number(kiln_json_get(stats, "num_ooms"), &ooms);
         kiln_json_number(kiln_json_get(stats, "num_device_alloc"), &dev);
-        kiln_strbuf_printf(o, ": allocated %s (peak %s), reserved %s, %.0f raw device allocations, %.0f OOMs",
-                           a, b, c, dev, ooms);
+        rp_format_number(ooms, n_ooms, sizeof n_ooms), rp_format_number(dev, n_dev, sizeof n_dev);
+        kiln_strbuf_printf(o, ": allocated %s (peak %s), reserved %s, %s raw device allocations, %s OOMs", a,
+                           b, c, n_dev, n_ooms);
     }
     kiln_strbuf_printf(o, ".</p>\n");
     if (bad) {
@@ -623,7 +629,9 @@ int rp_memory_section(kiln_strbuf *o, kiln_strbuf *notes, const char *path) {
         double dropped = 0;
         kiln_json_number(kiln_json_get(history, "dropped"), &dropped);
         kiln_strbuf_printf(o, "<p>The trace holds %zu events over %.3f s", s.n, span);
-        if (dropped > 0) kiln_strbuf_printf(o, " (%.0f older events fell out of the ring buffer)", dropped);
+        char n_dropped[32];
+        rp_format_number(dropped, n_dropped, sizeof n_dropped);
+        if (dropped > 0) kiln_strbuf_printf(o, " (%s older events fell out of the ring buffer)", n_dropped);
         if (n_oom) kiln_strbuf_printf(o, "; <b>%zu out-of-memory errors</b>", n_oom);
         kiln_strbuf_printf(o, ".</p>\n");
         plots += draw_timeline(o, notes, &s, root);
@@ -634,5 +642,6 @@ out:
     interner_free(&s.sites), interner_free(&s.ops), interner_free(&s.groups);
     cJSON_Delete(root);
     free(text);
-    return plots;
+    *plots_out += plots;
+    return 0;
 }

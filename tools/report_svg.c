@@ -55,7 +55,9 @@ void rp_format_bytes(double v, char *buf, size_t n) {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
     while (u < 4 && fabs(v) >= 1024) v /= 1024, u++;
-    if (u == 0)
+    if (!isfinite(v) || fabs(v) >= 1e6) /* beyond a petabyte: no 300-digit figure */
+        snprintf(buf, n, "%.3g %s", v, units[u]);
+    else if (u == 0)
         snprintf(buf, n, "%.0f B", v);
     else
         snprintf(buf, n, "%.1f %s", v, units[u]);

@@ -102,7 +102,7 @@ static void full_report(void) {
     CHECK_EQ_I(rt_run("'%s' report '%s' --out '%s/other.html' > /dev/null", kiln_bin, dir, tmp), 0);
     snprintf(path, sizeof path, "%s/other.html", tmp);
     html = rt_read(path);
-    CHECK(html && rt_count(html, "<svg class=\"plot") == 1 && strstr(html, "metrics.jsonl cannot be read"));
+    CHECK(html && rt_count(html, "<svg class=\"plot") == 1 && strstr(html, "metrics.jsonl does not exist"));
     free(html);
 }
 
@@ -176,7 +176,9 @@ static void bad_inputs(void) {
         memcpy(junk + n, bin, sizeof bin - 1), n += sizeof bin - 1;
         memcpy(junk + n, step1, sizeof step1 - 1), n += sizeof step1 - 1;
         h = page_of("junk", junk, n, 3);
-        CHECK(h && strstr(h, "3 malformed lines"));
+        /* The megabyte line is over KILN_METRICS_MAX_LINE_BYTES: skipped unparsed. */
+        CHECK(h && strstr(h, "4 malformed lines"));
+        CHECK(h && strstr(h, "1 line of metrics.jsonl longer than 1048576 bytes skipped unread"));
         free(h);
         free(junk);
     }
@@ -215,7 +217,7 @@ static void errors(void) {
     char path[4400];
     snprintf(path, sizeof path, "%s/err", tmp);
     char *err = rt_read(path);
-    CHECK(err && strstr(err, "cannot read") && strstr(err, "metrics.jsonl"));
+    CHECK(err && strstr(err, "cannot open") && strstr(err, "metrics.jsonl") && strstr(err, "No such file"));
     free(err);
     CHECK_EQ_I(rt_run("'%s' report > /dev/null 2>&1", kiln_bin), 2);
     CHECK_EQ_I(rt_run("'%s' report a b > /dev/null 2>&1", kiln_bin), 2);
@@ -230,6 +232,70 @@ static void errors(void) {
     free(err);
 }
 
+/* The longest run of digits in s: a number printed with %.0f from 1e300
+ * is 301 of them. */
+static size_t longest_digits(const char *s) {
+    size_t best = 0, run = 0;
+    for (; *s; s++) {
+        run = *s >= '0' && *s <= '9' ? run + 1 : 0;
+        if (run > best) best = run;
+    }
+    return best;
+}
+
+/* Only regular files are read, within a size cap, and neither a FIFO nor
+ * /dev/zero blocks: each is refused, exit 1, naming the file and what it
+ * is. Huge numbers print as short numbers. */
+static void hostile_files(void) {
+    static const char good[] = "{\"event\":\"step\",\"step\":1,\"loss\":2.0}\n";
+    static const struct {
+        const char *name, *make, *expect;
+    } cases[] = {
+        {"fifo", "mkfifo '%s/metrics.jsonl'", "is a FIFO (named pipe), not a regular file"},
+        {"directory", "mkdir '%s/metrics.jsonl'", "is a directory, not a regular file"},
+        {"devzero", "ln -s /dev/zero '%s/metrics.jsonl'", "is a character device, not a regular file"},
+        {"loop", "ln -s metrics.jsonl '%s/metrics.jsonl'", "Too many levels of symbolic links"},
+        {"huge", "truncate -s 300M '%s/metrics.jsonl'", "more than the 256.00 MiB kiln report reads"},
+        {"snapfifo", "mkfifo '%s/memory_snapshot.json'", "memory_snapshot.json is a FIFO (named pipe)"},
+        {"snapdir", "mkdir '%s/memory_snapshot.json'", "memory_snapshot.json is a directory"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[4200], path[4400], cmd[8800];
+        make_dir(dir, sizeof dir, cases[i].name);
+        if (!strncmp(cases[i].name, "snap", 4)) {
+            snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+            rt_write(path, good, strlen(good));
+        }
+        snprintf(cmd, sizeof cmd, cases[i].make, dir);
+        CHECK_MSG(rt_run("%s", cmd) == 0, "%s: %s failed", cases[i].name, cmd);
+        /* `timeout`: a read that blocks fails the case instead of hanging the test. */
+        int rc = rt_run("timeout 20 '%s' report '%s' > /dev/null 2> '%s/stderr'", kiln_bin, dir, dir);
+        snprintf(path, sizeof path, "%s/stderr", dir);
+        char *err = rt_read(path);
+        CHECK_MSG(rc == 1, "%s: kiln report exited %d, expected 1", cases[i].name, rc);
+        CHECK_MSG(err && strstr(err, dir) && strstr(err, cases[i].expect), "%s: stderr lacks \"%s\": %s",
+                  cases[i].name, cases[i].expect, err ? err : "(none)");
+        free(err);
+    }
+    /* Numbers near the double range in every place a number is printed. */
+    static const char huge[] =
+        "{\"event\":\"config\",\"seed\":1e300,\"batch\":-1e300}\n"
+        "{\"event\":\"step\",\"step\":1e300,\"epoch\":1e300,\"loss\":1e300,\"mem_allocated\":1e300}\n"
+        "{\"event\":\"step\",\"step\":2,\"loss\":-1e300,\"mem_allocated\":1.7e308}\n"
+        "{\"event\":\"epoch\",\"epoch\":1e300,\"test_acc\":1e300,\"epoch_images\":1e300}\n"
+        "{\"event\":\"config\",\"seed\":2,\"batch\":1e308}\n";
+    char *h = page_of("hugenumbers", huge, strlen(huge), -1);
+    CHECK_MSG(h && longest_digits(h) < 24, "hugenumbers: a number of %zu digits on the page",
+              h ? longest_digits(h) : 0);
+    free(h);
+    static const char huge_summary[] = "{\"event\":\"summary\",\"peak_mem_bytes\":1e300,\"wall_s\":1e300,"
+                                       "\"test_acc\":1e300,\"steps\":9.3e18}\n";
+    h = page_of("hugesummary", huge_summary, strlen(huge_summary), -1);
+    CHECK_MSG(h && longest_digits(h) < 24, "hugesummary: a number of %zu digits on the page",
+              h ? longest_digits(h) : 0);
+    free(h);
+}
+
 int main(void) {
     if (!rt_find_kiln(kiln_bin, sizeof kiln_bin))
         kt_missing("the kiln binary is not built next to the tests (bin/kiln)");
@@ -241,6 +307,7 @@ int main(void) {
     full_report();
     bad_inputs();
     errors();
+    hostile_files();
     if (!kt_failed_)
         rt_run("rm -rf '%s'", tmp);
     else
