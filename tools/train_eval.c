@@ -29,29 +29,65 @@ static int parse(const char *cmd, int argc, char **argv, tool_args *a, bool want
         }
         const char *v = argv[++i];
         char *end = NULL;
-        if (!strcmp(o, "--checkpoint")) a->checkpoint = v;
-        else if (!strcmp(o, "--model")) a->model = v;
-        else if (!want_out && !strcmp(o, "--data")) a->data = v;
+        if (!strcmp(o, "--checkpoint"))
+            a->checkpoint = v;
+        else if (!strcmp(o, "--model"))
+            a->model = v;
+        else if (!want_out && !strcmp(o, "--data"))
+            a->data = v;
         else if (!want_out && (!strcmp(o, "--batch") || !strcmp(o, "--limit"))) {
+            errno = 0;
             long long n = strtoll(v, &end, 10);
-            if (!*v || *end || n < 1) {
-                fprintf(stderr, "kiln %s: bad value '%s' for %s\n", cmd, v, o);
+            if (!*v || *end || n < 1 || errno == ERANGE) {
+                fprintf(stderr, "kiln %s: bad value '%s' for %s: give a whole number from 1 to %lld\n", cmd,
+                        v, o, LLONG_MAX);
                 return 2;
             }
-            if (!strcmp(o, "--batch")) a->batch = n;
-            else a->limit = n;
-        } else if (want_out && !strcmp(o, "--out")) a->out = v;
+            if (!strcmp(o, "--batch"))
+                a->batch = n;
+            else
+                a->limit = n;
+        } else if (want_out && !strcmp(o, "--out"))
+            a->out = v;
         else {
             fprintf(stderr, "kiln %s: unknown option '%s' (kiln %s --help)\n", cmd, o, cmd);
             return 2;
         }
     }
     if (!a->checkpoint || (want_out && !a->out)) {
-        fprintf(stderr, "kiln %s: --checkpoint FILE%s is required (kiln %s --help)\n", cmd,
-                want_out ? " and --out DIR are" : "", cmd);
+        fprintf(stderr, "kiln %s: %s required (kiln %s --help)\n", cmd,
+                want_out ? "--checkpoint FILE and --out DIR are" : "--checkpoint FILE is", cmd);
         return 2;
     }
     return 0;
+}
+
+/* mkdir -p `path`, as kiln train does for --out; on failure prints which
+ * directory could not be made and why, and returns 1 (2 for an empty path). */
+static int make_dirs(const char *cmd, const char *path) {
+    char tmp[PATH_MAX];
+    if (!*path) {
+        fprintf(stderr, "kiln %s: --out is empty: give the directory to write to\n", cmd);
+        return 2;
+    }
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
+        fprintf(stderr, "kiln %s: --out %s: the path is longer than %d bytes\n", cmd, path, PATH_MAX - 1);
+        return 1;
+    }
+    for (char *p = tmp + 1;; p++) {
+        bool last = *p == '\0';
+        if (*p != '/' && !last) continue;
+        *p = '\0';
+        struct stat st;
+        if (mkdir(tmp, 0755) != 0 && (errno != EEXIST || stat(tmp, &st) != 0 || !S_ISDIR(st.st_mode))) {
+            int err = errno == EEXIST ? ENOTDIR : errno;
+            fprintf(stderr, "kiln %s: cannot create %s for --out %s: %s (choose another --out DIR)\n", cmd,
+                    tmp, path, strerror(err));
+            return 1;
+        }
+        if (last) return 0;
+        *p = '/';
+    }
 }
 
 /* The spec text: --model's file, else the checkpoint's; *c,*h,*w from the
@@ -87,8 +123,8 @@ static int build(const char *cmd, const tool_args *a, int64_t c, int64_t h, int6
                  char **spec) {
     *spec = model_spec(cmd, a);
     if (!*spec) return 1;
-    if (train_parse_spec(cmd, *spec, a->model ? a->model : a->checkpoint, a->model ? NULL : a->checkpoint, c, h, w,
-                         m) != 0)
+    if (train_parse_spec(cmd, *spec, a->model ? a->model : a->checkpoint, a->model ? NULL : a->checkpoint, c,
+                         h, w, m) != 0)
         return 1;
     if (kiln_checkpoint_load(a->checkpoint, *m, NULL, NULL) != KILN_OK) return train_fail(cmd, "checkpoint");
     return 0;
@@ -108,13 +144,17 @@ int kiln_cmd_eval(int argc, char **argv) {
     kiln_dataset *ds = NULL;
     if (train_open_split(a.data, a.limit, "test", &ds) != KILN_OK) return train_fail("eval", "test set");
     kiln_sample_info info = kiln_dataset_info(ds);
+    /* A batch larger than the test set would only ask for memory no batch fills. */
+    int64_t n_test = kiln_dataset_length(ds);
+    if (a.batch > n_test && n_test > 0) a.batch = n_test;
     kiln_module *m = NULL;
     kiln_loader *ld = NULL;
     char *spec = NULL;
     kiln_device dev = kiln_default_device();
     rc = build("eval", &a, info.channels, info.height, info.width, &m, &spec);
     if (!rc && kiln_module_to(m, dev) != KILN_OK) rc = train_fail("eval", "model");
-    if (!rc && train_make_loader(ds, dev, a.batch, false, 0, -1, &ld) != KILN_OK) rc = train_fail("eval", "loader");
+    if (!rc && train_make_loader(ds, dev, a.batch, false, 0, -1, &ld) != KILN_OK)
+        rc = train_fail("eval", "loader");
     double loss = 0, acc = 0;
     int64_t n = 0;
     if (!rc && train_evaluate(m, ld, 0, &loss, &acc, &n) != KILN_OK) rc = train_fail("eval", "evaluation");
@@ -126,8 +166,8 @@ int kiln_cmd_eval(int argc, char **argv) {
         rc = 1;
     }
     if (!rc) {
-        printf("kiln eval: %s: test accuracy %.2f%%, test loss %.4f on %lld images\n", a.checkpoint, 100 * acc, loss,
-               (long long)n);
+        printf("kiln eval: %s: test accuracy %.2f%%, test loss %.4f on %lld images\n", a.checkpoint,
+               100 * acc, loss, (long long)n);
         printf("{\"event\":\"eval\",\"test_acc\":%.6f,\"test_loss\":%.9g,\"images\":%lld}\n", acc, loss,
                (long long)n);
     }
@@ -150,10 +190,7 @@ int kiln_cmd_export(int argc, char **argv) {
     if (rc) return rc;
     int64_t c = 0, h = 0, w = 0;
     if ((rc = input_shape("export", a.checkpoint, &c, &h, &w))) return rc;
-    if (mkdir(a.out, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "kiln export: cannot create %s: %s\n", a.out, strerror(errno));
-        return 1;
-    }
+    if ((rc = make_dirs("export", a.out))) return rc;
     kiln_module *m = NULL;
     char *spec = NULL;
     rc = build("export", &a, c, h, w, &m, &spec);
@@ -173,7 +210,8 @@ int kiln_cmd_export(int argc, char **argv) {
             rc = 1;
         } else {
             printf("kiln export: %s (%lld parameters) and %s (input %lldx%lldx%lld)\n", path,
-                   (long long)kiln_module_num_parameters(m), spec_path, (long long)c, (long long)h, (long long)w);
+                   (long long)kiln_module_num_parameters(m), spec_path, (long long)c, (long long)h,
+                   (long long)w);
         }
     }
     kiln_module_free(m);
