@@ -276,6 +276,9 @@ kiln_status kiln_module_to_dtype(kiln_module *m, kiln_dtype dtype);
  *                                    else a 1x1 conv (no bias, stride from the sizes) + BatchNorm
  * The result is a Sequential (children "0", "1", ...; a residual block's
  * children "body" and "shortcut") for inputs (N, channels, height, width).
+ * Every number in a spec, and each input size, is 1..2^30 (padding
+ * 0..2^30), and a spec holds at most KILN_MODEL_SPEC_MAX_LAYERS layers (a
+ * residual block and each layer of its body count one each).
  * Errors (KILN_ERR_INVALID_ARGUMENT) read "NAME:LINE: ..." with the line's
  * text and the expected form; a shape mismatch names both lines and the
  * shape. On success *out is a new module the caller frees with
@@ -286,6 +289,20 @@ kiln_status kiln_model_spec_parse(const char *text, const char *name, int64_t ch
  * inside is an error). */
 kiln_status kiln_model_spec_parse_n(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
                                     int64_t width, kiln_module **out);
+/* The most layers a model spec may hold: an order of magnitude above the
+ * deepest published CNN written as a spec (ResNet-1202, about 4,800
+ * lines), and a quarter of what the 1 MiB a spec file may hold could ask
+ * for ("relu" lines), so that untrusted text cannot make hundreds of
+ * thousands of modules. */
+#define KILN_MODEL_SPEC_MAX_LAYERS 65536
+/* The default limits of kiln_model_spec_budget that the kiln command
+ * applies to every spec it parses (--model or a checkpoint's), raised
+ * with KILN_MAX_PARAMETERS and KILN_MAX_ACTIVATION: 2^28 parameters
+ * (1 GiB of f32 weights, 4 GiB with gradients and Adam's two moments;
+ * VGG-16 has 138 M) and 2^26 values in one sample's largest layer output
+ * (256 MiB of f32 per sample; VGG-16 on 224x224 images needs 3.2 M). */
+#define KILN_MODEL_SPEC_DEFAULT_MAX_PARAMETERS (INT64_C(1) << 28)
+#define KILN_MODEL_SPEC_DEFAULT_MAX_ACTIVATION (INT64_C(1) << 26)
 /* Limits on a spec, and what the spec parsed needs. */
 typedef struct kiln_model_spec_budget {
     /* In (0: no limit): the model's parameters (kiln_module_num_parameters'
@@ -306,6 +323,15 @@ typedef struct kiln_model_spec_budget {
 kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const char *name, int64_t channels,
                                           int64_t height, int64_t width, kiln_model_spec_budget *budget,
                                           kiln_module **out);
+/* kiln_model_spec_parse_limited without building: the same checks, the
+ * same errors and the same counts in *budget (NULL: no limits), but no
+ * module is made and no parameter storage allocated (the parser's few
+ * KiB only). For validating untrusted text before paying for the model,
+ * and for fuzzing the parser alone. KILN_OK means parse_limited would
+ * accept the text, unless memory runs out while it builds. Does not
+ * block. */
+kiln_status kiln_model_spec_check(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
+                                  int64_t width, kiln_model_spec_budget *budget);
 /* Read the spec file `path` (at most 1 MiB) and parse it; errors name the
  * path. KILN_ERR_IO when it cannot be read. */
 kiln_status kiln_model_spec_load(const char *path, int64_t channels, int64_t height, int64_t width,

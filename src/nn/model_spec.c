@@ -36,9 +36,10 @@ typedef struct spec_origin {
 
 /* One open Sequential: the top level or a residual body. */
 typedef struct spec_frame {
-    kiln_module *seq;
-    spec_shape in;  /* shape entering the block */
-    int open_line;  /* line of `residual {` (0 for the top level) */
+    kiln_module *seq; /* NULL when only checking (kiln_model_spec_check) */
+    spec_shape in;    /* shape entering the block */
+    int open_line;    /* line of `residual {` (0 for the top level) */
+    int layers;       /* the block's layers so far */
 } spec_frame;
 
 typedef struct spec_parser {
@@ -51,6 +52,8 @@ typedef struct spec_parser {
     spec_origin origin;
     spec_frame stack[SPEC_MAX_DEPTH];
     int depth;
+    int layers;  /* in the whole spec, residual blocks and their bodies included */
+    bool build;  /* false: check only, no module is made (kiln_model_spec_check) */
     kiln_model_spec_budget budget; /* the caller's limits; the counts so far (saturating) */
 } spec_parser;
 
@@ -96,6 +99,9 @@ static bool parse_int(const char *s, const char *prefix, int64_t min, int64_t *o
 #define sat_mul kiln_sat_mul_i64
 #define sat_add kiln_sat_add_i64
 
+/* n f32 values in GiB, for messages. */
+static double gib_f32(int64_t n) { return (double)n * 4.0 / (1024.0 * 1024.0 * 1024.0); }
+
 /* The layer on this line adds n parameters: refused, before anything of it
  * is allocated, where that takes the model past the caller's limit. */
 static kiln_status count_params(spec_parser *p, int64_t n) {
@@ -104,8 +110,10 @@ static kiln_status count_params(spec_parser *p, int64_t n) {
     b->parameters = total; /* past the limit on failure: the caller can tell which limit it was */
     if (b->max_parameters > 0 && total > b->max_parameters)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "make the layer smaller or raise the limit",
-                          "%s:%d: '%s' adds %lld parameters, taking the model to %lld, above the limit of %lld", p->name,
-                          p->line, p->text, (long long)n, (long long)total, (long long)b->max_parameters);
+                          "%s:%d: '%s' adds %lld parameters, taking the model to %lld, above the limit of %lld "
+                          "(%.2f GiB of f32 weights against %.2f GiB)",
+                          p->name, p->line, p->text, (long long)n, (long long)total, (long long)b->max_parameters,
+                          gib_f32(total), gib_f32(b->max_parameters));
     return KILN_OK;
 }
 
@@ -118,23 +126,33 @@ static kiln_status count_activation(spec_parser *p, spec_shape s) {
     if (b->max_activation > 0 && n > b->max_activation) {
         char buf[96];
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "make the layer's output smaller or raise the limit",
-                          "%s:%d: '%s' gives %s, %lld values per sample, above the limit of %lld", p->name, p->line,
-                          p->text, shape_str(s, buf, sizeof buf), (long long)n, (long long)b->max_activation);
+                          "%s:%d: '%s' gives %s, %lld values per sample, above the limit of %lld (%.2f GiB of f32 "
+                          "per sample against %.2f GiB)",
+                          p->name, p->line, p->text, shape_str(s, buf, sizeof buf), (long long)n,
+                          (long long)b->max_activation, gib_f32(n), gib_f32(b->max_activation));
     }
     return KILN_OK;
 }
 
 /* Layers with parameters count them (count_params) before they are built;
  * the output's size is checked here, after: building costs no more than
- * the parameters. */
+ * the parameters. When only checking, m is NULL and nothing is built. */
 static kiln_status append(spec_parser *p, kiln_module *m, spec_shape next) {
-    if (!m) return KILN_ERR_INVALID_ARGUMENT; /* the constructor's error stands */
+    if (p->build && !m) return KILN_ERR_INVALID_ARGUMENT; /* the constructor's error stands */
     kiln_status st = count_activation(p, next);
+    if (st == KILN_OK && p->layers == KILN_MODEL_SPEC_MAX_LAYERS)
+        st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                        "a spec is a model a person wrote: is this the right file? (ResNet-1202 is about 4,800 "
+                        "layers)",
+                        "%s:%d: '%s' is layer %d, past the %d layers a model spec may hold", p->name, p->line, p->text,
+                        p->layers + 1, KILN_MODEL_SPEC_MAX_LAYERS);
     if (st != KILN_OK) {
         kiln_module_free(m);
         return st;
     }
-    KILN_TRY(kiln_nn_sequential_append(p->stack[p->depth - 1].seq, m));
+    if (p->build) KILN_TRY(kiln_nn_sequential_append(p->stack[p->depth - 1].seq, m));
+    p->layers++;
+    p->stack[p->depth - 1].layers++;
     p->shape = next;
     p->origin.line = p->line;
     snprintf(p->origin.text, sizeof p->origin.text, "%s", p->text);
@@ -177,7 +195,7 @@ static kiln_status layer_conv(spec_parser *p) {
     KILN_TRY(window_out(p, k, pad, stride, &s));
     s.c = out;
     KILN_TRY(count_params(p, sat_add(sat_mul(sat_mul(p->shape.c, out), sat_mul(k, k)), bias ? out : 0)));
-    return append(p, kiln_nn_conv2d(p->shape.c, out, k, stride, pad, 1, 1, bias), s);
+    return append(p, p->build ? kiln_nn_conv2d(p->shape.c, out, k, stride, pad, 1, 1, bias) : NULL, s);
 }
 
 static kiln_status layer_pool(spec_parser *p, bool max) {
@@ -192,6 +210,7 @@ static kiln_status layer_pool(spec_parser *p, bool max) {
     KILN_TRY(need_image(p));
     spec_shape s = p->shape;
     KILN_TRY(window_out(p, k, pad, stride ? stride : k, &s));
+    if (!p->build) return append(p, NULL, s);
     return append(p, max ? kiln_nn_max_pool2d(k, stride, pad) : kiln_nn_avg_pool2d(k, stride, pad), s);
 }
 
@@ -202,7 +221,7 @@ static kiln_status layer_adaptive(spec_parser *p) {
     KILN_TRY(need_image(p));
     spec_shape s = p->shape;
     s.h = s.w = n;
-    return append(p, kiln_nn_adaptive_avg_pool2d(n, n), s);
+    return append(p, p->build ? kiln_nn_adaptive_avg_pool2d(n, n) : NULL, s);
 }
 
 static kiln_status layer_linear(spec_parser *p) {
@@ -217,7 +236,7 @@ static kiln_status layer_linear(spec_parser *p) {
     if (!p->shape.flat) return spec_mismatch(p, "flat features (N, F); add 'flatten' before it");
     spec_shape s = {.flat = true, .c = out};
     KILN_TRY(count_params(p, sat_add(sat_mul(p->shape.c, out), bias ? out : 0)));
-    return append(p, kiln_nn_linear(p->shape.c, out, bias), s);
+    return append(p, p->build ? kiln_nn_linear(p->shape.c, out, bias) : NULL, s);
 }
 
 static kiln_status layer_dropout(spec_parser *p) {
@@ -227,7 +246,7 @@ static kiln_status layer_dropout(spec_parser *p) {
     char *end;
     double prob = strtod(p->tok[1], &end);
     if (*end || errno || !(prob >= 0.0 && prob < 1.0)) return spec_error(p, form, "bad probability");
-    return append(p, kiln_nn_dropout(prob), p->shape);
+    return append(p, p->build ? kiln_nn_dropout(prob) : NULL, p->shape);
 }
 
 static kiln_status layer_plain(spec_parser *p, const char *form, kiln_module *m, spec_shape s) {
@@ -243,8 +262,8 @@ static kiln_status residual_open(spec_parser *p) {
         return spec_error(p, "'residual {' on its own line, the body, then '}'", "bad residual block");
     KILN_TRY(need_image(p));
     if (p->depth == SPEC_MAX_DEPTH) return spec_error(p, NULL, "residual blocks nested too deeply");
-    kiln_module *seq = kiln_nn_sequential(0, NULL);
-    if (!seq) return KILN_ERR_OUT_OF_MEMORY;
+    kiln_module *seq = p->build ? kiln_nn_sequential(0, NULL) : NULL;
+    if (p->build && !seq) return KILN_ERR_OUT_OF_MEMORY;
     p->stack[p->depth++] = (spec_frame){.seq = seq, .in = p->shape, .open_line = p->line};
     return KILN_OK;
 }
@@ -269,6 +288,7 @@ static kiln_status make_shortcut(spec_parser *p, spec_shape in, spec_shape out, 
                           p->name, p->line, p->stack[p->depth - 1].open_line, shape_str(in, a, sizeof a),
                           shape_str(out, b, sizeof b));
     KILN_TRY(count_params(p, sat_add(sat_mul(in.c, out.c), 2 * out.c))); /* 1x1 conv, BatchNorm's weight and bias */
+    if (!p->build) return KILN_OK;
     kiln_module *parts[2] = {kiln_nn_conv2d(in.c, out.c, 1, stride, 0, 1, 1, false),
                              kiln_nn_batch_norm2d(out.c, 1e-5, 0.1, true, true)};
     if (!parts[0] || !parts[1]) {
@@ -284,11 +304,11 @@ static kiln_status residual_close(spec_parser *p) {
     if (p->ntok != 1) return spec_error(p, "'}' alone on its line", "unexpected text after '}'");
     if (p->depth == 1) return spec_error(p, NULL, "'}' without an open 'residual {'");
     spec_frame f = p->stack[p->depth - 1];
-    if (kiln_module_num_children(f.seq) == 0) return spec_error(p, NULL, "empty residual block");
+    if (f.layers == 0) return spec_error(p, NULL, "empty residual block");
     kiln_module *sc;
     KILN_TRY(make_shortcut(p, f.in, p->shape, &sc));
     p->depth--;
-    return append(p, kiln_nn_residual(f.seq, sc), p->shape);
+    return append(p, p->build ? kiln_nn_residual(f.seq, sc) : NULL, p->shape);
 }
 
 static kiln_status parse_layer(spec_parser *p) {
@@ -302,17 +322,18 @@ static kiln_status parse_layer(spec_parser *p) {
     if (strcmp(op, "dropout") == 0) return layer_dropout(p);
     if (strcmp(op, "residual") == 0) return residual_open(p);
     if (strcmp(op, "}") == 0) return residual_close(p);
-    if (strcmp(op, "relu") == 0) return layer_plain(p, "relu", kiln_nn_relu(), s);
-    if (strcmp(op, "gelu") == 0) return layer_plain(p, "gelu", kiln_nn_gelu(false), s);
+    bool b = p->build;
+    if (strcmp(op, "relu") == 0) return layer_plain(p, "relu", b ? kiln_nn_relu() : NULL, s);
+    if (strcmp(op, "gelu") == 0) return layer_plain(p, "gelu", b ? kiln_nn_gelu(false) : NULL, s);
     if (strcmp(op, "flatten") == 0) {
         spec_shape f = {.flat = true, .c = s.flat ? s.c : sat_mul(sat_mul(s.c, s.h), s.w)};
-        return layer_plain(p, "flatten", kiln_nn_flatten(1, -1), f);
+        return layer_plain(p, "flatten", b ? kiln_nn_flatten(1, -1) : NULL, f);
     }
     if (strcmp(op, "batchnorm") == 0) {
         if (p->ntok != 1) return spec_error(p, "batchnorm", "unexpected arguments");
         if (s.flat) return spec_mismatch(p, "an image input (C, H, W) (batchnorm is BatchNorm2d)");
         KILN_TRY(count_params(p, sat_mul(2, s.c)));
-        return append(p, kiln_nn_batch_norm2d(s.c, 1e-5, 0.1, true, true), s);
+        return append(p, b ? kiln_nn_batch_norm2d(s.c, 1e-5, 0.1, true, true) : NULL, s);
     }
     return spec_error(p,
                       "one of conv, relu, gelu, maxpool, avgpool, adaptiveavgpool, flatten, linear, dropout, "
@@ -353,11 +374,10 @@ static kiln_status parse_line(spec_parser *p, const char *src, size_t len) {
     return parse_layer(p);
 }
 
-kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const char *name, int64_t channels,
-                                          int64_t height, int64_t width, kiln_model_spec_budget *budget,
-                                          kiln_module **out) {
-    if (!out) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_model_spec_parse: out is NULL");
-    *out = NULL;
+/* Parse, building the Sequential into *out when out is not NULL, else
+ * only checking (kiln_model_spec_check). */
+static kiln_status spec_run(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
+                            int64_t width, kiln_model_spec_budget *budget, kiln_module **out) {
     if (!text) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_model_spec_parse: text is NULL");
     if (!name) name = "<model spec>";
     if (budget && (budget->max_parameters < 0 || budget->max_activation < 0))
@@ -374,11 +394,12 @@ kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const c
     spec_parser *p = KILN_CALLOC(1, sizeof *p);
     if (!p) return KILN_ERR_OUT_OF_MEMORY;
     p->name = name;
+    p->build = out != NULL;
     if (budget) p->budget.max_parameters = budget->max_parameters, p->budget.max_activation = budget->max_activation;
     p->shape = (spec_shape){.c = channels, .h = height, .w = width};
-    p->stack[0] = (spec_frame){.seq = kiln_nn_sequential(0, NULL), .in = p->shape};
+    p->stack[0] = (spec_frame){.seq = p->build ? kiln_nn_sequential(0, NULL) : NULL, .in = p->shape};
     p->depth = 1;
-    kiln_status st = p->stack[0].seq ? KILN_OK : KILN_ERR_OUT_OF_MEMORY;
+    kiln_status st = p->stack[0].seq || !p->build ? KILN_OK : KILN_ERR_OUT_OF_MEMORY;
     size_t pos = 0;
     while (st == KILN_OK && pos < size) {
         const char *nl = memchr(text + pos, '\n', size - pos);
@@ -397,15 +418,29 @@ kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const c
     if (st == KILN_OK && p->depth > 1)
         st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "close it with '}' on its own line",
                         "%s:%d: 'residual {' is never closed", name, p->stack[p->depth - 1].open_line);
-    if (st == KILN_OK && kiln_module_num_children(p->stack[0].seq) == 0)
+    if (st == KILN_OK && p->stack[0].layers == 0)
         st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "one layer per line, e.g. 'conv 32 k3 p1'",
                         "%s: the model spec has no layers", name);
     if (budget) budget->parameters = p->budget.parameters, budget->largest_activation = p->budget.largest_activation;
-    if (st == KILN_OK) *out = p->stack[0].seq;
+    if (st == KILN_OK && out) *out = p->stack[0].seq;
     else
         for (int i = p->depth - 1; i >= 0; i--) kiln_module_free(p->stack[i].seq);
     free(p);
     return st;
+}
+
+kiln_status kiln_model_spec_parse_limited(const char *text, size_t size, const char *name, int64_t channels,
+                                          int64_t height, int64_t width, kiln_model_spec_budget *budget,
+                                          kiln_module **out) {
+    if (!out) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass kiln_model_spec_check to check without building",
+                                "kiln_model_spec_parse: out is NULL");
+    *out = NULL;
+    return spec_run(text, size, name, channels, height, width, budget, out);
+}
+
+kiln_status kiln_model_spec_check(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
+                                  int64_t width, kiln_model_spec_budget *budget) {
+    return spec_run(text, size, name, channels, height, width, budget, NULL);
 }
 
 kiln_status kiln_model_spec_parse_n(const char *text, size_t size, const char *name, int64_t channels, int64_t height,
