@@ -33,18 +33,74 @@ const char *train_default_model(char *buf, size_t size) {
     return NULL;
 }
 
+/* One limit of kiln_model_spec_budget: the environment variable `var`
+ * where set (a count; 0: no limit), else `dflt`. 0, or 1 after a message
+ * naming the variable and its value. */
+static int spec_limit(const char *cmd, const char *var, int64_t dflt, int64_t *out) {
+    const char *v = getenv(var);
+    *out = dflt;
+    if (!v || !*v) return 0;
+    errno = 0;
+    char *end;
+    long long n = strtoll(v, &end, 10);
+    if (*end || errno || n < 0 || end == v) {
+        fprintf(stderr, "kiln %s: %s='%s' is not a count: give a whole number (0: no limit), e.g. %s=%lld\n", cmd,
+                var, v, var, (long long)dflt * 4);
+        return 1;
+    }
+    *out = n;
+    return 0;
+}
+
+/* The limit that refused the spec, with the whole spec's need (counted
+ * again without limits: checking builds nothing) and the way to raise it. */
+static void report_limit(const char *cmd, const char *spec, const char *name, const char *ckpt, int64_t file_size,
+                         bool file_bound, const kiln_model_spec_budget *b, int64_t c, int64_t h, int64_t w) {
+    kiln_model_spec_budget all = {0};
+    kiln_status st = kiln_model_spec_check(spec, strlen(spec), name, c, h, w, &all);
+    const char *atleast = st == KILN_OK ? "" : "at least ";
+    double gib = 4.0 / (1024.0 * 1024.0 * 1024.0);
+    if (b->max_parameters > 0 && b->parameters > b->max_parameters) {
+        if (file_bound)
+            fprintf(stderr,
+                    "kiln %s: %s is %lld bytes, room for at most %lld parameters: the model spec stored in it was "
+                    "edited or the file is damaged; pass --model FILE with the spec it was trained with\n",
+                    cmd, ckpt, (long long)file_size, (long long)b->max_parameters);
+        else
+            fprintf(stderr,
+                    "kiln %s: the model %s needs %s%lld parameters (%.2f GiB as f32; training holds about 4x that "
+                    "with gradients and Adam's moments), more than the limit of %lld: if the model is meant to be "
+                    "this large, run with KILN_MAX_PARAMETERS=%lld (0: no limit)\n",
+                    cmd, name, atleast, (long long)all.parameters, (double)all.parameters * gib,
+                    (long long)b->max_parameters, (long long)all.parameters);
+    } else if (b->max_activation > 0 && b->largest_activation > b->max_activation) {
+        fprintf(stderr,
+                "kiln %s: the model %s has a layer output of %s%lld values per sample (%.2f GiB as f32, times the "
+                "batch), more than the limit of %lld: if that is meant, run with KILN_MAX_ACTIVATION=%lld "
+                "(0: no limit)\n",
+                cmd, name, atleast, (long long)all.largest_activation, (double)all.largest_activation * gib,
+                (long long)b->max_activation, (long long)all.largest_activation);
+    }
+}
+
 int train_parse_spec(const char *cmd, const char *spec, const char *name, const char *ckpt, int64_t c, int64_t h,
                      int64_t w, kiln_module **m) {
     kiln_model_spec_budget b = {0};
+    if (spec_limit(cmd, "KILN_MAX_PARAMETERS", KILN_MODEL_SPEC_DEFAULT_MAX_PARAMETERS, &b.max_parameters) ||
+        spec_limit(cmd, "KILN_MAX_ACTIVATION", KILN_MODEL_SPEC_DEFAULT_MAX_ACTIVATION, &b.max_activation))
+        return 1;
+    /* A checkpoint's stored spec may not need more parameters than the
+     * file can hold, two bytes each at the least (f16, bf16), whichever
+     * limit is lower. */
     struct stat sb;
-    if (ckpt && stat(ckpt, &sb) == 0) b.max_parameters = sb.st_size / 2 > 0 ? (int64_t)sb.st_size / 2 : 1;
+    bool file_bound = false;
+    if (ckpt && stat(ckpt, &sb) == 0) {
+        int64_t room = sb.st_size / 2 > 0 ? (int64_t)sb.st_size / 2 : 1;
+        if (b.max_parameters == 0 || room < b.max_parameters) b.max_parameters = room, file_bound = true;
+    }
     if (kiln_model_spec_parse_limited(spec, strlen(spec), name, c, h, w, &b, m) == KILN_OK) return 0;
     train_fail(cmd, "model");
-    if (b.max_parameters > 0 && b.parameters > b.max_parameters)
-        fprintf(stderr,
-                "kiln %s: %s is %lld bytes, room for at most %lld parameters: the model spec stored in it was "
-                "edited or the file is damaged; pass --model FILE with the spec it was trained with\n",
-                cmd, ckpt, (long long)sb.st_size, (long long)b.max_parameters);
+    report_limit(cmd, spec, name, ckpt, file_bound ? (int64_t)sb.st_size : 0, file_bound, &b, c, h, w);
     return 1;
 }
 
