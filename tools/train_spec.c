@@ -52,6 +52,16 @@ static int spec_limit(const char *cmd, const char *var, int64_t dflt, int64_t *o
     return 0;
 }
 
+/* The bytes of n f32 values, "1.50 GiB", into buf. */
+static const char *f32_bytes(int64_t n, char *buf, size_t size) {
+    static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)n * 4.0;
+    int u = 0;
+    while (v >= 1024.0 && u < 6) v /= 1024.0, u++;
+    snprintf(buf, size, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+    return buf;
+}
+
 /* The limit that refused the spec, with the whole spec's need (counted
  * again without limits: checking builds nothing) and the way to raise it. */
 static void report_limit(const char *cmd, const char *spec, const char *name, const char *ckpt, int64_t file_size,
@@ -59,7 +69,7 @@ static void report_limit(const char *cmd, const char *spec, const char *name, co
     kiln_model_spec_budget all = {0};
     kiln_status st = kiln_model_spec_check(spec, strlen(spec), name, c, h, w, &all);
     const char *atleast = st == KILN_OK ? "" : "at least ";
-    double gib = 4.0 / (1024.0 * 1024.0 * 1024.0);
+    char need[32];
     if (b->max_parameters > 0 && b->parameters > b->max_parameters) {
         if (file_bound)
             fprintf(stderr,
@@ -68,17 +78,18 @@ static void report_limit(const char *cmd, const char *spec, const char *name, co
                     cmd, ckpt, (long long)file_size, (long long)b->max_parameters);
         else
             fprintf(stderr,
-                    "kiln %s: the model %s needs %s%lld parameters (%.2f GiB as f32; training holds about 4x that "
+                    "kiln %s: the model %s needs %s%lld parameters (%s as f32; training holds about 4x that "
                     "with gradients and Adam's moments), more than the limit of %lld: if the model is meant to be "
                     "this large, run with KILN_MAX_PARAMETERS=%lld (0: no limit)\n",
-                    cmd, name, atleast, (long long)all.parameters, (double)all.parameters * gib,
+                    cmd, name, atleast, (long long)all.parameters, f32_bytes(all.parameters, need, sizeof need),
                     (long long)b->max_parameters, (long long)all.parameters);
     } else if (b->max_activation > 0 && b->largest_activation > b->max_activation) {
         fprintf(stderr,
-                "kiln %s: the model %s has a layer output of %s%lld values per sample (%.2f GiB as f32, times the "
+                "kiln %s: the model %s has a layer output of %s%lld values per sample (%s as f32, times the "
                 "batch), more than the limit of %lld: if that is meant, run with KILN_MAX_ACTIVATION=%lld "
                 "(0: no limit)\n",
-                cmd, name, atleast, (long long)all.largest_activation, (double)all.largest_activation * gib,
+                cmd, name, atleast, (long long)all.largest_activation,
+                f32_bytes(all.largest_activation, need, sizeof need),
                 (long long)b->max_activation, (long long)all.largest_activation);
     }
 }

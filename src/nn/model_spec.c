@@ -99,8 +99,20 @@ static bool parse_int(const char *s, const char *prefix, int64_t min, int64_t *o
 #define sat_mul kiln_sat_mul_i64
 #define sat_add kiln_sat_add_i64
 
-/* n f32 values in GiB, for messages. */
-static double gib_f32(int64_t n) { return (double)n * 4.0 / (1024.0 * 1024.0 * 1024.0); }
+/* The bytes of n f32 values, "1.50 GiB", for messages. */
+typedef struct f32_size {
+    char s[32];
+} f32_size;
+
+static f32_size size_f32(int64_t n) {
+    static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double v = (double)n * 4.0;
+    int u = 0;
+    while (v >= 1024.0 && u < 6) v /= 1024.0, u++;
+    f32_size r;
+    snprintf(r.s, sizeof r.s, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+    return r;
+}
 
 /* The layer on this line adds n parameters: refused, before anything of it
  * is allocated, where that takes the model past the caller's limit. */
@@ -111,9 +123,9 @@ static kiln_status count_params(spec_parser *p, int64_t n) {
     if (b->max_parameters > 0 && total > b->max_parameters)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "make the layer smaller or raise the limit",
                           "%s:%d: '%s' adds %lld parameters, taking the model to %lld, above the limit of %lld "
-                          "(%.2f GiB of f32 weights against %.2f GiB)",
+                          "(%s of f32 weights against %s)",
                           p->name, p->line, p->text, (long long)n, (long long)total, (long long)b->max_parameters,
-                          gib_f32(total), gib_f32(b->max_parameters));
+                          size_f32(total).s, size_f32(b->max_parameters).s);
     return KILN_OK;
 }
 
@@ -126,10 +138,10 @@ static kiln_status count_activation(spec_parser *p, spec_shape s) {
     if (b->max_activation > 0 && n > b->max_activation) {
         char buf[96];
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "make the layer's output smaller or raise the limit",
-                          "%s:%d: '%s' gives %s, %lld values per sample, above the limit of %lld (%.2f GiB of f32 "
-                          "per sample against %.2f GiB)",
+                          "%s:%d: '%s' gives %s, %lld values per sample, above the limit of %lld (%s of f32 per "
+                          "sample against %s)",
                           p->name, p->line, p->text, shape_str(s, buf, sizeof buf), (long long)n,
-                          (long long)b->max_activation, gib_f32(n), gib_f32(b->max_activation));
+                          (long long)b->max_activation, size_f32(n).s, size_f32(b->max_activation).s);
     }
     return KILN_OK;
 }

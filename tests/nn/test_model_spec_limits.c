@@ -134,11 +134,14 @@ static void test_messages(void) {
     CHECK_FAILS(kiln_model_spec_check(wide, sizeof wide - 1, "w.txt", 1, 28, 28, &b), KILN_ERR_INVALID_ARGUMENT,
                 "w.txt:2: 'linear 5120000' adds 4019200000 parameters, taking the model to 4019200000, above the "
                 "limit of 268435456 (14.97 GiB of f32 weights against 1.00 GiB)");
+    b = (kiln_model_spec_budget){.max_parameters = 100};
+    CHECK_FAILS(kiln_model_spec_check(wide, sizeof wide - 1, "w.txt", 1, 2, 3, &b), KILN_ERR_INVALID_ARGUMENT,
+                "above the limit of 100 (136.72 MiB of f32 weights against 400 bytes)");
     b = (kiln_model_spec_budget){.max_activation = KILN_MODEL_SPEC_DEFAULT_MAX_ACTIVATION};
     static const char big[] = "conv 4096 k1\n";
     CHECK_FAILS(kiln_model_spec_check(big, sizeof big - 1, "b.txt", 1, 256, 256, &b), KILN_ERR_INVALID_ARGUMENT,
                 "b.txt:1: 'conv 4096 k1' gives (4096, 256, 256), 268435456 values per sample, above the limit of "
-                "67108864 (1.00 GiB of f32 per sample against 0.25 GiB)");
+                "67108864 (1.00 GiB of f32 per sample against 256.00 MiB)");
 }
 
 /* The largest numbers the grammar and the input allow: shapes grow or
