@@ -219,6 +219,9 @@ static kiln_status layer_pool(spec_parser *p, bool max) {
         if (!((t[0] == 's' && parse_int(t, "s", 1, &stride)) || (t[0] == 'p' && parse_int(t, "p", 0, &pad))))
             return spec_error(p, form, "bad argument");
     }
+    /* The layer's own rule (PyTorch's): checked here so that the error
+     * names the line, and so that checking alone refuses it too. */
+    if (2 * pad > k) return spec_error(p, form, "padding more than half the kernel");
     KILN_TRY(need_image(p));
     spec_shape s = p->shape;
     KILN_TRY(window_out(p, k, pad, stride ? stride : k, &s));
