@@ -172,8 +172,10 @@ void kiln_module_free(kiln_module *m);
 /* "Conv2d", "Linear", "BatchNorm2d", "Sequential", ... (the kind given to a
  * custom module). Borrowed. */
 const char *kiln_module_kind(const kiln_module *m);
-/* Add a named child (names are unique and contain no '.'); takes ownership
- * of child, also on failure. */
+/* Add a named child (names are unique across a module's children,
+ * parameters and buffers, and contain no '.'); takes ownership of child,
+ * also on failure. Names are hashed: adding or finding a member by name
+ * costs O(1) however many the module has. */
 kiln_status kiln_module_add_child(kiln_module *m, const char *name, kiln_module *child);
 /* Register t as a parameter named `name`: the module takes its own
  * reference and marks it requires_grad. */
