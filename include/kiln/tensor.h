@@ -223,7 +223,12 @@ enum {
  * KILN_NON_BLOCKING is asynchronous only between pinned host memory and a
  * device with streams (as in PyTorch, a non-blocking copy from CUDA to the
  * CPU lands in pinned memory); otherwise the copy blocks the host until
- * done. A meta source cannot be copied to a real device. */
+ * done. A meta source cannot be copied to a real device.
+ * Differentiable, as PyTorch's .to(): when t requires grad (and grad mode
+ * is on) the copy is recorded, and backward returns its gradient to t's
+ * device and dtype; a peer copy (cuda:0 <-> cuda:1), forward or backward,
+ * is ordered against both devices' current streams. A model split across
+ * devices thus backpropagates through the kiln_to between its parts. */
 kiln_tensor *kiln_to(kiln_tensor *t, kiln_device device, kiln_dtype dtype, unsigned flags);
 /* Copy src into dst elementwise (shapes must match; src may broadcast to
  * dst; dtypes convert: float -> integer truncates toward zero, NaN gives 0,

@@ -65,5 +65,14 @@ kiln_status kiln_backward_expand(const kiln_backward_ctx *ctx, kiln_tensor *cons
 kiln_status kiln_backward_copy(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
                                kiln_tensor **grad_in) {
     if (!grad_out[0] || !ctx->needs_grad[0]) return KILN_OK;
-    return result(&grad_in[0], kiln_sum_to_shape(grad_out[0], &ctx->in_meta[0]));
+    kiln_tensor *g = kiln_sum_to_shape(grad_out[0], &ctx->in_meta[0]);
+    /* kiln_to across devices or dtypes: back to the source's (ctx->device
+     * is the input's device). A peer copy is ordered by the runtime against
+     * both devices' current streams. */
+    if (g && (!kiln_device_equal(kiln_get_device(g), ctx->device) || kiln_dtype_of(g) != ctx->in_meta[0].dtype)) {
+        kiln_tensor *moved = kiln_to(g, ctx->device, ctx->in_meta[0].dtype, 0);
+        kiln_tensor_drop(g);
+        g = moved;
+    }
+    return result(&grad_in[0], g);
 }

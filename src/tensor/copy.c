@@ -208,7 +208,9 @@ static kiln_tensor *to_impl(kiln_tensor *t, kiln_device device, kiln_dtype dtype
         kiln_tensor_drop(out);
         return NULL;
     }
-    return out;
+    /* Differentiable, as PyTorch's .to(): the gradient returns to t's
+     * device and dtype (a model split across devices backpropagates). */
+    return kiln_tensor_recorded_copy(t, out);
 }
 
 kiln_tensor *kiln_to(kiln_tensor *t, kiln_device device, kiln_dtype dtype, unsigned flags) {

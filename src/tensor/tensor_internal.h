@@ -133,6 +133,10 @@ typedef enum kiln_view_kind {
 typedef kiln_tensor *(*kiln_view_hook)(kiln_view_kind kind, kiln_tensor *in, kiln_tensor *out,
                                         const kiln_op_attrs *attrs);
 void kiln_tensor_set_view_hook(kiln_view_hook hook);
+/* `out`, a copy of `in` (another device, another dtype, or a clone),
+ * reported to autograd as KILN_VIEW_KIND_COPY: its backward returns the
+ * gradient to in's device and dtype. Consumes `out` (NULL on error). */
+kiln_tensor *kiln_tensor_recorded_copy(kiln_tensor *in, kiln_tensor *out);
 
 /* ---- Debug handle tracking (handles.c) -------------------------------------------
  * In KILN_DEBUG_HANDLES builds every live tensor record is in a set, so a

@@ -22,6 +22,10 @@ static kiln_tensor *recorded(kiln_view_kind kind, kiln_tensor *in, kiln_tensor *
     return hook(kind, in, out, attrs ? attrs : &none);
 }
 
+kiln_tensor *kiln_tensor_recorded_copy(kiln_tensor *in, kiln_tensor *out) {
+    return recorded(KILN_VIEW_KIND_COPY, in, out, NULL);
+}
+
 static const char *shape_text(const kiln_tensor *t, char *buf) {
     return kiln_shape_format(t->ndim, t->shape, buf, SHAPE_TEXT);
 }
