@@ -58,6 +58,9 @@ kiln_dtype kiln_autocast_dtype(kiln_device_type device_type);
  * otherwise the tracker counts the step and, on reaching growth_interval,
  * scale *= growth_factor (when the result is finite) and it resets.
  * Several optimizers may share one scaler: one update after all steps.
+ * The gradients of one optimizer may span devices (model parallelism):
+ * as in PyTorch, each device gets its own copy of 1/scale and its own
+ * inf/NaN check, and the flags meet on the scale's device (the loss's).
  * f16 gradients are refused (keep the parameters f32 and use autocast).
  * Not thread-safe. */
 typedef struct kiln_grad_scaler kiln_grad_scaler;

@@ -136,37 +136,76 @@ static opt_record *find_record(kiln_grad_scaler *s, kiln_optimizer *opt) {
     return NULL;
 }
 
-/* Multiply every gradient of opt by 1/scale and return the found-inf flag. */
+/* One device's share of an unscale: 1/scale copied there once, and the sum
+ * of g * 0 over its gradients (0, or NaN after an inf/NaN), as PyTorch's
+ * scaler keeps a scale copy and a found-inf flag per device. */
+#define SCALER_MAX_DEVICES 16
+typedef struct device_share {
+    kiln_device device;
+    kiln_tensor *inv;   /* () f32 on device */
+    kiln_tensor *total; /* () f32 on device, NULL before its first gradient */
+} device_share;
+
+static device_share *share_for(device_share *sh, int *n, kiln_tensor *inv0, kiln_device dev, kiln_status *st) {
+    for (int k = 0; k < *n; k++)
+        if (kiln_device_equal(sh[k].device, dev)) return &sh[k];
+    if (*n == SCALER_MAX_DEVICES) {
+        *st = KILN_RAISE(KILN_ERR_UNSUPPORTED, "split the parameters over fewer devices per optimizer",
+                         "kiln_grad_scaler_unscale_: the gradients span more than %d devices", SCALER_MAX_DEVICES);
+        return NULL;
+    }
+    kiln_tensor *inv = kiln_to(inv0, dev, KILN_F32, 0);
+    if (!inv) {
+        *st = kiln_error_last()->status;
+        return NULL;
+    }
+    sh[*n] = (device_share){.device = dev, .inv = inv, .total = NULL};
+    return &sh[(*n)++];
+}
+
+/* Multiply every gradient of opt by 1/scale (on the gradient's device) and
+ * return the found-inf flag on the scale's device: the devices' sums are
+ * brought there and added. */
 static kiln_status unscale_grads(kiln_grad_scaler *s, kiln_optimizer *opt, kiln_tensor **found) {
     kiln_device dev = kiln_get_device(s->scale);
     kiln_tensor *one = kiln_new_ones(s->scale, KILN_SHAPE());
     kiln_tensor *inv = one ? kiln_div(one, s->scale) : NULL; /* () f32 */
-    kiln_tensor *total = NULL;                                /* () f32: 0, or NaN after an inf/NaN */
+    device_share sh[SCALER_MAX_DEVICES];
+    int n_sh = 0;
     kiln_status st = inv ? KILN_OK : kiln_error_last()->status;
     for (int i = 0; i < opt->n && !st; i++) {
         kiln_tensor *g = kiln_grad(opt->params[i]);
         if (!g) continue;
-        char a[32], b[32];
-        if (!kiln_device_equal(kiln_get_device(g), dev))
-            st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use one scaler per device",
-                            "kiln_grad_scaler_unscale_: parameter %d's gradient is on %s, the scale on %s", i,
-                            kiln_device_str(kiln_get_device(g), a, sizeof a), kiln_device_str(dev, b, sizeof b));
-        else if (g->dtype == KILN_F16)
+        device_share *d = NULL;
+        if (g->dtype == KILN_F16)
             st = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
                             "keep the parameters in f32 and run the forward under kiln_autocast_begin",
                             "kiln_grad_scaler_unscale_: parameter %d has an f16 gradient; attempting to unscale f16 "
                             "gradients (PyTorch refuses them too)",
                             i);
-        kiln_tensor *inv_g = st ? NULL : g->dtype == KILN_F32 ? kiln_retain(inv) : kiln_cast(inv, g->dtype);
+        else
+            d = share_for(sh, &n_sh, inv, kiln_get_device(g), &st);
+        kiln_tensor *inv_g = !d ? NULL : g->dtype == KILN_F32 ? kiln_retain(d->inv) : kiln_cast(d->inv, g->dtype);
         kiln_tensor *r = inv_g ? kiln_mul_(g, inv_g) : NULL;
         kiln_tensor *z = r ? kiln_mul_scalar(g, 0.0) : NULL;
         kiln_tensor *zs = z ? kiln_sum(z, 0, NULL, false) : NULL;
         kiln_tensor *zf = zs ? (zs->dtype == KILN_F32 ? kiln_retain(zs) : kiln_cast(zs, KILN_F32)) : NULL;
-        kiln_tensor *t2 = zf ? (total ? kiln_add(total, zf) : kiln_retain(zf)) : NULL;
+        kiln_tensor *t2 = zf ? (d->total ? kiln_add(d->total, zf) : kiln_retain(zf)) : NULL;
         if (!st && !t2) st = kiln_error_last()->status;
-        kiln_tensor *tmp[] = {g, inv_g, r, z, zs, zf, total};
+        kiln_tensor *tmp[] = {g, inv_g, r, z, zs, zf, d && t2 ? d->total : NULL};
         for (size_t k = 0; k < sizeof tmp / sizeof *tmp; k++)
             if (tmp[k]) kiln_tensor_drop(tmp[k]);
+        if (d && t2) d->total = t2;
+    }
+    /* The devices' sums on the scale's device. */
+    kiln_tensor *total = NULL;
+    for (int k = 0; k < n_sh && !st; k++) {
+        if (!sh[k].total) continue;
+        kiln_tensor *here = kiln_to(sh[k].total, dev, KILN_F32, 0);
+        kiln_tensor *t2 = here ? (total ? kiln_add(total, here) : kiln_retain(here)) : NULL;
+        if (!t2) st = kiln_error_last()->status;
+        if (here) kiln_tensor_drop(here);
+        if (total) kiln_tensor_drop(total);
         total = t2;
     }
     kiln_tensor *flag = NULL;
@@ -175,6 +214,10 @@ static kiln_status unscale_grads(kiln_grad_scaler *s, kiln_optimizer *opt, kiln_
         flag = ne ? kiln_cast(ne, KILN_F32) : total ? NULL : kiln_new_zeros(s->scale, KILN_SHAPE());
         if (ne) kiln_tensor_drop(ne);
         if (!flag) st = kiln_error_last()->status;
+    }
+    for (int k = 0; k < n_sh; k++) {
+        kiln_tensor_drop(sh[k].inv);
+        if (sh[k].total) kiln_tensor_drop(sh[k].total);
     }
     if (total) kiln_tensor_drop(total);
     if (inv) kiln_tensor_drop(inv);

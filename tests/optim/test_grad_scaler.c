@@ -327,6 +327,63 @@ static bool test_against_python(void) {
     return true;
 }
 
+/* Model parallelism: one optimizer over parameters on cuda:0 and cuda:1,
+ * the loss (and so the scale) on cuda:1. Each device unscales its own
+ * gradients; an inf on cuda:0 alone skips the step for both and halves the
+ * scale; a clean step moves both by -lr * c. Needs two CUDA devices (the
+ * emulation build has them); returns false when there are fewer. */
+static bool test_two_devices(void) {
+    if (kiln_device_count(KILN_DEVICE_CUDA) < 2) return false;
+    kiln_device c0 = {KILN_DEVICE_CUDA, 0}, c1 = {KILN_DEVICE_CUDA, 1};
+    float init[N] = {1, -2, 0.5f, 3, -1, 0.25f}, c[N] = {0.1f, 0.2f, -0.3f, 0.05f, 0.0f, -0.1f};
+    kiln_tensor *h = kiln_from_data(KILN_SHAPE(N), KILN_F32, KILN_CPU, init);
+    kiln_tensor *p[2] = {kiln_to(h, c0, KILN_F32, KILN_COPY), kiln_to(h, c1, KILN_F32, KILN_COPY)};
+    kiln_release(h);
+    CHECK_OK(kiln_set_requires_grad(p[0], true));
+    CHECK_OK(kiln_set_requires_grad(p[1], true));
+    kiln_sgd_opts so = kiln_sgd_defaults(0.1);
+    kiln_optimizer *opt = kiln_sgd(p, 2, &so);
+    kiln_grad_scaler *s = kiln_grad_scaler_create(NULL);
+    for (int step = 0; step < 3; step++) {
+        float cc[N];
+        memcpy(cc, c, sizeof cc);
+        if (step == 1) cc[4] = INFINITY; /* in cuda:0's gradient only */
+        double scale0 = kiln_grad_scaler_get_scale(s);
+        float before[2][N], after[2][N];
+        for (int d = 0; d < 2; d++) CHECK_OK(kiln_to_host(p[d], before[d], sizeof before[d]));
+        kiln_scope_begin();
+        CHECK_OK(kiln_optimizer_zero_grad(opt, true));
+        kiln_tensor *ct = kiln_from_data(KILN_SHAPE(N), KILN_F32, KILN_CPU, cc);
+        kiln_tensor *l0 = kiln_sum(kiln_mul(p[0], kiln_to(ct, c0, KILN_F32, 0)), 0, NULL, false);
+        kiln_tensor *l1 = kiln_sum(kiln_mul(p[1], kiln_to(ct, c1, KILN_F32, 0)), 0, NULL, false);
+        kiln_tensor *loss = kiln_add(kiln_to(l0, c1, KILN_F32, 0), l1);
+        CHECK_OK(kiln_backward(kiln_grad_scaler_scale(s, loss), NULL, false));
+        bool stepped = false;
+        CHECK_OK(kiln_grad_scaler_step(s, opt, &stepped));
+        CHECK_OK(kiln_grad_scaler_update(s));
+        kiln_scope_end();
+        for (int d = 0; d < 2; d++) CHECK_OK(kiln_to_host(p[d], after[d], sizeof after[d]));
+        double scale1 = kiln_grad_scaler_get_scale(s);
+        if (step == 1) {
+            CHECK_MSG(!stepped && scale1 == scale0 * 0.5, "two devices: an inf on cuda:0 gave stepped %d, scale %g -> %g",
+                      stepped, scale0, scale1);
+            CHECK(memcmp(before, after, sizeof before) == 0);
+            continue;
+        }
+        CHECK_MSG(stepped && scale1 == scale0, "two devices: clean step %d skipped (scale %g -> %g)", step, scale0,
+                  scale1);
+        for (int d = 0; d < 2; d++)
+            for (int i = 0; i < N; i++)
+                CHECK_MSG(fabsf(after[d][i] - (before[d][i] - 0.1f * c[i])) <= 1e-6f, "cuda:%d p[%d] %g, expected %g", d,
+                          i, (double)after[d][i], (double)(before[d][i] - 0.1f * c[i]));
+    }
+    kiln_grad_scaler_free(s);
+    kiln_optimizer_free(opt);
+    kiln_release(p[0]);
+    kiln_release(p[1]);
+    return true;
+}
+
 int main(void) {
     if (kiln_init()) return 1;
     test_defaults();
@@ -334,6 +391,7 @@ int main(void) {
     test_growth();
     test_state_and_errors();
     test_checkpoint_state();
+    if (!test_two_devices()) printf("SKIPPED the two-device part: fewer than two CUDA devices\n");
     bool compared = test_against_python();
     kiln_shutdown();
     if (!compared && !kt_failed_) {
