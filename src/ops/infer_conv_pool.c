@@ -55,6 +55,7 @@ kiln_status kiln_infer_conv2d(const char *op, const kiln_op_attrs *attrs, int n_
                           "weight must be (O, C/groups, kH, kW) with O and C divisible by groups",
                           "%s: x %s, weight %s and groups %lld do not match", op, SHAPE_OF(x, sx),
                           SHAPE_OF(w, sw), (long long)g.groups);
+    KILN_TRY(kiln_infer_layer_dtypes(op, x, w, b));
     kiln_dtype dt = kiln_promote_types(x->dtype, w->dtype);
     if (b) {
         char sb[96];

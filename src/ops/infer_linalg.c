@@ -1,5 +1,7 @@
-/* Shape and dtype inference for mm, bmm and linear. Operands are promoted
- * to their common floating dtype. */
+/* Shape and dtype inference for mm, bmm and linear. mm and bmm promote
+ * their operands to the common floating dtype; linear, a layer, refuses an
+ * input whose floating dtype differs from its weight's (as PyTorch does):
+ * an f16 model given an f32 batch would otherwise run silently in f32. */
 #include <string.h>
 
 #include "base/error.h"
@@ -19,6 +21,17 @@ static kiln_status common_float(const char *op, int n, kiln_tensor *const *in, k
         if (in[i]) in_dtype[i] = d;
     *dt = d;
     return KILN_OK;
+}
+
+kiln_status kiln_infer_layer_dtypes(const char *op, const kiln_tensor *x, const kiln_tensor *w,
+                                    const kiln_tensor *b) {
+    const kiln_tensor *other = w->dtype != x->dtype ? w : b && b->dtype != x->dtype ? b : NULL;
+    if (!other || !kiln_dtype_is_floating(x->dtype) || !kiln_dtype_is_floating(other->dtype)) return KILN_OK;
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                      "give the input the parameters' dtype: kiln_cast the batch, kiln_module_to the model, or run "
+                      "the forward under kiln_autocast_begin",
+                      "%s: the input is %s but the %s is %s", op, kiln_dtype_name(x->dtype),
+                      other == w ? "weight" : "bias", kiln_dtype_name(other->dtype));
 }
 
 static kiln_status shape_error(const char *op, const char *want, const kiln_tensor *a, const kiln_tensor *b) {
@@ -66,6 +79,7 @@ kiln_status kiln_infer_linear(const char *op, const kiln_op_attrs *attrs, int n_
         return shape_error(op, "linear takes x (..., in) and weight (out, in)", x, w);
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
         return shape_error(op, "the bias has one value per output feature: (out)", w, b);
+    KILN_TRY(kiln_infer_layer_dtypes(op, x, w, b));
     KILN_TRY(common_float(op, n_in, in, in_dtype, &out[0].dtype));
     kiln_meta_of(x, &out[0]);
     out[0].dtype = in_dtype[0];
@@ -90,6 +104,7 @@ kiln_status kiln_infer_linear_act(const char *op, const kiln_op_attrs *attrs, in
                            x, w);
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
         return shape_error(op, "the bias has one value per output feature: (out)", w, b);
+    KILN_TRY(kiln_infer_layer_dtypes(op, x, w, b));
     KILN_TRY(common_float(op, n_in, in, in_dtype, &out[0].dtype));
     out[0].ndim = 2;
     out[0].shape[0] = x->shape[0];

@@ -23,5 +23,9 @@ kiln_status kiln_broadcast_shapes(const char *op, int nda, const int64_t *a, int
 kiln_dtype kiln_promote_types(kiln_dtype a, kiln_dtype b);
 /* Copy a tensor's dtype and shape into a meta. */
 void kiln_meta_of(const kiln_tensor *t, kiln_meta *m);
+/* A layer op (linear, conv2d): an error when x's floating dtype differs
+ * from the weight's or the bias's (b may be NULL), as in PyTorch. */
+kiln_status kiln_infer_layer_dtypes(const char *op, const kiln_tensor *x, const kiln_tensor *w,
+                                    const kiln_tensor *b);
 
 #endif

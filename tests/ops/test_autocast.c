@@ -234,6 +234,28 @@ static void test_half_model(void) {
     kiln_module_free(bn);
 }
 
+/* An f16 (or bf16) model given an f32 batch outside autocast is an error
+ * naming both dtypes, as in PyTorch (it used to run silently in f32); under
+ * autocast the same call runs in the lower dtype; matching dtypes run. */
+static void test_layer_dtype_mismatch(void) {
+    kiln_scope_begin();
+    kiln_tensor *x = randn(KILN_SHAPE(2, 3, 5, 5), 21), *x2 = randn(KILN_SHAPE(2, 7), 22);
+    kiln_tensor *w = kiln_cast(randn(KILN_SHAPE(4, 3, 3, 3), 23), KILN_F16);
+    kiln_tensor *lw = kiln_cast(randn(KILN_SHAPE(6, 7), 24), KILN_BF16);
+    kiln_tensor *lb32 = randn(KILN_SHAPE(6), 25);
+    CHECK_NULL_ERR(kiln_conv2d(x, w, NULL, NULL), "the input is f32 but the weight is f16");
+    CHECK_NULL_ERR(kiln_linear(x2, lw, NULL), "the input is f32 but the weight is bf16");
+    CHECK_NULL_ERR(kiln_linear(kiln_cast(x2, KILN_BF16), lw, lb32), "the input is bf16 but the bias is f32");
+    CHECK(strstr(kiln_error_last()->hint, "kiln_autocast_begin") != NULL);
+    kiln_tensor *ok = kiln_conv2d(kiln_cast(x, KILN_F16), w, NULL, NULL);
+    CHECK_MSG(ok && DT(ok) == KILN_F16, "f16 conv: %s", kiln_error_message());
+    CHECK_OK(kiln_autocast_begin(KILN_DEVICE_CPU, KILN_BF16));
+    kiln_tensor *ac = kiln_linear(x2, lw, lb32);
+    CHECK_OK(kiln_autocast_end());
+    CHECK_MSG(ac && DT(ac) == KILN_BF16, "linear under autocast: %s", kiln_error_message());
+    kiln_scope_end();
+}
+
 int main(void) {
     if (kiln_init()) return 1;
     test_classes();
@@ -241,6 +263,7 @@ int main(void) {
     test_backward_dtypes();
     test_batch_norm_f32();
     test_half_model();
+    test_layer_dtype_mismatch();
     kiln_shutdown();
     return kt_finish();
 }
