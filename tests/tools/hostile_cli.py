@@ -385,14 +385,28 @@ def idx_cases():
                     "H3 data")
 
 
+NOBODY = []  # [why not], once probed
+
+
+def nobody_unusable():
+    """Why the permission cases cannot run as nobody here, or None."""
+    if not NOBODY:
+        if not shutil.which("setpriv"):
+            NOBODY.append("setpriv is missing")
+        else:
+            rc, _, err, _, _, _ = run([KILN, "report", "--help"], as_nobody=True)
+            NOBODY.append(None if rc == 0 else "user nobody cannot run %s (exit %d: %s)" % (KILN, rc, err.strip()))
+    return NOBODY[0]
+
+
 def permission_case(name, argv, names, owner):
     """Permission bits do not stop root: run as nobody when root, if we can."""
     if os.geteuid() != 0:
         case(name, argv, names=names, owner=owner)
-    elif shutil.which("setpriv"):
+    elif not nobody_unusable():
         case(name + " (as nobody)", argv, names=names, owner=owner, as_nobody=True)
     else:
-        skip(name, "running as root, where permission bits do not stop reads, and setpriv is missing")
+        skip(name, "running as root, where permission bits do not stop reads, and %s" % nobody_unusable())
 
 
 def spec_cases():
