@@ -39,7 +39,11 @@ char *train_config_text(const train_args *a) {
     snprintf(seed, sizeof seed, "%" PRIu64, a->seed);
     snprintf(budget, sizeof budget, "%" PRId64, a->memory_budget);
     checkpoint_text(a, ckpt, sizeof ckpt);
-    bool ok = o && (a->data ? cJSON_AddStringToObject(o, "data", a->data) : cJSON_AddNullToObject(o, "data")) &&
+    /* --data as an absolute path, so a resume from another directory
+     * finds the same files. */
+    char data[PATH_MAX];
+    if (a->data && !realpath(a->data, data)) snprintf(data, sizeof data, "%s", a->data);
+    bool ok = o && (a->data ? cJSON_AddStringToObject(o, "data", data) : cJSON_AddNullToObject(o, "data")) &&
               cJSON_AddNumberToObject(o, "limit", (double)a->limit) &&
               cJSON_AddNumberToObject(o, "batch", (double)a->batch) &&
               cJSON_AddNumberToObject(o, "accum", a->accum) && cJSON_AddNumberToObject(o, "epochs", a->epochs) &&

@@ -110,17 +110,29 @@ test ! -e "$out/cx"
   { cat "$out/cm.err"; exit 1; }
 grep -q "continuing for 3 epochs instead of 2" "$out/cm.err"
 # Edited metadata is refused naming the file and the field.
-python3 - "$out/c1/checkpoint.safetensors" "$out/ce/checkpoint.safetensors" <<'PY'
+python3 - "$out/c1/checkpoint.safetensors" "$out/ce/checkpoint.safetensors" "$out/cc/checkpoint.safetensors" <<'PY'
 import json, os, struct, sys
 raw = open(sys.argv[1], "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
-head = json.loads(raw[8:8 + n])
-head["__metadata__"]["kiln.epoch"] = "-4"
-text = json.dumps(head, separators=(",", ":")).encode()
-text += b" " * (-len(text) % 8)
-os.makedirs(os.path.dirname(sys.argv[2]))
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+def write(path, edit):
+    head = json.loads(raw[8:8 + n])
+    edit(head["__metadata__"])
+    text = json.dumps(head, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    os.makedirs(os.path.dirname(path))
+    open(path, "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+write(sys.argv[2], lambda m: m.update({"kiln.epoch": "-4"}))
+def bad_batch(m):
+    config = json.loads(m["kiln.run_config"])
+    config["batch"] = -3
+    m["kiln.run_config"] = json.dumps(config)
+write(sys.argv[3], bad_batch)
 PY
+if "$kiln" train --resume "$out/cc" --out "$out/cc" > /dev/null 2> "$out/cc.err"; then
+  echo "a run configuration with --batch -3 was accepted"; exit 1
+fi
+grep -q -- "--resume $out/cc/checkpoint.safetensors: the checkpoint's run configuration (metadata kiln.run_config) has batch -3, outside 1" "$out/cc.err" ||
+  { cat "$out/cc.err"; exit 1; }
 if "$kiln" train --resume "$out/ce" --out "$out/ce" > /dev/null 2> "$out/ce.err"; then
   echo "a negative epoch was accepted"; exit 1
 fi
