@@ -194,8 +194,8 @@ kiln_status kiln_checkpoint_save(const char *path, kiln_module *m, kiln_optimize
  * validated first (the file's type and size, lengths, JSON, dtypes,
  * shapes, data offsets indexing the data section exactly), then the
  * format version and, with opt or state, every metadata value against its
- * range (kiln_train_state; the optimizer's lr finite and >= 0, each
- * parameter's step count in [0, the optimizer's step count]) before
+ * range (kiln_train_state; the optimizer's lr finite and >= 0, its step
+ * count and each parameter's in [0, KILN_CHECKPOINT_MAX_COUNT]) before
  * anything is changed; the module's names must match exactly (the error
  * lists the missing and unexpected names: a checkpoint of another model),
  * every shape and dtype is checked before anything is copied. With opt,

@@ -402,15 +402,16 @@ static kiln_status check_optimizer(const char *path, const kiln_st_index *idx, c
         return KILN_RAISE(KILN_ERR_IO, CKPT_HINT_LOAD, "%s: tensor '" OPT_PREFIX "steps' is missing or not i64 (%d)",
                           path, o->n);
     /* Each parameter's update count: a negative one made Adam's bias
-     * correction divide by a negative power (loss -nan). */
+     * correction divide by a negative power (loss -nan). It is not held to
+     * step_count: a step that failed part way has counted some updates. */
     for (int i = 0; i < o->n; i++) {
         int64_t k;
         memcpy(&k, data + se->begin + (size_t)i * sizeof k, sizeof k);
-        if (k < 0 || k > rec->step_count)
+        if (k < 0 || k > KILN_CHECKPOINT_MAX_COUNT)
             return KILN_RAISE(KILN_ERR_IO, CKPT_HINT_LOAD,
                               "%s: tensor '" OPT_PREFIX "steps'[%d] (parameter %d's update count) is %lld, outside "
-                              "0..%lld (kiln.optimizer.step_count)",
-                              path, i, i, (long long)k, (long long)rec->step_count);
+                              "0..%lld (2^53)",
+                              path, i, i, (long long)k, (long long)KILN_CHECKPOINT_MAX_COUNT);
     }
     rec->steps = se;
     return KILN_OK;

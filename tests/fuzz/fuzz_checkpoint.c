@@ -61,9 +61,9 @@ static void check(const kiln_train_state *s) {
         abort();
     if (s->amp[0] && (!(isfinite(s->amp_scale) && s->amp_scale > 0) || s->amp_growth_tracker < 0)) abort();
     if (s->input_c < 0 || s->input_h < 0 || s->input_w < 0) abort();
-    if (opt->step_count < 0 || !isfinite(opt->lr) || opt->lr < 0) abort();
+    if (opt->step_count < 0 || opt->step_count > KILN_CHECKPOINT_MAX_COUNT || !isfinite(opt->lr) || opt->lr < 0) abort();
     for (int i = 0; i < opt->n; i++)
-        if (opt->steps[i] < 0 || opt->steps[i] > opt->step_count) abort();
+        if (opt->steps[i] < 0 || opt->steps[i] > KILN_CHECKPOINT_MAX_COUNT) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
