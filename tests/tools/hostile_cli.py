@@ -534,6 +534,9 @@ def flag_cases():
     case("eval --limit 99999999999999999999", eval_argv(ck, extra=("--limit", "99999999999999999999")),
          names=["--limit"], owner="H3 eval")
     case("eval --batch -3", eval_argv(ck, extra=("--batch", "-3")), names=["--batch"], owner="H3 eval")
+    for value in ("0", "99999999999", "-1", "inf"):
+        case("eval --threads %s" % value, eval_argv(ck, extra=("--threads", value)), rc=(2,), names=["--threads"],
+             owner="kiln.c")
     case("export without --out", [KILN, "export", "--checkpoint", ck], names=["--out DIR are required"],
          owner="H3 export")
     p = path("exports", "file")
@@ -606,6 +609,15 @@ def metrics_cases():
                                             else "no note about the snapshot"))
     case("report: a run directory that does not exist", [KILN, "report", path("rundirs", "absent")], rc=(1,),
          names=[path("rundirs", "absent")], owner="H3 report")
+    base = path("runs", "base")
+    p = path("rundirs", "snapshot_fifo")
+    fifo(p)
+    case("report --snapshot: a FIFO", [KILN, "report", base, "--snapshot", p, "--out", path("rundirs", "s.html")],
+         rc=(1,), names=[p], owner="H3 report")
+    case("report --out: a directory", [KILN, "report", base, "--out", path("rundirs")], rc=(1,),
+         names=[path("rundirs")], owner="H3 report")
+    case("report --out: under a missing directory", [KILN, "report", base, "--out", path("absent", "r.html")],
+         rc=(1,), names=[path("absent", "r.html")], owner="H3 report")
     d = run_dir("locked", metrics=lambda p: write(p, good, mode=0))
     permission_case("report: metrics.jsonl without read permission",
                     [KILN, "report", d, "--out", os.path.join(SHARED, "locked.html")],
