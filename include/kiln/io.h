@@ -135,7 +135,8 @@ const char *kiln_safetensors_metadata(const kiln_safetensors *f, const char *key
  *   0 <= epochs_done <= epoch <= KILN_CHECKPOINT_MAX_EPOCH;
  *   step, batch_in_epoch, epoch_images in [0, KILN_CHECKPOINT_MAX_COUNT];
  *   window_steps <= batch_in_epoch, window_images <= epoch_images;
- *   the loss sums finite, 0 <= epoch_correct <= epoch_images - window_images
+ *   the loss sums any double (inf and NaN included: they are reported, never
+ *   trained on), 0 <= epoch_correct <= epoch_images - window_images
  *   and 0 <= window_correct <= window_images;
  *   the input shape all 0 (not recorded) or each of c, h, w in [1, 2^20];
  *   with amp, amp_scale finite and > 0 and amp_growth_tracker >= 0. */

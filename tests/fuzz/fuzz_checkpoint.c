@@ -55,7 +55,7 @@ static void check(const kiln_train_state *s) {
         s->step < 0 || s->step > KILN_CHECKPOINT_MAX_COUNT || s->batch_in_epoch < 0 ||
         s->batch_in_epoch > KILN_CHECKPOINT_MAX_COUNT || s->epoch_images < 0 || s->window_images < 0 ||
         s->window_images > s->epoch_images || s->window_steps < 0 || s->window_steps > s->batch_in_epoch ||
-        !isfinite(s->epoch_loss_sum) || !isfinite(s->window_loss_sum) || !(s->epoch_correct >= 0) ||
+        !(s->epoch_correct >= 0) ||
         !(s->window_correct >= 0) || s->window_correct > (double)s->window_images ||
         (s->format_version != 1 && s->format_version != KILN_CHECKPOINT_FORMAT))
         abort();
