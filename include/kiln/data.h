@@ -189,8 +189,10 @@ typedef struct kiln_loader_opts {
 } kiln_loader_opts;
 
 /* batch_size 64, no shuffle, seed 0, keep the last batch, 0 workers,
- * prefetch_factor 2, no pinning, CPU, default transforms, dataset on the
- * host (on_device off, fraction 0.25). */
+ * prefetch_factor 2, no pinning, the calling thread's kiln_current_device()
+ * (the CPU when that is meta), default transforms, dataset on the host
+ * (on_device off, fraction 0.25). A loader for a CUDA device without
+ * pin_memory logs once (KILN_LOG=info) that its copies block the host. */
 kiln_loader_opts kiln_loader_opts_default(void);
 
 /* Per-epoch statistics (kiln_loader_stats). */

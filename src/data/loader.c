@@ -28,6 +28,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/log_internal.h"
 #include "data/loader_internal.h"
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
@@ -83,7 +84,10 @@ kiln_loader_opts kiln_loader_opts_default(void) {
     memset(&o, 0, sizeof o);
     o.batch_size = 64;
     o.prefetch_factor = 2;
-    o.device = KILN_CPU;
+    /* Where the caller computes: after kiln_set_device(cuda:0) batches
+     * arrive there, not on the host (meta receives no data: the CPU). */
+    kiln_device cur = kiln_current_device();
+    o.device = cur.type == KILN_DEVICE_META ? KILN_CPU : cur;
     o.transforms = kiln_transform_opts_default();
     o.on_device = KILN_DATA_ON_DEVICE_OFF;
     o.on_device_fraction = 0.25;
@@ -382,6 +386,12 @@ static kiln_status loader_init(kiln_loader *l, kiln_dataset *ds, const kiln_load
     l->perm = KILN_MALLOC((size_t)(l->length > 0 ? l->length : 1) * sizeof *l->perm);
     l->scratch = KILN_MALLOC(kiln_sample_bytes(l->info));
     if (!l->ring || !l->perm || !l->scratch) return KILN_ERR_OUT_OF_MEMORY;
+    if (l->prefetch && l->opts.device.type != KILN_DEVICE_CPU && !l->opts.pin_memory) {
+        static const char key[] = "loader-pageable";
+        kiln_log_once(key, KILN_LOG_INFO,
+                      "kiln_loader: pin_memory is off, so each batch's copy to the device blocks the host (a "
+                      "copy from pageable memory cannot be asynchronous); set kiln_loader_opts.pin_memory");
+    }
     if (l->prefetch) KILN_TRY(loader_prefetch_create(l->opts.device, &l->prefetcher));
     return l->num_workers > 0 ? start_workers(l) : KILN_OK;
 }

@@ -34,6 +34,7 @@ static kiln_dataset *le_dataset(kiln_dtype dtype) {
  * alternating and random flip, a larger cutout; 2: convert only. */
 static kiln_loader_opts le_opts(int recipe) {
     kiln_loader_opts o = kiln_loader_opts_default();
+    o.device = KILN_CPU; /* the host path, whatever the current device */
     o.batch_size = 8; /* 45 = 5 * 8 + 5: a ragged last batch */
     o.shuffle = recipe != 2;
     o.seed = 77 + (uint64_t)recipe;

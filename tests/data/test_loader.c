@@ -73,6 +73,7 @@ static void wait_reads(counting_ds *d, int64_t n) {
 
 static kiln_loader_opts base_opts(void) {
     kiln_loader_opts o = kiln_loader_opts_default();
+    o.device = KILN_CPU; /* the host path, whatever the current device */
     o.batch_size = 8;
     o.shuffle = true;
     o.seed = 1234;

@@ -191,6 +191,31 @@ static void test_missing_wait_is_caught(kiln_dataset *ds) {
 }
 #endif
 
+/* A cuda:0 loader without pin_memory says once, at KILN_LOG=info, that its
+ * copies block the host; a second such loader says nothing more. */
+static int pageable_lines;
+static void count_sink(kiln_log_level level, const char *message, void *user) {
+    (void)level, (void)user;
+    if (strstr(message, "pin_memory is off")) pageable_lines++;
+}
+
+static void test_pageable_copies_said_once(kiln_dataset *ds) {
+    kiln_log_level level = kiln_log_get_level();
+    kiln_log_set_level(KILN_LOG_INFO);
+    kiln_log_set_sink(count_sink, NULL);
+    for (int i = 0; i < 2; i++) {
+        kiln_loader_opts o = le_opts(2);
+        o.device = KILN_CUDA(0);
+        o.pin_memory = false;
+        kiln_loader *l = NULL;
+        CHECK_OK(kiln_loader_create(ds, &o, &l));
+        kiln_loader_free(l);
+    }
+    kiln_log_set_sink(NULL, NULL);
+    kiln_log_set_level(level);
+    CHECK_MSG(pageable_lines == 1, "the blocking-copy note was logged %d times, want once", pageable_lines);
+}
+
 int main(void) {
     CHECK_OK(kiln_init());
     if (!kiln_device_is_available(KILN_CUDA(0))) {
@@ -200,9 +225,18 @@ int main(void) {
         kiln_shutdown();
         kt_skip("no cuda:0");
     }
+    /* The default loader delivers to the current device. */
+    CHECK(kiln_loader_opts_default().device.type == kiln_current_device().type);
+    kiln_device before = kiln_current_device();
+    CHECK_OK(kiln_set_device(KILN_CUDA(0)));
+    kiln_loader_opts d = kiln_loader_opts_default();
+    CHECK_MSG(kiln_device_equal(d.device, KILN_CUDA(0)), "after kiln_set_device(cuda:0) the default loader "
+                                                         "device is %d:%d", (int)d.device.type, d.device.index);
+    CHECK_OK(kiln_set_device(before));
     kiln_dataset *ds = le_dataset(KILN_U8);
     test_prefetch_matches_cpu(ds);
     test_on_device_matches_host(ds);
+    test_pageable_copies_said_once(ds);
 #ifdef KILN_CUDA_EMULATION
     test_missing_wait_is_caught(ds);
     test_missing_record_is_caught(ds);
