@@ -506,8 +506,8 @@ int kiln_cmd_report(int argc, char **argv) {
     bool have_snapshot = snap_arg || stat(snap_path, &sb) == 0 || errno != ENOENT;
     if (!have_metrics && (!metrics_missing || !have_snapshot)) {
         fprintf(stderr, "kiln report: %s (%s)\n", err,
-                merr == EFBIG ? "kiln report reads at most 256 MiB of metrics: keep every n-th step record, "
-                                "e.g. awk 'NR % 10 == 1 || !/\"event\":\"step\"/'"
+                merr == EFBIG ? "report a thinned copy that keeps every n-th step record, e.g. "
+                                "awk 'NR % 10 == 1 || !/\"event\":\"step\"/'"
                               : "pass the --out directory of a kiln train run, which holds metrics.jsonl");
         return 1;
     }
