@@ -19,9 +19,12 @@
  * BatchNorm weight 1, bias 0, running_mean 0, running_var 1.
  *
  * Modules are created on kiln_current_device() in f32; move them with
- * kiln_module_to / kiln_module_to_dtype BEFORE creating an optimizer over
- * their parameters (moving replaces the parameter tensors, as
- * `param.data = ...` would, and an optimizer keeps the ones it was given).
+ * kiln_module_to / kiln_module_to_dtype. A move keeps each parameter's
+ * and buffer's handle (its data is replaced, as `param.data = ...` would),
+ * so an optimizer created before the move still trains the model, as in
+ * PyTorch; an optimizer whose state (momentum, Adam's moments) already
+ * exists keeps that state where it was, and its next step fails on the
+ * device mismatch: move before the first step.
  *
  * Not thread-safe: one module is used from one thread at a time. */
 #ifndef KILN_NN_H
@@ -35,8 +38,8 @@ extern "C" {
 
 typedef struct kiln_module kiln_module;
 
-/* A name and a borrowed tensor (valid while the module lives and is not
- * moved with kiln_module_to / kiln_module_to_dtype). */
+/* A name and a borrowed tensor (valid while the module lives; a move with
+ * kiln_module_to / kiln_module_to_dtype keeps the handle). */
 typedef struct kiln_named_tensor {
     const char *name;
     kiln_tensor *tensor;
@@ -253,9 +256,10 @@ kiln_status kiln_module_zero_grad(kiln_module *m, bool set_to_none);
 
 /* ---- Devices and dtypes ------------------------------------------------------------------ */
 
-/* Move every parameter, buffer (and existing gradient) to `device`. The
- * parameters become new leaf tensors; create optimizers afterwards. Copies
- * between host and device block unless the backend queues them. */
+/* Move every parameter, buffer (and existing gradient) to `device`, in
+ * place: the handles stay the same (kiln_named_tensor pointers and an
+ * optimizer's parameters remain valid). Copies between host and device
+ * block unless the backend queues them. */
 kiln_status kiln_module_to(kiln_module *m, kiln_device device);
 /* Convert floating parameters and buffers to `dtype` (a floating dtype).
  * Under f16/bf16, BatchNorm's parameters and running statistics stay f32

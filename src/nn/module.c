@@ -612,31 +612,31 @@ kiln_status kiln_module_zero_grad(kiln_module *m, bool set_to_none) {
 
 /* ---- Devices and dtypes --------------------------------------------------------------------- */
 
-/* Replace *slot by its copy on device/dtype; parameters stay leaves that
- * require grad and keep their gradient (converted alike). */
+/* Move *slot to device/dtype in place: the handle keeps its identity (an
+ * optimizer or a kiln_named_tensor holding it still sees the parameter,
+ * as PyTorch's module.to() keeps each parameter's identity), its data is
+ * swapped for the moved copy's, and a parameter's gradient is converted
+ * alike. On error nothing has changed. */
 static kiln_status move_tensor(kiln_tensor **slot, kiln_device device, kiln_dtype dtype, bool param) {
     kiln_tensor *t = *slot;
     if (kiln_device_equal(kiln_get_device(t), device) && kiln_dtype_of(t) == dtype) return KILN_OK;
     kiln_tensor *moved = kiln_to(t, device, dtype, 0);
     if (!moved) return kiln_error_last()->status;
-    kiln_status st = KILN_OK;
-    if (param) {
-        st = kiln_set_requires_grad(moved, true);
-        kiln_tensor *g = st ? NULL : kiln_grad(t);
-        if (g) {
-            kiln_tensor *g2 = kiln_to(g, device, dtype, 0);
-            st = g2 ? kiln_set_grad(moved, g2) : kiln_error_last()->status;
-            kiln_tensor_drop(g2);
-            kiln_tensor_drop(g);
-        }
-    }
-    if (st) {
+    kiln_tensor *g = param ? kiln_grad(t) : NULL, *g2 = NULL;
+    if (g && !(g2 = kiln_to(g, device, dtype, 0))) {
+        kiln_status st = kiln_error_last()->status;
+        kiln_tensor_drop(g);
         kiln_tensor_drop(moved);
         return st;
     }
-    kiln_tensor_drop(t);
-    *slot = moved;
-    return KILN_OK;
+    if (g) KILN_ASSERT(kiln_set_grad(t, NULL) == KILN_OK);
+    kiln_tensor_swap_data(t, moved);
+    kiln_tensor_bump_version(t);
+    kiln_status st = g2 ? kiln_set_grad(t, g2) : KILN_OK;
+    if (g) kiln_tensor_drop(g);
+    if (g2) kiln_tensor_drop(g2);
+    kiln_tensor_drop(moved); /* now holds the old data */
+    return st;
 }
 
 /* has_dtype false: keep each tensor's dtype (a pure device move). */

@@ -223,6 +223,21 @@ void kiln_tensor_bump_version(kiln_tensor *t) {
     atomic_fetch_add_explicit(&t->storage->version, 1, memory_order_relaxed);
 }
 
+void kiln_tensor_swap_data(kiln_tensor *a, kiln_tensor *b) {
+    kiln_storage *st = a->storage;
+    a->storage = b->storage, b->storage = st;
+    kiln_dtype dt = a->dtype;
+    a->dtype = b->dtype, b->dtype = dt;
+    int nd = a->ndim;
+    a->ndim = b->ndim, b->ndim = nd;
+    int64_t tmp[KILN_MAX_DIMS];
+    memcpy(tmp, a->shape, sizeof tmp), memcpy(a->shape, b->shape, sizeof tmp), memcpy(b->shape, tmp, sizeof tmp);
+    memcpy(tmp, a->strides, sizeof tmp), memcpy(a->strides, b->strides, sizeof tmp);
+    memcpy(b->strides, tmp, sizeof tmp);
+    int64_t off = a->offset;
+    a->offset = b->offset, b->offset = off;
+}
+
 static void *data_of(const kiln_tensor *t) {
     if (!t->storage->base || t->storage->device.type == KILN_DEVICE_META) return NULL;
     return (char *)t->storage->base + t->offset * (int64_t)kiln_dtype_size(t->dtype);

@@ -84,6 +84,11 @@ static inline bool kiln_tensor_sole_owner(const kiln_tensor *t) {
 }
 /* Mark an in-place write to t's storage. */
 void kiln_tensor_bump_version(kiln_tensor *t);
+/* Exchange the data of a and b (storage, dtype, shape, strides, offset),
+ * keeping each handle's identity, references and autograd record: how
+ * kiln_module_to moves a parameter in place, as PyTorch's `param.data =`,
+ * so an optimizer created before the move keeps working. */
+void kiln_tensor_swap_data(kiln_tensor *a, kiln_tensor *b);
 /* The kernel-side description of t into *out (data pointer with the offset
  * applied; NULL data on meta), always strided: a tensor in an opaque layout
  * is converted first (kiln_tensor_ensure_strided). The conversion allocates
