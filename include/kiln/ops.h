@@ -6,7 +6,9 @@
  * Synchronisation: ops are queued on the current stream of their device
  * and never block the host.
  * Devices: all tensor inputs of one call must be on one device (else an
- * error naming the op, both devices and kiln_to). Dtypes of the inputs of
+ * error naming the op and both devices, with kiln_to as the hint; inside
+ * kiln_module_forward the error names the misplaced parameter instead, with
+ * kiln_module_to as the hint). Dtypes of the inputs of
  * arithmetic ops are promoted as PyTorch does (bool < u8 < i32 < i64 <
  * f16/bf16 < f32 < f64); broadcasting follows NumPy's rules.
  * Call sites: the macros at the end of this header record the caller's

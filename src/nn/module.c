@@ -240,13 +240,53 @@ kiln_module *kiln_module_child_at(kiln_module *m, int i, const char **name) {
 
 /* ---- Forward and modes ------------------------------------------------------------------ */
 
+/* A forward that failed on a device mismatch, named the user's way: the
+ * first parameter or buffer (by its state-dict name) that is not on the
+ * input's device, and kiln_module_to as the fix. Keeps the error as it is
+ * when every tensor of m is on x's device (the mismatch is elsewhere). */
+static void name_misplaced_state(kiln_module *m, kiln_tensor *x) {
+    const kiln_error *e = kiln_error_last();
+    if (e->status != KILN_ERR_INVALID_ARGUMENT || !strstr(e->message, " is on ")) return;
+    kiln_named_tensor *items = NULL;
+    int n = 0;
+    kiln_device xd = kiln_get_device(x);
+    char original[sizeof e->message];
+    snprintf(original, sizeof original, "%s", e->message);
+    kiln_error_clear();
+    if (kiln_module_state_dict(m, &items, &n) != KILN_OK) {
+        kiln_error_clear();
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "move them to one device with kiln_to", "%s", original);
+        return;
+    }
+    int bad = -1;
+    for (int i = 0; i < n && bad < 0; i++)
+        if (!kiln_device_equal(kiln_get_device(items[i].tensor), xd)) bad = i;
+    char a[32], b[32], hint[160];
+    if (bad < 0) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "move them to one device with kiln_to", "%s", original);
+    } else {
+        kiln_device_str(xd, a, sizeof a);
+        snprintf(hint, sizeof hint, "move the model with kiln_module_to(model, %s) before the forward", a);
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, hint, "kiln_module_forward: the input is on %s but %s '%s' of the %s is on %s (%s)",
+                   a, kiln_requires_grad(items[bad].tensor) ? "parameter" : "buffer", items[bad].name, m->kind,
+                   kiln_device_str(kiln_get_device(items[bad].tensor), b, sizeof b), original);
+    }
+    free(items);
+}
+
+static _Thread_local int forward_depth;
+
 kiln_tensor *kiln_module_forward(kiln_module *m, kiln_tensor *x) {
     kiln_api_enter();
     kiln_tensor *y = NULL;
     if (!m)
         KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "check the constructor's error", "kiln_module_forward: module is NULL");
-    else if (kiln_tensor_check(x, "kiln_module_forward") == KILN_OK)
+    else if (kiln_tensor_check(x, "kiln_module_forward") == KILN_OK) {
+        forward_depth++;
         y = m->forward ? m->forward(m, x) : m->user_forward(m, x, m->user);
+        forward_depth--;
+        if (!y && forward_depth == 0) name_misplaced_state(m, x);
+    }
     return kiln_api_return(y);
 }
 

@@ -72,7 +72,7 @@ static kiln_status check_inputs(kiln_op_call *c, kiln_device creation_device) {
         } else if (!kiln_device_equal(d, c->device)) {
             char a[32], b[32];
             return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "move them to one device with kiln_to",
-                              "%s: input %d is on %s but input %d is on %s; move them to one device with kiln_to", fn, first,
+                              "%s: input %d is on %s but input %d is on %s", fn, first,
                               kiln_device_str(c->device, a, sizeof a), i, kiln_device_str(d, b, sizeof b));
         }
     }

@@ -155,9 +155,11 @@ static void test_views_and_devices(void) {
     kiln_tensor *g = kiln_grad(x);
     double want[6] = {0, 3, 3, 0, 3, 3};
     for (int i = 0; i < 6; i++) CHECK_MSG(value_at(g, i) == want[i], "grad[%d] = %g", i, value_at(g, i));
-    /* One device per op, or an error naming both and kiln_to. */
+    /* One device per op, or an error naming both devices, with kiln_to in
+     * the hint (and only there). */
     kiln_tensor *m = kiln_zeros(KILN_SHAPE(2, 3), KILN_F64, KILN_META);
-    CHECK_NULL_ERR(kiln_add(x, m), "kiln_to");
+    CHECK_NULL_ERR(kiln_add(x, m), "input 0 is on cpu but input 1 is on meta");
+    CHECK(strstr(kiln_error_last()->hint, "kiln_to") && !strstr(kiln_error_message(), "kiln_to"));
     kiln_scope_end();
 }
 

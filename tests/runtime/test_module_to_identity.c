@@ -85,6 +85,24 @@ static void check_same(bool by_device, kiln_device dev, kiln_dtype dt, const cha
               early[STEPS - 1]);
 }
 
+/* Forgetting to move the model: the error names the parameter by its
+ * state-dict name and the module, and the hint says kiln_module_to with
+ * the input's device; the hint is not repeated inside the message. */
+static void test_mismatch_names_parameter(kiln_device dev) {
+    kiln_scope_begin();
+    kiln_module *m = make_model(); /* on the CPU */
+    kiln_tensor *x = kiln_zeros(KILN_SHAPE(B, IN), KILN_F32, dev);
+    kiln_error_clear();
+    CHECK(kiln_module_forward(m, x) == NULL);
+    const kiln_error *e = kiln_error_last();
+    CHECK_MSG(strstr(e->message, "parameter '0.weight' of the Sequential is on cpu") != NULL, "message: %s",
+              e->message);
+    CHECK_MSG(strstr(e->hint, "kiln_module_to(model, cuda:0)") != NULL, "hint: %s", e->hint);
+    CHECK_MSG(strstr(e->message, "move them") == NULL, "the hint is repeated in the message: %s", e->message);
+    kiln_module_free(m);
+    kiln_scope_end();
+}
+
 int main(void) {
     CHECK_OK(kiln_init());
     check_same(false, KILN_CPU, KILN_F64, "kiln_module_to_dtype(f64)");
@@ -93,6 +111,7 @@ int main(void) {
     } else {
         kiln_device c0 = {KILN_DEVICE_CUDA, 0};
         check_same(true, c0, KILN_F32, "kiln_module_to(cuda:0)");
+        test_mismatch_names_parameter(c0);
     }
     kiln_shutdown();
     return kt_finish();
