@@ -84,6 +84,20 @@ kiln_module *kiln_nn_flatten(int start_dim, int end_dim);
 /* Children named "0", "1", ...; takes ownership of the n modules (n may be 0:
  * the identity). */
 kiln_module *kiln_nn_sequential(int n, kiln_module *const *modules);
+/* Model parallelism, pipelined (GPipe; PyTorch's model-parallel tutorial's
+ * "split size" schedule): stage i (children "0", "1", ...) is moved to
+ * devices[i] (devices NULL: the stages stay where they are). Forward splits
+ * dim 0 of the input into `micro_batches` (1..16; the first n % k get one
+ * more sample) and runs each through the stages, moving activations with
+ * kiln_to (differentiable: backward returns each gradient to its stage's
+ * device); the host only queues work, so on devices with streams stage 0
+ * computes micro-batch k+1 while stage 1 computes micro-batch k. The
+ * outputs are concatenated on the last stage's device; the parameters'
+ * gradients sum over the micro-batches, so the step equals the whole
+ * batch's, except that BatchNorm in training normalises each micro-batch
+ * with its own statistics (as GPipe does). Takes ownership of the stages,
+ * also on failure; NULL with an error on bad arguments. Does not block. */
+kiln_module *kiln_nn_pipeline(int n, kiln_module *const *stages, const kiln_device *devices, int micro_batches);
 /* Append `child` to a Sequential under the next index; takes ownership. */
 kiln_status kiln_nn_sequential_append(kiln_module *seq, kiln_module *child);
 /* Layer fusion in Sequential forwards (on by default; environment

@@ -48,6 +48,7 @@ typedef struct kiln_module_config {
     double eps, momentum;
     int start_dim, end_dim;
     bool approximate; /* gelu */
+    int micro_batches; /* Pipeline (pipeline.c) */
     /* Sequential: the checkpoint segments (0: off), the first child of
      * each (checkpoint_start[0] == 0) and each segment's children [begin,
      * end), the checkpoint's ctx. */

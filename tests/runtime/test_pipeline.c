@@ -1,0 +1,132 @@
+/* kiln_nn_pipeline: the tutorial CNN in two stages (the first two conv
+ * blocks; the third, the classifier) gives the loss and gradients of the
+ * unsplit model within f32 tolerance, with 1 and 4 micro-batches (6
+ * samples: micro-batches of 2, 2, 1, 1):
+ *   - on the CPU, both stages on the CPU (the schedule and the sums);
+ *   - on the emulated cuda:0 / cuda:1 (or two GPUs): stage 0 on cuda:0,
+ *     stage 1 on cuda:1, gradients back on each stage's device;
+ * and bad arguments are refused by name. The device part skips visibly
+ * without two CUDA devices. */
+#include <stdbool.h>
+
+#include "test_util.h"
+
+enum { BATCH = 6, NPARAM = 10 };
+
+/* Stage 0: conv1 relu pool conv2 relu pool; stage 1: conv3 relu pool
+ * flatten fc1 relu fc2 (OptimizedCNN on 1x28x28). Seeded: the same weights
+ * every call. */
+static void make_stages(kiln_module **s0, kiln_module **s1) {
+    kiln_manual_seed(42);
+    kiln_module *a[] = {kiln_nn_conv2d(1, 32, 3, 1, 1, 1, 1, true), kiln_nn_relu(), kiln_nn_max_pool2d(2, 2, 0),
+                        kiln_nn_conv2d(32, 64, 3, 1, 1, 1, 1, true), kiln_nn_relu(), kiln_nn_max_pool2d(2, 2, 0)};
+    kiln_module *b[] = {kiln_nn_conv2d(64, 128, 3, 1, 1, 1, 1, true), kiln_nn_relu(), kiln_nn_max_pool2d(2, 2, 0),
+                        kiln_nn_flatten(1, -1), kiln_nn_linear(128 * 3 * 3, 512, true), kiln_nn_relu(),
+                        kiln_nn_linear(512, 10, true)};
+    *s0 = kiln_nn_sequential(6, a);
+    *s1 = kiln_nn_sequential(7, b);
+}
+
+/* Loss and every parameter's gradient (as doubles, in state-dict order)
+ * of cross_entropy(model(x), y) on the last stage's device. */
+static double loss_and_grads(kiln_module *model, kiln_device out_dev, double *g, int64_t cap, int64_t *count) {
+    kiln_scope_begin();
+    kiln_manual_seed(7);
+    kiln_tensor *x = kiln_randn(KILN_SHAPE(BATCH, 1, 28, 28), KILN_F32, KILN_CPU);
+    int64_t labels[BATCH] = {3, 1, 4, 1, 5, 9};
+    kiln_tensor *y = kiln_to(kiln_from_data(KILN_SHAPE(BATCH), KILN_I64, KILN_CPU, labels), out_dev, KILN_I64, 0);
+    kiln_device in_dev = KILN_CPU;
+    kiln_module *first = kiln_module_child_at(model, 0, NULL);
+    kiln_tensor *w = kiln_module_state_get(first, "0.weight");
+    if (w) in_dev = kiln_get_device(w);
+    kiln_release(w);
+    kiln_tensor *logits = kiln_module_forward(model, kiln_to(x, in_dev, KILN_F32, 0));
+    CHECK_MSG(logits != NULL, "forward: %s", kiln_error_message());
+    double loss = NAN;
+    if (logits) {
+        CHECK(kiln_device_equal(kiln_get_device(logits), out_dev));
+        kiln_tensor *l = kiln_cross_entropy(logits, y, NULL);
+        CHECK_OK(kiln_backward(l, NULL, false));
+        CHECK_OK(kiln_item(l, &loss));
+    }
+    kiln_named_tensor *ps = NULL;
+    int np = 0;
+    CHECK_OK(kiln_module_named_parameters(model, &ps, &np));
+    CHECK_EQ_I(np, NPARAM);
+    *count = 0;
+    for (int i = 0; i < np; i++) {
+        kiln_tensor *gi = kiln_grad(ps[i].tensor);
+        CHECK_MSG(gi != NULL, "parameter %s got no gradient", ps[i].name);
+        if (!gi) continue;
+        CHECK(kiln_device_equal(kiln_get_device(gi), kiln_get_device(ps[i].tensor)));
+        kiln_tensor *h = kiln_to(gi, KILN_CPU, KILN_F64, 0);
+        int64_t n = kiln_numel(h);
+        if (*count + n <= cap) CHECK_OK(kiln_to_host(h, g + *count, (size_t)n * sizeof(double)));
+        *count += n;
+        kiln_release(h);
+        kiln_release(gi);
+    }
+    free(ps);
+    kiln_scope_end();
+    return loss;
+}
+
+static double rel_err(const double *a, const double *b, int64_t n) {
+    double e = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) e += (a[i] - b[i]) * (a[i] - b[i]), s += b[i] * b[i];
+    return s > 0 ? sqrt(e / s) : INFINITY;
+}
+
+enum { CAP = 700000 };
+static double want[CAP], got[CAP];
+
+static void check_split(const kiln_device *devs, int micro, const char *what, double ref_loss, int64_t ref_n) {
+    kiln_module *s[2];
+    make_stages(&s[0], &s[1]);
+    kiln_module *p = kiln_nn_pipeline(2, s, devs, micro);
+    CHECK_MSG(p != NULL, "%s: %s", what, kiln_error_message());
+    if (!p) return;
+    int64_t n = 0;
+    double loss = loss_and_grads(p, devs ? devs[1] : KILN_CPU, got, CAP, &n);
+    CHECK_EQ_I(n, ref_n);
+    CHECK_MSG(fabs(loss - ref_loss) <= 1e-5 * fabs(ref_loss), "%s, %d micro-batches: loss %.9g, unsplit %.9g", what,
+              micro, loss, ref_loss);
+    double e = rel_err(got, want, n < ref_n ? n : ref_n);
+    CHECK_MSG(e < 2e-5, "%s, %d micro-batches: gradients differ by %g (relative)", what, micro, e);
+    kiln_module_free(p);
+}
+
+int main(void) {
+    CHECK_OK(kiln_init());
+    /* The unsplit model: both stages as one Sequential on the CPU. */
+    kiln_module *s[2];
+    make_stages(&s[0], &s[1]);
+    kiln_module *whole = kiln_nn_sequential(2, s);
+    int64_t ref_n = 0;
+    double ref_loss = loss_and_grads(whole, KILN_CPU, want, CAP, &ref_n);
+    CHECK(ref_n > 0 && ref_n <= CAP && isfinite(ref_loss));
+    kiln_module_free(whole);
+
+    check_split(NULL, 1, "cpu/cpu", ref_loss, ref_n);
+    check_split(NULL, 4, "cpu/cpu", ref_loss, ref_n);
+
+    /* Bad arguments, refused by name (the stages are freed). */
+    make_stages(&s[0], &s[1]);
+    kiln_error_clear();
+    CHECK(kiln_nn_pipeline(2, s, NULL, 17) == NULL);
+    CHECK_MSG(strstr(kiln_error_message(), "micro_batches must be 1..16"), "%s", kiln_error_message());
+    kiln_module *none[1] = {NULL};
+    kiln_error_clear();
+    CHECK(kiln_nn_pipeline(1, none, NULL, 2) == NULL);
+    CHECK_MSG(strstr(kiln_error_message(), "a stage is NULL"), "%s", kiln_error_message());
+
+    if (kiln_device_count(KILN_DEVICE_CUDA) < 2) {
+        printf("SKIPPED the cuda:0/cuda:1 part: fewer than two CUDA devices (the CPU part ran)\n");
+    } else {
+        kiln_device devs[2] = {{KILN_DEVICE_CUDA, 0}, {KILN_DEVICE_CUDA, 1}};
+        check_split(devs, 1, "cuda:0/cuda:1", ref_loss, ref_n);
+        check_split(devs, 4, "cuda:0/cuda:1", ref_loss, ref_n);
+    }
+    kiln_shutdown();
+    return kt_finish();
+}
