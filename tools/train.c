@@ -326,8 +326,12 @@ static int open_output(train_run *r) {
     bool irregular = existed && stat(path, &target) == 0 && !S_ISREG(target.st_mode);
     int fd = made == 0 && !irregular ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644) : -1;
     if (fd < 0 && !irregular) {
-        fprintf(stderr, "kiln train: cannot write to output directory %s: %s (choose another with --out DIR)\n",
-                r->out_dir, strerror(errno));
+        if (made == 0)
+            fprintf(stderr, "kiln train: cannot write %s: %s (remove it, or choose another --out DIR)\n", path,
+                    strerror(errno));
+        else
+            fprintf(stderr, "kiln train: cannot write to output directory %s: %s (choose another with --out DIR)\n",
+                    r->out_dir, strerror(errno));
         return 1;
     }
     if (irregular || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || fcntl(fd, F_SETFL, O_APPEND) != 0 ||
@@ -709,6 +713,42 @@ static int load_model(train_run *r) {
     return 0;
 }
 
+/* The model's output for one image must be one score per class of the
+ * data: a spec whose last layer is not `linear <classes>` would fail at
+ * its first step in the loss, naming no file. One forward of a zero image
+ * in eval mode without autograd (no dropout draw, no running-statistics
+ * update), before the optimizer exists. */
+static int check_output(train_run *r, const char *model) {
+    int classes = r->info.num_classes;
+    kiln_scope_begin();
+    kiln_module_train(r->model, false);
+    kiln_no_grad_begin();
+    kiln_tensor *x = kiln_zeros(KILN_SHAPE(1, r->info.channels, r->info.height, r->info.width), KILN_F32, r->dev);
+    kiln_tensor *y = x ? kiln_module_forward(r->model, x) : NULL;
+    kiln_grad_mode_end();
+    kiln_module_train(r->model, true);
+    int rc = 0;
+    if (!y) {
+        rc = fail("model");
+        fprintf(stderr, "kiln train: the model (%s) does not take the data's %dx%dx%d images\n", model,
+                r->info.channels, r->info.height, r->info.width);
+    } else if (classes > 0 && (kiln_ndim(y) != 2 || kiln_size(y, 1) != classes)) {
+        kiln_shape sh = kiln_shape_of(y);
+        char shape[160] = "(";
+        for (int d = 0; d < sh.ndim; d++)
+            snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", d ? ", " : "", (long long)sh.d[d]);
+        snprintf(shape + strlen(shape), sizeof shape - strlen(shape), ")");
+        fprintf(stderr,
+                "kiln train: the model (%s) gives %s for one %dx%dx%d image, but the data has %d classes: its last "
+                "layer must be 'linear %d'\n",
+                model, shape, r->info.channels, r->info.height,
+                r->info.width, classes, classes);
+        rc = 1;
+    }
+    kiln_scope_end();
+    return rc;
+}
+
 /* The checkpoint to resume from: a file, or DIR/checkpoint.safetensors. */
 static int resume_path(train_run *r) {
     struct stat sb;
@@ -815,6 +855,8 @@ static int setup(train_run *r) {
     kiln_manual_seed(r->a.seed);
     if ((rc = load_model(r))) return rc;
     if (kiln_module_to(r->model, r->dev) != KILN_OK) return fail("model");
+    if ((rc = check_output(r, r->a.model ? r->a.model : r->a.resume ? r->resume_from : "the default model")))
+        return rc;
     kiln_tensor **params = NULL;
     int np = 0;
     if (kiln_module_parameters(r->model, &params, &np) != KILN_OK) return fail("model");

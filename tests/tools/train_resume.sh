@@ -19,7 +19,8 @@
 #  5. careless input on a 16-image dataset: --batch past the dataset is
 #     clamped with a message, train and test images of different sizes are
 #     refused naming both files, the one-cycle schedule too short for its
-#     warm-up suggests --schedule constant, and a failed run leaves no
+#     warm-up suggests --schedule constant, a model whose output is not one
+#     score per class is refused naming its spec, and a failed run leaves no
 #     output directory (and an earlier metrics.jsonl as it was).
 # usage: train_resume.sh KILN_BINARY LIMIT. Exit 77 (skipped) without the dataset.
 set -eu
@@ -281,6 +282,10 @@ fails "needs at least 4 optimizer steps .* this run has 3 (1 batch of 16 per epo
 # Train and test images of different sizes: refused when the dataset is opened.
 fails "the training images ($out/mixed/train-images-idx3-ubyte) are 1x28x28 but the test images ($out/mixed/t10k-images-idx3-ubyte) are 1x14x14" \
   "$out/t3" --data "$out/mixed" --workers 0 --schedule constant
+# A model whose output is not one score per class: refused naming the spec.
+printf 'conv 4 k3 p1\nrelu\nflatten\nlinear 7\n' > "$out/seven.txt"
+fails "the model ($out/seven.txt) gives (1, 7) for one 1x28x28 image, but the data has 10 classes" \
+  "$out/t5" $tiny --schedule constant --model "$out/seven.txt"
 # A failed run into an existing directory leaves its files as they were.
 mkdir "$out/t4"
 echo '{"event":"step","step":1}' > "$out/t4/metrics.jsonl"
