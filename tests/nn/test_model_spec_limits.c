@@ -152,9 +152,10 @@ static void test_messages(void) {
 static void test_extreme_shapes(void) {
     const int64_t big = INT64_C(1) << 30;
     /* An input shape from a damaged checkpoint is refused before any
-     * arithmetic: the issue's 9223372036854775807. */
+     * arithmetic: the issue's 9223372036854775807 (without the bound,
+     * h + 2 * pad overflows here: UBSan's report in the issue). */
     kiln_model_spec_budget b = {0};
-    CHECK_FAILS(kiln_model_spec_check("conv 4 k3\n", 10, "ck.txt", 1, INT64_MAX, INT64_MAX, &b),
+    CHECK_FAILS(kiln_model_spec_check("conv 4 k3 p1\n", 13, "ck.txt", 1, INT64_MAX, INT64_MAX, &b),
                 KILN_ERR_INVALID_ARGUMENT, "input shape (1, 9223372036854775807, 9223372036854775807)");
     CHECK_FAILS(kiln_model_spec_check("conv 4 k3\n", 10, "ck.txt", INT64_MIN, 4, 4, &b), KILN_ERR_INVALID_ARGUMENT,
                 "each size must be 1..1073741824");
