@@ -23,6 +23,7 @@ static kiln_module *make_model(void) {
 /* STEPS SGD steps of mse(model(x), y) on `dev` in `dt`; the optimizer is
  * created before the move when `early`. Losses into out. */
 static void train(bool early, bool by_device, kiln_device dev, kiln_dtype dt, double *out) {
+    kiln_scope_begin(); /* owns the tensors made here */
     kiln_module *m = make_model();
     kiln_tensor **params = NULL;
     int np = 0;
@@ -33,7 +34,6 @@ static void train(bool early, bool by_device, kiln_device dev, kiln_dtype dt, do
     /* A gradient present at the move travels with the parameter. */
     kiln_tensor *g0 = kiln_full(kiln_shape_of(held), 0.25, KILN_F32, KILN_CPU);
     CHECK_OK(kiln_set_grad(held, g0));
-    kiln_release(g0);
     CHECK_OK(by_device ? kiln_module_to(m, dev) : kiln_module_to_dtype(m, dt));
     kiln_tensor *after = kiln_module_state_get(m, "0.weight");
     CHECK_MSG(after == held, "the parameter handle changed in the move");
@@ -45,10 +45,7 @@ static void train(bool early, bool by_device, kiln_device dev, kiln_dtype dt, do
         kiln_tensor *g00 = kiln_narrow(kiln_narrow(g, 0, 0, 1), 1, 0, 1);
         CHECK_OK(kiln_item(g00, &gv));
         CHECK(gv == 0.25);
-        kiln_release(g00);
-        kiln_release(g);
     }
-    kiln_release(after);
     if (!early) {
         free(params);
         CHECK_OK(kiln_module_parameters(m, &params, &np));
@@ -66,9 +63,7 @@ static void train(bool early, bool by_device, kiln_device dev, kiln_dtype dt, do
         CHECK_OK(kiln_item(loss, &out[s]));
         kiln_scope_end();
     }
-    kiln_release(x);
-    kiln_release(y);
-    kiln_release(held);
+    kiln_scope_end();
     kiln_optimizer_free(opt);
     free(params);
     kiln_module_free(m);
