@@ -98,6 +98,19 @@ kiln_module *kiln_nn_sequential(int n, kiln_module *const *modules);
  * with its own statistics (as GPipe does). Takes ownership of the stages,
  * also on failure; NULL with an error on bad arguments. Does not block. */
 kiln_module *kiln_nn_pipeline(int n, kiln_module *const *stages, const kiln_device *devices, int micro_batches);
+/* DataParallel (PyTorch's nn.DataParallel): `module` (taken, also on
+ * failure) becomes child "module", moved to devices[0] (the state dict's
+ * names are "module.<name>", as PyTorch's). Forward scatters dim 0 over
+ * the n devices (1..16, distinct; uneven splits: the first n % k get one
+ * more sample), runs the master on devices[0] and persistent replicas on
+ * the others, whose parameters are differentiable copies of the master's
+ * (so backward sums every device's gradient into the master's .grad) and
+ * whose buffers are refreshed when the master's change; the outputs are
+ * gathered on output_device. BatchNorm in training normalises each
+ * device's share with its own statistics, and only the master's running
+ * statistics are updated (PyTorch's rule). The work is queued from the
+ * calling thread and runs on each device's stream. Does not block. */
+kiln_module *kiln_nn_data_parallel(kiln_module *module, const kiln_device *devices, int n, kiln_device output_device);
 /* Append `child` to a Sequential under the next index; takes ownership. */
 kiln_status kiln_nn_sequential_append(kiln_module *seq, kiln_module *child);
 /* Layer fusion in Sequential forwards (on by default; environment

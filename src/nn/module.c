@@ -44,6 +44,7 @@ void kiln_module_free(kiln_module *m) {
     }
     free(m->children.items);
     free(m->names.refs);
+    if (m->free_state) m->free_state(m->state);
     if (m->kind_owned) free((char *)m->kind);
     free(m);
 }

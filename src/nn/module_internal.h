@@ -75,6 +75,10 @@ struct kiln_module {
     kiln_layer_forward forward;
     kiln_module_forward_fn user_forward;
     void *user;
+    /* A built-in module's own state (DataParallel's replicas), released
+     * with the module by free_state. */
+    void *state;
+    void (*free_state)(void *state);
 };
 
 /* A Sequential's forward in its checkpoint segments (checkpoint_sequential.c). */
