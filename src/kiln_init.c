@@ -83,6 +83,7 @@ kiln_status kiln_init(void) {
         kiln_memory_context_register();
         if (!st) st = kiln_runtime_init();
         if (!st) st = kiln_threads_init();
+        if (!st) st = kiln_device_default_from_env();
         initialised = st == KILN_OK;
     }
     pthread_mutex_unlock(&init_mutex);

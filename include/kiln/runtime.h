@@ -50,8 +50,10 @@ kiln_status kiln_device_mem_info(kiln_device device, size_t *free_bytes, size_t 
 kiln_status kiln_set_device(kiln_device device);
 /* This thread's current device; initially kiln_default_device(). */
 kiln_device kiln_current_device(void);
-/* The first real CUDA device if any, else the CPU. Emulated devices are
- * never the default. */
+/* The environment's KILN_DEVICE (cpu, cuda, cuda:N; an emulated device
+ * too) when set, else the first real CUDA device if any, else the CPU.
+ * Emulated devices are never the default unless KILN_DEVICE names one. An
+ * unknown or unavailable KILN_DEVICE makes kiln_init fail, naming it. */
 kiln_device kiln_default_device(void);
 /* Block the host until all work queued on every stream of `device` is
  * done. Host synchronisation. */

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "runtime/backend.h"
 #include "runtime/counters.h"
+#include "runtime/runtime_internal.h"
 
 static _Atomic(const kiln_backend *) backends[KILN_DEVICE_TYPE_COUNT];
 static const char *const type_names[KILN_DEVICE_TYPE_COUNT] = {"cpu", "cuda", "meta"};
@@ -139,7 +140,28 @@ kiln_status kiln_device_mem_info(kiln_device device, size_t *free_bytes, size_t 
     return be->mem_info(device.index, free_bytes, total_bytes);
 }
 
+/* KILN_DEVICE, read by kiln_init (kiln_device_default_from_env). */
+static kiln_device env_default;
+static _Atomic bool env_default_set;
+
+kiln_status kiln_device_default_from_env(void) {
+    atomic_store(&env_default_set, false);
+    const char *text = getenv("KILN_DEVICE");
+    if (!text || !*text) return KILN_OK;
+    kiln_device d;
+    if (kiln_device_parse(text, &d) != KILN_OK) {
+        char why[sizeof kiln_error_last()->message];
+        snprintf(why, sizeof why, "%s", kiln_error_last()->message);
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "unset it, or name a device `kiln info` lists (cpu, cuda:N)",
+                          "KILN_DEVICE='%s': %s", text, why);
+    }
+    env_default = d;
+    atomic_store(&env_default_set, true);
+    return KILN_OK;
+}
+
 kiln_device kiln_default_device(void) {
+    if (atomic_load(&env_default_set)) return env_default;
     const kiln_backend *cuda = kiln_backend_get(KILN_DEVICE_CUDA);
     if (cuda && !cuda->emulated && cuda->device_count() > 0) return KILN_CUDA(0);
     return KILN_CPU;

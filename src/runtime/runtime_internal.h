@@ -38,6 +38,9 @@ void kiln_streams_shutdown(void);
 
 /* Called by kiln_init / kiln_shutdown. */
 kiln_status kiln_runtime_init(void);
+/* KILN_DEVICE (cpu, cuda, cuda:N; emulated devices too) as the default
+ * device; an unknown or unavailable one is kiln_init's error. */
+kiln_status kiln_device_default_from_env(void);
 /* KILN_NUM_THREADS into the OpenMP pool (threads.c); called by kiln_init. */
 kiln_status kiln_threads_init(void);
 void kiln_runtime_shutdown(void);
