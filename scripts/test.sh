@@ -142,8 +142,9 @@ tier_nvcc() {
 # events, the allocator's stream rule, pinned and peer copies) and the op
 # harness, whose cases run on cpu and on the emulated cuda:0, the data,
 # diag and optim tests (prefetch, counters, fused updates on cuda:0), and
-# nn/test_amp_cnn (the tutorial CNN under f16 autocast on cuda:0). A release
-# build without tools: with ASan+UBSan the build and the harness do not fit
+# nn/test_amp_cnn (the tutorial CNN under f16 autocast on cuda:0), and the
+# main job shortened on cuda:0 (tools/train_device). A release build: with
+# ASan+UBSan the build and the harness do not fit
 # the ceiling on 2 cores; docs/cuda.md gives the sanitizer configuration to
 # run by hand (the emulator allocates device memory at its exact size, so a
 # kernel's overrun is an ASan report there).
@@ -151,12 +152,15 @@ tier_emu() {
   local d="$top/build-ci/emu"
   mkdir -p "$top/build-ci"
   configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_EMULATION=ON -DKILN_WITH_CUDA=OFF \
-    -DKILN_WERROR=ON -DKILN_BUILD_TOOLS=OFF || return 1
+    -DKILN_WERROR=ON || return 1
   grep -q "cuda=emulated" "$d/generated/kiln_config.h" || { echo "tier emu: the emulation build was not enabled"; return 1; }
   run_ctest --test-dir "$d" -L "emu|runtime|tensor|ops|data|diag|optim" -LE slow --no-tests=error "${ctest_args[@]}" || return 1
   # The tutorial CNN with f16 autocast and the grad scaler on emulated
   # cuda:0 (the nn layer's one device test; the others are CPU-only).
   run_ctest --test-dir "$d" -R '^nn/test_amp_cnn$' --no-tests=error "${ctest_args[@]}" || return 1
+  # The main job, shortened, on the emulated cuda:0 in f32 and f16 against
+  # the CPU (tests/tools/train_device.sh).
+  run_ctest --test-dir "$d" -R '^tools/train_device$' --no-tests=error "${ctest_args[@]}" || return 1
 }
 
 # libFuzzer over the file parsers (tests/fuzz/): each target runs

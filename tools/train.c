@@ -141,6 +141,7 @@ static void usage(FILE *f) {
                "  --seed S           seed for initialisation, shuffling and dropout (default 0)\n"
                "  --workers N        loader threads (default -1: auto, the cores --threads leaves)\n"
                "  --threads N        CPU compute threads (default: KILN_NUM_THREADS, else every core)\n"
+               "  --device D         cpu, cuda or cuda:N (default: KILN_DEVICE, else the first GPU, else cpu)\n"
                "  --log-every N      steps per metrics record and progress line (default 50)\n"
                "  --progress P       auto (default: a bar redrawn in place when stderr is a terminal,\n"
                "                     else one line per window), bar or lines\n"
@@ -204,6 +205,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
             if (strcmp(o, "--model") == 0) a->model = v;
             else if (strcmp(o, "--data") == 0) a->data = v, a->given |= TRAIN_GIVEN_DATA;
             else if (strcmp(o, "--out") == 0) a->out = v;
+            else if (strcmp(o, "--device") == 0) a->device = v;
             else if (strcmp(o, "--resume") == 0) a->resume = v;
             else if (strcmp(o, "--epochs") == 0) {
                 ok = parse_i64(v, 1, &n) && n <= TRAIN_MAX_EPOCHS && (a->epochs = (int)n);
@@ -954,14 +956,14 @@ static int train_and_report(train_run *r) {
            "checkpoint %s\n",
            100 * acc, wall, r->train_s, img_s, (double)peak / (1 << 20), r->ckpt_path);
     /* What each time covers: docs/training.md, "Metrics". */
-    char summary[768];
+    char summary[768], devname[32];
     snprintf(summary, sizeof summary,
              "{\"event\":\"summary\",\"test_acc\":%.6f,\"wall_s\":%.3f,\"train_img_s\":%.1f,\"train_s\":%.3f,"
              "\"images\":%lld,\"peak_bytes\":%lld,\"steps\":%lld,\"epochs\":%d,\"threads\":%d,\"loader_workers\":%d,"
-             "\"amp\":\"%s\","
+             "\"device\":\"%s\",\"amp\":\"%s\","
              "\"amp_scale\":%g,\"amp_skipped_steps\":%lld}",
              acc, wall, img_s, r->train_s, (long long)images, (long long)peak, (long long)r->step, r->a.epochs,
-             kiln_num_threads(), r->loader_workers, train_amp_name(r), train_amp_scale(r), (long long)train_amp_skipped(r));
+             kiln_num_threads(), r->loader_workers, kiln_device_str(r->dev, devname, sizeof devname), train_amp_name(r), train_amp_scale(r), (long long)train_amp_skipped(r));
     train_metric(r, "%s\n", summary);
     printf("%s\n", summary); /* the last stdout line */
     return 0;
@@ -983,6 +985,25 @@ int kiln_cmd_train(int argc, char **argv) {
     }
     if (r.a.deterministic) kiln_set_deterministic(true);
     r.dev = kiln_default_device();
+    if (r.a.device) {
+        kiln_status dst = kiln_device_parse(r.a.device, &r.dev);
+        if (!dst && r.dev.type == KILN_DEVICE_META)
+            dst = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "train on cpu or cuda:N",
+                             "meta tensors hold no data: nothing can train there");
+        if (dst) {
+            fprintf(stderr, "kiln train: --device %s: %s\n", r.a.device, kiln_error_last()->message);
+            if (kiln_error_last()->hint[0]) fprintf(stderr, "  hint: %s\n", kiln_error_last()->hint);
+            free(r.config_text);
+            free(r.config_data);
+            return 2;
+        }
+    }
+    /* Modules, loaders and the generator follow the current device. */
+    if (kiln_set_device(r.dev) != KILN_OK) {
+        free(r.config_text);
+        free(r.config_data);
+        return fail("device");
+    }
     r.tty = r.a.progress < 0 ? isatty(2) : r.a.progress == 1;
     sigint_watch watch;
     sigint_watch_start(&watch);

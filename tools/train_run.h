@@ -41,6 +41,7 @@ typedef struct train_args {
     uint64_t seed;
     bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly, memory_history;
     const char *model, *data, *out, *resume;
+    const char *device; /* --device (default: KILN_DEVICE, else kiln_default_device) */
     train_amp_mode amp; /* --amp (default auto) */
     int checkpoint;        /* --checkpoint N (0: off) */
     bool checkpoint_auto;  /* --checkpoint auto */
