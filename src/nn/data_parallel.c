@@ -148,8 +148,8 @@ static kiln_tensor *dp_forward(kiln_module *m, kiln_tensor *x) {
     kiln_tensor *outs[DP_MAX_DEVICES] = {NULL};
     int done = 0;
     for (; done < k; done++) {
-        int64_t base = n / k, extra = n % k;
-        int64_t start = done * base + (done < extra ? done : extra), len = base + (done < extra ? 1 : 0);
+        int64_t start, len;
+        kiln_nn_batch_chunk(n, k, done, &start, &len);
         kiln_module *run = master;
         if (done > 0) {
             if (!s->replicas[done] && !(s->replicas[done] = clone_on(master, s->devices[done]))) break;

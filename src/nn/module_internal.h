@@ -81,6 +81,14 @@ struct kiln_module {
     void (*free_state)(void *state);
 };
 
+/* Chunk j of k over n samples along the batch (the first n % k chunks get
+ * one more): the micro-batches of a Pipeline, the shares of DataParallel. */
+static inline void kiln_nn_batch_chunk(int64_t n, int k, int j, int64_t *start, int64_t *len) {
+    int64_t base = n / k, extra = n % k;
+    *start = j * base + (j < extra ? j : extra);
+    *len = base + (j < extra ? 1 : 0);
+}
+
 /* A Sequential's forward in its checkpoint segments (checkpoint_sequential.c). */
 kiln_tensor *kiln_sequential_checkpoint_forward(kiln_module *m, kiln_tensor *x);
 

@@ -31,13 +31,6 @@ static bool module_device(const kiln_module *m, kiln_device *out) {
     return false;
 }
 
-/* Micro-batch j of k over n samples: the first n % k get one more. */
-static void chunk(int64_t n, int k, int j, int64_t *start, int64_t *len) {
-    int64_t base = n / k, extra = n % k;
-    *start = j * base + (j < extra ? j : extra);
-    *len = base + (j < extra ? 1 : 0);
-}
-
 /* Micro-batch x through every stage: a new reference, or NULL. */
 static kiln_tensor *run_stages(kiln_module *m, kiln_tensor *x) {
     kiln_tensor *h = kiln_retain(x);
@@ -72,7 +65,7 @@ static kiln_tensor *pipeline_forward(kiln_module *m, kiln_tensor *x) {
     int j = 0;
     for (; j < k; j++) {
         int64_t start, len;
-        chunk(n, k, j, &start, &len);
+        kiln_nn_batch_chunk(n, k, j, &start, &len);
         kiln_tensor *xj = kiln_narrow(x, 0, start, len);
         outs[j] = xj ? run_stages(m, xj) : NULL;
         if (xj) kiln_tensor_drop(xj);
