@@ -37,11 +37,12 @@ kiln_status train_evaluate(kiln_module *model, kiln_loader *ld, int64_t epoch, d
                            int64_t *images);
 /* The spec text of `path`, malloc'd (NULL with a message printed). */
 char *train_read_text(const char *cmd, const char *path);
-/* Parse `spec` (named `name` in errors) as the model for (c, h, w). When
- * it came from the checkpoint `ckpt` (else NULL), its parameters may not
- * outnumber what the file can hold, two bytes each at the least (f16,
- * bf16): an edited or damaged spec is refused before it allocates.
- * Prints the error; returns 0 or 1. */
+/* Parse `spec` (named `name` in errors) as the model for (c, h, w) within
+ * the one budget of docs/training.md (KILN_MAX_PARAMETERS and
+ * KILN_MAX_ACTIVATION raise it). When it came from the checkpoint `ckpt`
+ * (else NULL), its parameters may also not outnumber what the file can
+ * hold, two bytes each at the least (f16, bf16): an edited or damaged spec
+ * is refused before it allocates. Prints the error; returns 0 or 1. */
 int train_parse_spec(const char *cmd, const char *spec, const char *name, const char *ckpt, int64_t c, int64_t h,
                      int64_t w, kiln_module **m);
 /* The default model spec's path (models/ next to the install or the

@@ -3,6 +3,7 @@
  * spec within what a checkpoint can hold. Shared by train, eval and
  * export (train.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -122,20 +123,29 @@ int train_parse_spec(const char *cmd, const char *spec, const char *name, const 
  * at its line and column. */
 char *train_read_text(const char *cmd, const char *path) {
     enum { SPEC_MAX = 1 << 20 };
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* Opened non-blocking and type-checked before any read: open() of a
+     * FIFO for reading would wait for a writer (a hang). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
         fprintf(stderr, "kiln %s: cannot read model spec %s: %s\n", cmd, path, strerror(errno));
         return NULL;
     }
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > SPEC_MAX) {
-        if (S_ISDIR(sb.st_mode))
+    bool stat_ok = fstat(fd, &sb) == 0;
+    FILE *f = stat_ok && S_ISREG(sb.st_mode) && fcntl(fd, F_SETFL, 0) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        if (!stat_ok || S_ISREG(sb.st_mode))
+            fprintf(stderr, "kiln %s: cannot read model spec %s: %s\n", cmd, path, strerror(errno));
+        else if (S_ISDIR(sb.st_mode))
             fprintf(stderr, "kiln %s: model spec %s is a directory: pass a spec file (models/ ships them)\n", cmd, path);
-        else if (!S_ISREG(sb.st_mode))
-            fprintf(stderr, "kiln %s: model spec %s is not a regular file (a device, pipe or socket)\n", cmd, path);
         else
-            fprintf(stderr, "kiln %s: model spec %s is %lld bytes, more than the 1 MiB (%d bytes) a spec may hold\n",
-                    cmd, path, (long long)sb.st_size, SPEC_MAX);
+            fprintf(stderr, "kiln %s: model spec %s is not a regular file (a device, pipe or socket)\n", cmd, path);
+        close(fd);
+        return NULL;
+    }
+    if (sb.st_size > SPEC_MAX) {
+        fprintf(stderr, "kiln %s: model spec %s is %lld bytes, more than the 1 MiB (%d bytes) a spec may hold\n", cmd,
+                path, (long long)sb.st_size, SPEC_MAX);
         fclose(f);
         return NULL;
     }
