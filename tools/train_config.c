@@ -7,7 +7,7 @@
  * checkpoint's value; one given with another value is refused, naming
  * both, except those that may change: more --epochs (said), --log-every
  * (said: the metrics windows shift), --checkpoint/--memory-budget (the
- * same math, another memory trade; said). --out, --progress, --workers,
+ * same math, another memory trade; said). --out, --device, --progress, --workers,
  * --threads, --monitor, --profile, --detect-*, --memory-history and
  * --max-steps are not part of the configuration at all. */
 #include <errno.h>
