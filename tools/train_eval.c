@@ -144,6 +144,25 @@ int kiln_cmd_eval(int argc, char **argv) {
     kiln_dataset *ds = NULL;
     if (train_open_split(a.data, a.limit, "test", &ds) != KILN_OK) return train_fail("eval", "test set");
     kiln_sample_info info = kiln_dataset_info(ds);
+    /* The images the model was trained on against these, before building
+     * (else a shape error in a layer, blaming the spec). A checkpoint that
+     * cannot be read is reported by build(). */
+    char *in = NULL;
+    long long cc = 0, hh = 0, ww = 0;
+    if (kiln_checkpoint_read_meta(a.checkpoint, "kiln.input", &in) == KILN_OK && in &&
+        sscanf(in, "%lldx%lldx%lld", &cc, &hh, &ww) == 3 &&
+        (cc != info.channels || hh != info.height || ww != info.width)) {
+        fprintf(stderr,
+                "kiln eval: %s was trained on %lldx%lldx%lld images, but the test images in %s are %lldx%lldx%lld: "
+                "pass the --data the model was trained on\n",
+                a.checkpoint, cc, hh, ww, a.data ? a.data : "the default --data", (long long)info.channels,
+                (long long)info.height, (long long)info.width);
+        free(in);
+        kiln_dataset_free(ds);
+        return 1;
+    }
+    free(in);
+    kiln_error_clear();
     /* A batch larger than the test set would only ask for memory no batch fills. */
     int64_t n_test = kiln_dataset_length(ds);
     if (a.batch > n_test && n_test > 0) a.batch = n_test;

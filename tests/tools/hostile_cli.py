@@ -385,6 +385,14 @@ def idx_cases():
     permission_case("eval --data: directory without permission",
                     eval_argv(path("runs", "base", "checkpoint.safetensors"), data=d), [d, "Permission denied"],
                     "H3 data")
+    # Test images of another size than the checkpoint's model was trained on:
+    # refused before the model is built, naming the checkpoint and both shapes.
+    with open(path("data", "good", LABELS["test"]), "rb") as f:
+        n_test = struct.unpack(">II", f.read(8))[1]
+    d = data_dir("size20", {IMAGES["test"]: struct.pack(">IIII", 0x803, n_test, 20, 20) + bytes(n_test * 400)})
+    ck = path("runs", "base", "checkpoint.safetensors")
+    case("eval --data: test images of another size than the checkpoint's", eval_argv(ck, data=d),
+         names=[ck, "1x20x20"], owner="eval")
 
 
 NOBODY = []  # [why not], once probed
