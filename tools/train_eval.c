@@ -14,7 +14,7 @@
 #include "train.h"
 
 typedef struct tool_args {
-    const char *checkpoint, *model, *data, *out;
+    const char *checkpoint, *model, *data, *out, *device;
     int64_t batch, limit;
 } tool_args;
 
@@ -35,6 +35,8 @@ static int parse(const char *cmd, int argc, char **argv, tool_args *a, bool want
             a->model = v;
         else if (!want_out && !strcmp(o, "--data"))
             a->data = v;
+        else if (!want_out && !strcmp(o, "--device"))
+            a->device = v;
         else if (!want_out && (!strcmp(o, "--batch") || !strcmp(o, "--limit"))) {
             errno = 0;
             long long n = strtoll(v, &end, 10);
@@ -135,9 +137,10 @@ int kiln_cmd_eval(int argc, char **argv) {
     int rc = parse("eval", argc, argv, &a, false);
     if (rc < 0) {
         printf("usage: kiln eval --checkpoint FILE [--model SPEC] [--data DIR] [--batch B] [--limit N]\n"
-               "                 [--threads N]\n"
+               "                 [--threads N] [--device D]\n"
                "  test-set loss and accuracy of a checkpoint on Fashion-MNIST; the model spec comes from\n"
-               "  the checkpoint unless --model is given; --threads: the CPU compute threads\n");
+               "  the checkpoint unless --model is given; --threads: the CPU compute threads; --device:\n"
+               "  cpu, cuda or cuda:N (default: KILN_DEVICE, else the first GPU, else cpu)\n");
         return 0;
     }
     if (rc) return rc;
@@ -170,6 +173,12 @@ int kiln_cmd_eval(int argc, char **argv) {
     kiln_loader *ld = NULL;
     char *spec = NULL;
     kiln_device dev = kiln_default_device();
+    if (a.device && (kiln_device_parse(a.device, &dev) != KILN_OK || dev.type == KILN_DEVICE_META)) {
+        fprintf(stderr, "kiln eval: --device %s: %s\n", a.device,
+                dev.type == KILN_DEVICE_META ? "meta tensors hold no data" : kiln_error_last()->message);
+        kiln_dataset_free(ds);
+        return 2;
+    }
     rc = build("eval", &a, info.channels, info.height, info.width, &m, &spec);
     if (!rc && kiln_module_to(m, dev) != KILN_OK) rc = train_fail("eval", "model");
     if (!rc && train_make_loader(ds, dev, a.batch, false, 0, -1, &ld) != KILN_OK)

@@ -2,7 +2,8 @@
 # kiln train --device on the CUDA path: the main job, shortened (--limit,
 # one epoch), on cuda:0 in f32 (--amp off) and with --amp f16, against the
 # same run on the CPU: each lands within 1 point of the CPU's test accuracy
-# and its summary names the device. Meant for the emulation build (the
+# and its summary names the device; kiln eval --device cuda:0 of the CPU
+# run's checkpoint gives the CPU's accuracy. Meant for the emulation build (the
 # emulation tier runs it on the emulated cuda:0) and for GPUs
 # (scripts/gpu-check.sh). Exit 77 (skipped, with the reason) where the
 # build sees no CUDA device.
@@ -38,3 +39,10 @@ for name in f32 f16; do
   echo "cuda:0 $name: test accuracy $b (cpu $a)"
 done
 grep -q '"amp":"f16"' "$out/f16.out"
+# kiln eval --device cuda:0 of the CPU run's checkpoint: the CPU run's accuracy.
+"$kiln" eval --checkpoint "$out/cpu/checkpoint.safetensors" --limit "$limit" --device cuda:0 > "$out/eval.out"
+e=$(tail -n 1 "$out/eval.out" | sed 's/.*"test_acc":\([^,]*\),.*/\1/') a=$(acc "$out/cpu.out")
+if ! awk -v a="$a" -v b="$e" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.01) }'; then
+  echo "FAILED: kiln eval --device cuda:0 gives $e for the CPU run's checkpoint, which reached $a"; exit 1
+fi
+echo "kiln eval --device cuda:0 of the CPU checkpoint: $e (cpu $a)"
