@@ -16,6 +16,8 @@ int kiln_cmd_export(int argc, char **argv);
 
 /* The main job's model, under models/. */
 #define DEFAULT_MODEL "tutorial_cnn_28x28x1.txt"
+/* The Debian package dataset-fashion-mnist's directory, kiln train's default --data. */
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
 /* Print the library's last error as "kiln CMD: WHAT: message" + hint; 1. */
 int train_fail(const char *cmd, const char *what);

@@ -86,6 +86,10 @@ typedef struct train_run {
     kiln_grad_scaler *scaler; /* with amp (disabled for bf16, which needs no loss scaling) */
 } train_run;
 
+/* The command line into *a (train_args.c): 0 ok, 2 usage error (printed),
+ * -1 help printed. */
+int train_parse_args(int argc, char **argv, train_args *a);
+
 /* One JSON line into metrics.jsonl, under the run's lock (the monitor
  * thread writes too). */
 void train_metric(train_run *r, const char *fmt, ...);

@@ -1,0 +1,170 @@
+/* kiln train's command line: the usage text and the options into
+ * train_args, each range-checked with the flag named (train_run.h). */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kiln/kiln.h"
+#include "train.h"
+#include "train_run.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: kiln train [options]\n"
+               "  --model FILE       model spec (default: models/" DEFAULT_MODEL "; with --resume: the spec\n"
+               "                     stored in the checkpoint)\n"
+               "  --data DIR         Fashion-MNIST directory (default: " FMNIST_DIR ",\n"
+               "                     the Debian package dataset-fashion-mnist)\n"
+               "  --epochs N         epochs in total (default 3)\n"
+               "  --batch B          batch size (default 128)\n"
+               "  --accum N          split each batch into N micro-batches, one optimizer step (default 1)\n"
+               "  --lr LR            Adam learning rate; with --schedule onecycle its peak (default 3e-3)\n"
+               "  --schedule S       onecycle (default: warm-up over 30%% of the steps, cosine down) or constant\n"
+               "  --label-smoothing E  cross-entropy label smoothing (default 0.1; 0 turns it off)\n"
+               "  --limit N          use only the first N training and test samples (quick runs)\n"
+               "  --seed S           seed for initialisation, shuffling and dropout (default 0)\n"
+               "  --workers N        loader threads (default -1: auto, the cores --threads leaves)\n"
+               "  --threads N        CPU compute threads (default: KILN_NUM_THREADS, else every core)\n"
+               "  --device D         cpu, cuda or cuda:N (default: KILN_DEVICE, else the first GPU, else cpu)\n"
+               "  --log-every N      steps per metrics record and progress line (default 50)\n"
+               "  --progress P       auto (default: a bar redrawn in place when stderr is a terminal,\n"
+               "                     else one line per window), bar or lines\n"
+               "  --out DIR          output directory (default runs/<timestamp>)\n"
+               "  --resume PATH      continue from a checkpoint (a file, or a run directory holding\n"
+               "                     checkpoint.safetensors)\n"
+               "  --deterministic    kiln_set_deterministic(true): resumed runs repeat losses bit for bit\n"
+               "  --max-steps N      stop after optimizer step N with a checkpoint (exit 0)\n"
+               "  --profile N        profile N steps (after one warm-up step): table, counters, trace.json\n"
+               "  --monitor          sample GPU (or host CPU/memory) use each second into metrics.jsonl\n"
+               "  --detect-leaks     check for autograd graphs kept across steps at each step boundary\n"
+               "  --detect-anomaly   check every op's outputs for NaN/inf (slow: a debugging switch)\n"
+               "  --memory-history   record every allocator event; memory_snapshot.json at the end\n"
+               "                     (kiln report draws the memory timeline from it)\n"
+               "  --amp MODE         mixed precision: auto (default: on for CUDA with tensor cores, off on\n"
+               "                     CPUs without native bf16), off, f16 (with loss scaling) or bf16\n"
+               "  --checkpoint N|auto  gradient checkpointing: recompute the model's activations in backward,\n"
+               "                     in N segments of its layers placed by measured memory; auto: the fewest\n"
+               "                     segments whose measured step peak fits --memory-budget\n"
+               "  --memory-budget SIZE  the step's memory budget for --checkpoint auto (2GiB, 512MiB, bytes)\n"
+               "Ctrl-C finishes the step, writes a checkpoint and exits 130.\n");
+}
+
+static bool parse_i64(const char *s, int64_t min, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < min) return false;
+    *out = v;
+    return true;
+}
+
+/* 0 ok, 2 usage error (printed), -1 help printed. */
+int train_parse_args(int argc, char **argv, train_args *a) {
+    /* The default recipe (docs/training.md, "The default recipe"): 3 epochs,
+     * Adam with a one-cycle schedule peaking at 3e-3, label smoothing 0.1. */
+    *a = (train_args){.epochs = 3, .accum = 1, .log_every = 50, .workers = -1, .batch = 128, .lr = 3e-3,
+                      .onecycle = true, .label_smoothing = 0.1, .progress = -1};
+    for (int i = 0; i < argc; i++) {
+        const char *o = argv[i];
+        if (strcmp(o, "--help") == 0 || strcmp(o, "-h") == 0) {
+            usage(stdout);
+            return -1;
+        }
+        if (!strcmp(o, "--deterministic")) a->deterministic = true, a->given |= TRAIN_GIVEN_DETERMINISTIC;
+        else if (!strcmp(o, "--monitor")) a->monitor = true;
+        else if (!strcmp(o, "--detect-leaks")) a->detect_leaks = true;
+        else if (!strcmp(o, "--detect-anomaly")) a->detect_anomaly = true;
+        else if (!strcmp(o, "--memory-history")) a->memory_history = true;
+        else if (strncmp(o, "--", 2) != 0) {
+            fprintf(stderr, "kiln train: unexpected argument '%s' (kiln train --help)\n", o);
+            return 2;
+        } else {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kiln train: %s needs a value (kiln train --help)\n", o);
+                return 2;
+            }
+            const char *v = argv[++i];
+            int64_t n = 0;
+            bool ok = true;
+            if (strcmp(o, "--model") == 0) a->model = v;
+            else if (strcmp(o, "--data") == 0) a->data = v, a->given |= TRAIN_GIVEN_DATA;
+            else if (strcmp(o, "--out") == 0) a->out = v;
+            else if (strcmp(o, "--device") == 0) a->device = v;
+            else if (strcmp(o, "--resume") == 0) a->resume = v;
+            else if (strcmp(o, "--epochs") == 0) {
+                ok = parse_i64(v, 1, &n) && n <= TRAIN_MAX_EPOCHS && (a->epochs = (int)n);
+                a->given |= TRAIN_GIVEN_EPOCHS;
+                if (!ok) {
+                    fprintf(stderr, "kiln train: --epochs %s: give a whole number of epochs in 1..%d\n", v,
+                            TRAIN_MAX_EPOCHS);
+                    return 2;
+                }
+            } else if (strcmp(o, "--accum") == 0)
+                ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->accum = (int)n), a->given |= TRAIN_GIVEN_ACCUM;
+            else if (strcmp(o, "--log-every") == 0)
+                ok = parse_i64(v, 1, &n) && n < INT_MAX && (a->log_every = (int)n), a->given |= TRAIN_GIVEN_LOG_EVERY;
+            else if (strcmp(o, "--profile") == 0)
+                ok = parse_i64(v, 1, &n) && n < 100000 && (a->profile_steps = (int)n);
+            else if (strcmp(o, "--workers") == 0) ok = parse_i64(v, -1, &n) && n < 256 && ((a->workers = (int)n), 1);
+            else if (strcmp(o, "--batch") == 0) ok = parse_i64(v, 1, &a->batch), a->given |= TRAIN_GIVEN_BATCH;
+            else if (strcmp(o, "--limit") == 0) ok = parse_i64(v, 1, &a->limit), a->given |= TRAIN_GIVEN_LIMIT;
+            else if (strcmp(o, "--max-steps") == 0) ok = parse_i64(v, 1, &a->max_steps);
+            else if (strcmp(o, "--amp") == 0) ok = train_amp_parse(v, &a->amp), a->given |= TRAIN_GIVEN_AMP;
+            else if (strcmp(o, "--checkpoint") == 0)
+                ok = !strcmp(v, "auto") ? (a->checkpoint_auto = true)
+                                        : parse_i64(v, 0, &n) && n <= KILN_NN_MAX_CHECKPOINT_SEGMENTS &&
+                                              ((a->checkpoint = (int)n), 1),
+                a->given |= TRAIN_GIVEN_CHECKPOINT;
+            else if (strcmp(o, "--memory-budget") == 0)
+                ok = train_parse_size(v, &a->memory_budget), a->given |= TRAIN_GIVEN_CHECKPOINT;
+            else if (strcmp(o, "--seed") == 0)
+                ok = parse_i64(v, 0, &n) && ((a->seed = (uint64_t)n), a->seed_given = 1), a->given |= TRAIN_GIVEN_SEED;
+            else if (strcmp(o, "--progress") == 0)
+                ok = !strcmp(v, "auto") ? (a->progress = -1, true)
+                     : !strcmp(v, "bar") ? (a->progress = 1, true)
+                     : !strcmp(v, "lines") ? (a->progress = 0, true)
+                                          : false;
+            else if (strcmp(o, "--schedule") == 0)
+                ok = !strcmp(v, "onecycle") ? (a->onecycle = true) : !strcmp(v, "constant") ? !(a->onecycle = false) : false,
+                a->given |= TRAIN_GIVEN_SCHEDULE;
+            else if (strcmp(o, "--label-smoothing") == 0) {
+                char *end;
+                a->given |= TRAIN_GIVEN_SMOOTHING;
+                a->label_smoothing = strtod(v, &end);
+                ok = *v && !*end && a->label_smoothing >= 0 && a->label_smoothing < 1;
+            } else if (strcmp(o, "--lr") == 0) {
+                char *end;
+                a->given |= TRAIN_GIVEN_LR;
+                a->lr = strtod(v, &end);
+                /* Adam's step is lr-sized: above 10 every weight is noise
+                 * after one step (1e308 and inf trained NaN and exited 0). */
+                ok = *v && !*end && isfinite(a->lr) && a->lr > 0 && a->lr <= 10;
+                if (!ok) {
+                    fprintf(stderr, "kiln train: --lr %s: give a finite learning rate in (0, 10] (the default is 3e-3)\n", v);
+                    return 2;
+                }
+            } else {
+                fprintf(stderr, "kiln train: unknown option '%s' (kiln train --help)\n", o);
+                return 2;
+            }
+            if (!ok) {
+                fprintf(stderr, "kiln train: bad value '%s' for %s (kiln train --help)\n", v, o);
+                return 2;
+            }
+        }
+    }
+    if (a->checkpoint_auto != (a->memory_budget > 0)) {
+        fprintf(stderr, a->checkpoint_auto ? "kiln train: --checkpoint auto needs --memory-budget SIZE (e.g. 2GiB)\n"
+                                           : "kiln train: --memory-budget is for --checkpoint auto\n");
+        return 2;
+    }
+    if (a->accum > a->batch) {
+        fprintf(stderr, "kiln train: --accum %d is larger than --batch %lld\n", a->accum, (long long)a->batch);
+        return 2;
+    }
+    return 0;
+}
+
