@@ -98,6 +98,27 @@ kiln_module *kiln_nn_sequential(int n, kiln_module *const *modules);
  * with its own statistics (as GPipe does). Takes ownership of the stages,
  * also on failure; NULL with an error on bad arguments. Does not block. */
 kiln_module *kiln_nn_pipeline(int n, kiln_module *const *stages, const kiln_device *devices, int micro_batches);
+/* Model parallelism inside a Sequential (the placement call; kiln train
+ * --split): stage i is children [first[i], first[i+1]) (the last one to
+ * the end), moved to devices[i]; first[0] is 0, the others increase and
+ * stay below the number of children, at most KILN_NN_MAX_PLACE_STAGES.
+ * Forward then runs kiln_nn_pipeline's schedule with `micro_batches`
+ * (1..16): each micro-batch goes through the stages in turn, its
+ * activations moved with kiln_to to the device of the stage's first
+ * parameter or buffer. The children keep their names, so the state dict
+ * and checkpoints are those of the unplaced model. n 0 (first and devices
+ * may be NULL) removes the placement, leaving the layers where they are.
+ * Refused on a checkpointed Sequential, and kiln_nn_sequential_set_checkpoint
+ * refuses a placed one (KILN_ERR_INVALID_ARGUMENT). A failure leaves the
+ * placement unchanged, though layers already moved stay moved. Does not
+ * block. */
+#define KILN_NN_MAX_PLACE_STAGES 64
+kiln_status kiln_nn_sequential_place(kiln_module *seq, int n, const int *first, const kiln_device *devices,
+                                     int micro_batches);
+/* The placed stages' first children (up to cap into first, which may be
+ * NULL with cap 0) and the micro-batches (micro_batches may be NULL);
+ * returns the stage count (0: not placed, or not a Sequential). */
+int kiln_nn_sequential_placement(const kiln_module *seq, int *first, int cap, int *micro_batches);
 /* DataParallel (PyTorch's nn.DataParallel): `module` (taken, also on
  * failure) becomes child "module", moved to devices[0] (the state dict's
  * names are "module.<name>", as PyTorch's). Forward scatters dim 0 over

@@ -41,6 +41,14 @@ static bool splits_fused_run(kiln_module *seq, int b) {
            (kind_is(seq, b - 1, "Linear") && kind_is(seq, b, "ReLU"));
 }
 
+/* Checkpointing a placed Sequential (kiln_nn_sequential_place) is refused. */
+static kiln_status placed(const char *fn, const kiln_module *seq) {
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "remove the placement (kiln_nn_sequential_place(seq, 0, ...)) first",
+                      "%s: the Sequential is placed on devices in %d stages; checkpointing a placed Sequential is "
+                      "not supported",
+                      fn, seq->cfg.place_stages);
+}
+
 static kiln_status not_sequential(const char *fn, const kiln_module *seq) {
     return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "checkpoint a Sequential (kiln_nn_sequential, a model spec)",
                       "%s: the module is %s, not a Sequential", fn, seq ? kiln_module_kind(seq) : "NULL");
@@ -61,6 +69,7 @@ static int even_starts(kiln_module *seq, int segments, int *start) {
 
 kiln_status kiln_nn_sequential_set_checkpoint(kiln_module *seq, int segments) {
     if (!is_sequential(seq)) return not_sequential("kiln_nn_sequential_set_checkpoint", seq);
+    if (segments > 1 && seq->cfg.place_stages > 0) return placed("kiln_nn_sequential_set_checkpoint", seq);
     int n = seq->children.n;
     if (segments < 0 || segments > KILN_NN_MAX_CHECKPOINT_SEGMENTS || (segments > 1 && segments > n))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use 0 or 1 (off) up to the number of layers",
@@ -77,6 +86,7 @@ kiln_status kiln_nn_sequential_set_checkpoint(kiln_module *seq, int segments) {
 kiln_status kiln_nn_sequential_set_checkpoint_starts(kiln_module *seq, int count, const int *starts) {
     const char *fn = "kiln_nn_sequential_set_checkpoint_starts";
     if (!is_sequential(seq)) return not_sequential(fn, seq);
+    if (count > 1 && seq->cfg.place_stages > 0) return placed(fn, seq);
     int n = seq->children.n;
     if (count < 0 || count > KILN_NN_MAX_CHECKPOINT_SEGMENTS || (count > 0 && !starts))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass 0 (off) or up to KILN_NN_MAX_CHECKPOINT_SEGMENTS starts",

@@ -134,6 +134,7 @@ static kiln_tensor *flatten_forward(kiln_module *m, kiln_tensor *x) {
 }
 
 static kiln_tensor *sequential_forward(kiln_module *m, kiln_tensor *x) {
+    if (m->cfg.place_stages > 0) return kiln_nn_placed_forward(m, x);
     if (m->cfg.checkpoint_segments > 1 && kiln_is_grad_enabled()) return kiln_sequential_checkpoint_forward(m, x);
     return kiln_nn_sequential_run(m, 0, m->children.n, x);
 }

@@ -48,7 +48,11 @@ typedef struct kiln_module_config {
     double eps, momentum;
     int start_dim, end_dim;
     bool approximate; /* gelu */
-    int micro_batches; /* Pipeline (pipeline.c) */
+    int micro_batches; /* Pipeline, a placed Sequential (pipeline.c) */
+    /* A placed Sequential (kiln_nn_sequential_place): its stages (0: not
+     * placed) and the first child of each (place_start[0] == 0). */
+    int place_stages;
+    int place_start[KILN_NN_MAX_PLACE_STAGES];
     /* Sequential: the checkpoint segments (0: off), the first child of
      * each (checkpoint_start[0] == 0) and each segment's children [begin,
      * end), the checkpoint's ctx. */
@@ -88,6 +92,10 @@ static inline void kiln_nn_batch_chunk(int64_t n, int k, int j, int64_t *start, 
     *start = j * base + (j < extra ? j : extra);
     *len = base + (j < extra ? 1 : 0);
 }
+
+/* A placed Sequential's forward: its stages on their devices, pipelined
+ * over micro-batches (pipeline.c). */
+kiln_tensor *kiln_nn_placed_forward(kiln_module *m, kiln_tensor *x);
 
 /* A Sequential's forward in its checkpoint segments (checkpoint_sequential.c). */
 kiln_tensor *kiln_sequential_checkpoint_forward(kiln_module *m, kiln_tensor *x);

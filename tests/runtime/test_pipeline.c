@@ -5,7 +5,9 @@
  *   - on the CPU, both stages on the CPU (the schedule and the sums);
  *   - on the emulated cuda:0 / cuda:1 (or two GPUs): stage 0 on cuda:0,
  *     stage 1 on cuda:1, gradients back on each stage's device;
- * and bad arguments are refused by name. The device part skips visibly
+ * the same for one flat Sequential placed in the same two stages with
+ * kiln_nn_sequential_place (names unchanged, checkpointing refused); and
+ * bad arguments are refused by name. The device part skips visibly
  * without two CUDA devices. */
 #include <stdbool.h>
 
@@ -16,15 +18,20 @@ enum { BATCH = 6, NPARAM = 10 };
 /* Stage 0: conv1 relu pool conv2 relu pool; stage 1: conv3 relu pool
  * flatten fc1 relu fc2 (OptimizedCNN on 1x28x28). Seeded: the same weights
  * every call. */
-static void make_stages(kiln_module **s0, kiln_module **s1) {
+static void make_layers(kiln_module **l) {
     kiln_manual_seed(42);
     kiln_module *a[] = {kiln_nn_conv2d(1, 32, 3, 1, 1, 1, 1, true), kiln_nn_relu(), kiln_nn_max_pool2d(2, 2, 0),
-                        kiln_nn_conv2d(32, 64, 3, 1, 1, 1, 1, true), kiln_nn_relu(), kiln_nn_max_pool2d(2, 2, 0)};
-    kiln_module *b[] = {kiln_nn_conv2d(64, 128, 3, 1, 1, 1, 1, true), kiln_nn_relu(), kiln_nn_max_pool2d(2, 2, 0),
+                        kiln_nn_conv2d(32, 64, 3, 1, 1, 1, 1, true), kiln_nn_relu(), kiln_nn_max_pool2d(2, 2, 0),
+                        kiln_nn_conv2d(64, 128, 3, 1, 1, 1, 1, true), kiln_nn_relu(), kiln_nn_max_pool2d(2, 2, 0),
                         kiln_nn_flatten(1, -1), kiln_nn_linear(128 * 3 * 3, 512, true), kiln_nn_relu(),
                         kiln_nn_linear(512, 10, true)};
-    *s0 = kiln_nn_sequential(6, a);
-    *s1 = kiln_nn_sequential(7, b);
+    memcpy(l, a, sizeof a);
+}
+static void make_stages(kiln_module **s0, kiln_module **s1) {
+    kiln_module *l[13];
+    make_layers(l);
+    *s0 = kiln_nn_sequential(6, l);
+    *s1 = kiln_nn_sequential(7, l + 6);
 }
 
 /* Loss and every parameter's gradient (as doubles, in state-dict order)
@@ -40,6 +47,7 @@ static double loss_and_grads(kiln_module *model, kiln_device out_dev, double *g,
     kiln_tensor *w = kiln_module_state_get(first, "0.weight");
     if (w) in_dev = kiln_get_device(w);
     kiln_release(w);
+    if (kiln_nn_sequential_placement(model, NULL, 0, NULL) > 0) in_dev = KILN_CPU; /* the forward moves it */
     kiln_tensor *logits = kiln_module_forward(model, kiln_to(x, in_dev, KILN_F32, 0));
     CHECK_MSG(logits != NULL, "forward: %s", kiln_error_message());
     double loss = NAN;
@@ -96,6 +104,38 @@ static void check_split(const kiln_device *devs, int micro, const char *what, do
     kiln_module_free(p);
 }
 
+/* The same layers as one flat Sequential placed in two stages (layers 0..5
+ * on devs[0], 6..12 on devs[1]) with kiln_nn_sequential_place: the state
+ * dict keeps the flat names, the step is the unsplit one. */
+static void check_place(const kiln_device *devs, int micro, const char *what, double ref_loss, int64_t ref_n) {
+    kiln_module *l[13];
+    make_layers(l);
+    kiln_module *seq = kiln_nn_sequential(13, l);
+    int first[2] = {0, 6};
+    CHECK_OK(kiln_nn_sequential_place(seq, 2, first, devs, micro));
+    int got_first[2] = {-1, -1}, got_micro = 0;
+    CHECK_EQ_I(kiln_nn_sequential_placement(seq, got_first, 2, &got_micro), 2);
+    CHECK(got_first[0] == 0 && got_first[1] == 6 && got_micro == micro);
+    kiln_tensor *w = kiln_module_state_get(seq, "10.weight"); /* fc1: the flat name, on stage 1's device */
+    CHECK(w && kiln_device_equal(kiln_get_device(w), devs[1]));
+    kiln_release(w);
+    int64_t n = 0;
+    double loss = loss_and_grads(seq, devs[1], got, CAP, &n);
+    CHECK_EQ_I(n, ref_n);
+    CHECK_MSG(fabs(loss - ref_loss) <= 1e-5 * fabs(ref_loss), "placed %s, %d micro-batches: loss %.9g, unsplit %.9g",
+              what, micro, loss, ref_loss);
+    double e = rel_err(got, want, n < ref_n ? n : ref_n);
+    CHECK_MSG(e < 2e-5, "placed %s, %d micro-batches: gradients differ by %g (relative)", what, micro, e);
+    /* Checkpointing a placed Sequential is refused by name; removing the
+     * placement leaves the layers where they are. */
+    kiln_error_clear();
+    CHECK(kiln_nn_sequential_set_checkpoint(seq, 2) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(kiln_error_message(), "placed on devices"), "%s", kiln_error_message());
+    CHECK_OK(kiln_nn_sequential_place(seq, 0, NULL, NULL, 1));
+    CHECK_EQ_I(kiln_nn_sequential_placement(seq, NULL, 0, NULL), 0);
+    kiln_module_free(seq);
+}
+
 int main(void) {
     CHECK_OK(kiln_init());
     /* The unsplit model: both stages as one Sequential on the CPU. */
@@ -109,6 +149,9 @@ int main(void) {
 
     check_split(NULL, 1, "cpu/cpu", ref_loss, ref_n);
     check_split(NULL, 4, "cpu/cpu", ref_loss, ref_n);
+    kiln_device cpus[2] = {KILN_CPU, KILN_CPU};
+    check_place(cpus, 1, "cpu/cpu", ref_loss, ref_n);
+    check_place(cpus, 4, "cpu/cpu", ref_loss, ref_n);
 
     /* Bad arguments, refused by name (the stages are freed). */
     make_stages(&s[0], &s[1]);
@@ -119,6 +162,22 @@ int main(void) {
     kiln_error_clear();
     CHECK(kiln_nn_pipeline(1, none, NULL, 2) == NULL);
     CHECK_MSG(strstr(kiln_error_message(), "a stage is NULL"), "%s", kiln_error_message());
+    /* A bad placement names the stage, its layer and the layer count. */
+    kiln_module *l[13];
+    make_layers(l);
+    kiln_module *seq = kiln_nn_sequential(13, l);
+    int bad_first[2] = {0, 13};
+    kiln_error_clear();
+    CHECK(kiln_nn_sequential_place(seq, 2, bad_first, cpus, 2) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(kiln_error_message(), "stage 1: layer 13 on cpu; the Sequential has 13 layers"), "%s",
+              kiln_error_message());
+    CHECK_OK(kiln_nn_sequential_set_checkpoint(seq, 2));
+    kiln_error_clear();
+    int ok_first[2] = {0, 6};
+    CHECK(kiln_nn_sequential_place(seq, 2, ok_first, cpus, 2) == KILN_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(kiln_error_message(), "checkpointed"), "%s", kiln_error_message());
+    CHECK_EQ_I(kiln_nn_sequential_placement(seq, NULL, 0, NULL), 0);
+    kiln_module_free(seq);
 
     if (kiln_device_count(KILN_DEVICE_CUDA) < 2) {
         printf("SKIPPED the cuda:0/cuda:1 part: fewer than two CUDA devices (the CPU part ran)\n");
@@ -126,6 +185,8 @@ int main(void) {
         kiln_device devs[2] = {{KILN_DEVICE_CUDA, 0}, {KILN_DEVICE_CUDA, 1}};
         check_split(devs, 1, "cuda:0/cuda:1", ref_loss, ref_n);
         check_split(devs, 4, "cuda:0/cuda:1", ref_loss, ref_n);
+        check_place(devs, 1, "cuda:0/cuda:1", ref_loss, ref_n);
+        check_place(devs, 4, "cuda:0/cuda:1", ref_loss, ref_n);
     }
     kiln_shutdown();
     return kt_finish();
