@@ -123,15 +123,34 @@ int kiln_nn_sequential_placement(const kiln_module *seq, int *first, int cap, in
  * failure) becomes child "module", moved to devices[0] (the state dict's
  * names are "module.<name>", as PyTorch's). Forward scatters dim 0 over
  * the n devices (1..16, distinct; uneven splits: the first n % k get one
- * more sample), runs the master on devices[0] and persistent replicas on
- * the others, whose parameters are differentiable copies of the master's
- * (so backward sums every device's gradient into the master's .grad) and
- * whose buffers are refreshed when the master's change; the outputs are
- * gathered on output_device. BatchNorm in training normalises each
- * device's share with its own statistics, and only the master's running
- * statistics are updated (PyTorch's rule). The work is queued from the
- * calling thread and runs on each device's stream. Does not block. */
+ * more sample), brings the persistent replicas on devices 1.. up to date
+ * (their parameters are differentiable copies of the master's, so
+ * backward sums every device's gradient into the master's .grad; their
+ * buffers are refreshed when the master's change), then runs the shares
+ * in parallel, one host thread per device: the calling thread runs the
+ * master on devices[0], a persistent worker thread per other device runs
+ * its replica with the caller's grad mode, autocast regions and current
+ * streams. The outputs are gathered on output_device. A replica's error
+ * comes back as the forward's, naming the device. BatchNorm in training
+ * normalises each device's share with its own statistics, and only the
+ * master's running statistics are updated (PyTorch's rule). The module
+ * must not be run from two threads at once. Does not block beyond the
+ * host work of the shares (the devices run asynchronously). */
 kiln_module *kiln_nn_data_parallel(kiln_module *module, const kiln_device *devices, int n, kiln_device output_device);
+/* A loss computed inside a replica: output and target are the share's, on
+ * its device (borrowed); returns the share's mean loss, a one-element
+ * tensor (a new reference), or NULL with an error. Runs on the replica's
+ * host thread: it must not touch state other threads use. */
+typedef kiln_tensor *(*kiln_nn_dp_loss_fn)(kiln_tensor *output, kiln_tensor *target, void *user);
+/* DataParallel's forward with the loss computed in each replica (the
+ * tutorials' remedy for the output device's load: only one scalar per
+ * device is gathered, not the outputs). `target` is scattered along dim 0
+ * as x is (same length). Returns sum_d (n_d / n) * loss_d on the output
+ * device: the whole batch's mean loss for uneven shares too, so its
+ * backward equals that of loss(dp(x), target) for a mean-reduced loss.
+ * dp is a module from kiln_nn_data_parallel; x, target borrowed. */
+kiln_tensor *kiln_nn_data_parallel_loss(kiln_module *dp, kiln_tensor *x, kiln_tensor *target, kiln_nn_dp_loss_fn loss,
+                                        void *user);
 /* Append `child` to a Sequential under the next index; takes ownership. */
 kiln_status kiln_nn_sequential_append(kiln_module *seq, kiln_module *child);
 /* Layer fusion in Sequential forwards (on by default; environment
@@ -399,5 +418,6 @@ kiln_status kiln_model_spec_load(const char *path, int64_t channels, int64_t hei
  * so the ops a module runs, and the ops around it, name the user's line. */
 #if !defined(KILN_NO_SITE_MACROS)
 #define kiln_module_forward(...) KILN_SITE_CALL(kiln_module_forward, __VA_ARGS__)
+#define kiln_nn_data_parallel_loss(...) KILN_SITE_CALL(kiln_nn_data_parallel_loss, __VA_ARGS__)
 #endif
 #endif /* KILN_NN_H */
