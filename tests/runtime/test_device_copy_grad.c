@@ -7,7 +7,14 @@
  *     compared with the same model on the CPU (f32 tolerance);
  *   - the peer copy waits for the source device's stream: with the source's
  *     stream held back (emulation only), a copy that did not wait would read
- *     the source before it is written.
+ *     the source before it is written;
+ *   - the backward copy is ordered the same way: the gradient computed on a
+ *     held stream of the destination device returns to the source device
+ *     only once written;
+ *   - both sides stay alive: the source, dropped while the copy is still
+ *     queued on a held stream, is not handed to a new tensor that
+ *     overwrites it before the copy has read it (the source's stream waits
+ *     for the copy, which is what record_stream would otherwise do).
  * The CPU part runs everywhere; the device parts skip visibly without one. */
 #include <stdbool.h>
 
@@ -156,6 +163,76 @@ static void test_peer_copy_waits(kiln_device d0, kiln_device d1) {
     if (side) CHECK_OK(kiln_stream_destroy(side));
     kiln_scope_end();
 }
+
+/* w (leaf on d0) -> y = to(w, d1); loss = sum(y * c) on d1, computed and
+ * backpropagated with a held side stream current on d1. The backward copy
+ * of dy = c to d0 must wait for that stream: after the release, w.grad is
+ * c. A backward copy that skipped the wait reads dy before it is written. */
+static void test_backward_copy_waits(kiln_device d0, kiln_device d1) {
+    kiln_scope_begin();
+    enum { R = 3, C = 1367 };
+    static float wv[R * C], cv[R * C];
+    for (int i = 0; i < R * C; i++) wv[i] = (float)(i % 7) - 3.0f, cv[i] = 0.25f * (float)(i % 5) + 0.5f;
+    kiln_tensor *w = leaf_f32(wv, R, C, d0);
+    kiln_tensor *c = kiln_to(kiln_from_data(KILN_SHAPE(R, C), KILN_F32, KILN_CPU, cv), d1, KILN_F32, 0);
+    CHECK_OK(kiln_device_synchronize(d0));
+    CHECK_OK(kiln_device_synchronize(d1));
+    kiln_stream *side = NULL;
+    CHECK_OK(kiln_stream_create(d1, 0, &side));
+    if (side) {
+        kiln_stream_guard g = kiln_stream_guard_begin(side);
+        CHECK(kiln_emu_hold_stream((cudaStream_t)kiln_stream_handle(side), true) == cudaSuccess);
+        kiln_tensor *y = kiln_to(w, d1, KILN_F32, 0);
+        kiln_tensor *loss = kiln_sum(kiln_mul(y, c), 0, NULL, false);
+        CHECK_OK(kiln_backward(loss, NULL, false));
+        CHECK(kiln_emu_hold_stream((cudaStream_t)kiln_stream_handle(side), false) == cudaSuccess);
+        kiln_stream_guard_end(&g);
+    }
+    static double gv[R * C];
+    kiln_tensor *gw = kiln_grad(w);
+    CHECK(gw && kiln_device_equal(kiln_get_device(gw), d0));
+    if (gw) host_values(gw, gv, R * C);
+    int wrong = 0;
+    for (int i = 0; gw && i < R * C; i++) wrong += gv[i] != cv[i];
+    CHECK_MSG(wrong == 0, "backward copy: %d of %d gradient elements read before they were written", wrong, R * C);
+    CHECK_OK(kiln_device_synchronize(d1));
+    if (side) CHECK_OK(kiln_stream_destroy(side));
+    kiln_scope_end();
+}
+
+/* src on d0 is copied to d1 on a held stream of d1, then dropped; a new
+ * tensor of the same size on d0 (which the caching allocator may place in
+ * src's block) is filled at once. The copy, released afterwards, must read
+ * src's values, not the fill. */
+static void test_copy_keeps_source(kiln_device d0, kiln_device d1) {
+    kiln_scope_begin();
+    enum { N = 6151 };
+    kiln_tensor *src = kiln_full(KILN_SHAPE(N), 1.5, KILN_F32, d0);
+    CHECK_OK(kiln_device_synchronize(d0));
+    kiln_stream *side = NULL;
+    CHECK_OK(kiln_stream_create(d1, 0, &side));
+    kiln_tensor *dst = NULL;
+    if (side) {
+        kiln_stream_guard g = kiln_stream_guard_begin(side);
+        CHECK(kiln_emu_hold_stream((cudaStream_t)kiln_stream_handle(side), true) == cudaSuccess);
+        dst = kiln_to(src, d1, KILN_F32, 0);
+        kiln_release(src);
+        kiln_tensor *reuse = kiln_full(KILN_SHAPE(N), -4.0, KILN_F32, d0);
+        CHECK(reuse != NULL);
+        CHECK(kiln_emu_hold_stream((cudaStream_t)kiln_stream_handle(side), false) == cudaSuccess);
+        kiln_stream_guard_end(&g);
+        CHECK_OK(kiln_stream_wait_stream(kiln_current_stream(d1), side)); /* dst is read on d1's default stream */
+    }
+    static double v[N];
+    if (dst) host_values(dst, v, N);
+    int wrong = 0;
+    for (int i = 0; dst && i < N; i++) wrong += v[i] != 1.5;
+    CHECK_MSG(wrong == 0, "cuda:%d -> cuda:%d: %d of %d elements of the copy read after the source's memory was reused",
+              d0.index, d1.index, wrong, N);
+    CHECK_OK(kiln_device_synchronize(d0));
+    if (side) CHECK_OK(kiln_stream_destroy(side));
+    kiln_scope_end();
+}
 #endif
 
 int main(void) {
@@ -176,6 +253,10 @@ int main(void) {
 #ifdef KILN_CUDA_EMULATION
         test_peer_copy_waits(c0, c1);
         test_peer_copy_waits(c1, c0);
+        test_backward_copy_waits(c0, c1);
+        test_backward_copy_waits(c1, c0);
+        test_copy_keeps_source(c0, c1);
+        test_copy_keeps_source(c1, c0);
 #endif
     } else {
         printf("SKIPPED the cuda:0/cuda:1 parts: one CUDA device\n");
