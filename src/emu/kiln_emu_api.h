@@ -40,6 +40,21 @@ typedef struct kiln_emu_stats {
 } kiln_emu_stats;
 void kiln_emu_get_stats(kiln_emu_stats *stats);
 
+/* The timeline: while on, every piece of work a stream worker runs
+ * (kernels, copies, memsets; not waits on events) is recorded with its
+ * device and its start and end, in seconds since the start call. Shows
+ * whether two devices' streams really ran at the same time (the pipeline's
+ * overlap); the times are the emulator's, not a GPU's. start clears and
+ * turns it on; stop turns it off, copies up to cap intervals into out (may
+ * be NULL) and returns how many were recorded. Work that runs on the
+ * calling thread (synchronous copies) is not recorded. */
+typedef struct kiln_emu_interval {
+    int device;
+    double start_s, end_s;
+} kiln_emu_interval;
+void kiln_emu_timeline_start(void);
+int kiln_emu_timeline_stop(kiln_emu_interval *out, int cap);
+
 /* Host threads that run thread blocks (KILN_CUDA_EMU_THREADS, default 2). */
 int kiln_emu_worker_threads(void);
 

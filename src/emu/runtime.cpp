@@ -603,6 +603,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned in
     }
     if (target == 0) return cudaSuccess; /* never recorded: nothing to wait for */
     stream_op op;
+    op.wait = true;
     op.fn = [e, target] {
         std::unique_lock<std::mutex> lock(e->m);
         wait_or_die(lock, e->cv, [&] { return e->completed >= target; }, "a stream's cudaStreamWaitEvent");
@@ -662,5 +663,8 @@ void kiln_emu_get_stats(kiln_emu_stats *stats) {
 }
 
 int kiln_emu_worker_threads(void) { return cfg().threads; }
+
+void kiln_emu_timeline_start(void) { timeline_start(); }
+int kiln_emu_timeline_stop(kiln_emu_interval *out, int cap) { return timeline_stop(out, cap); }
 
 } /* extern "C" */

@@ -142,6 +142,41 @@ registry &reg() {
     return *r;
 }
 
+/* The timeline (kiln_emu_timeline_start): the work stream workers ran. */
+static std::atomic<bool> timeline_on{false};
+static std::mutex timeline_m;
+static std::vector<kiln_emu_interval> timeline;
+static clock_type::time_point timeline_zero;
+
+void timeline_start() {
+    std::lock_guard<std::mutex> lock(timeline_m);
+    timeline.clear();
+    timeline_zero = clock_type::now();
+    timeline_on.store(true);
+}
+
+int timeline_stop(kiln_emu_interval *out, int cap) {
+    std::lock_guard<std::mutex> lock(timeline_m);
+    timeline_on.store(false);
+    int n = 0;
+    for (const kiln_emu_interval &iv : timeline) {
+        if (out && n < cap) out[n] = iv;
+        n++;
+    }
+    timeline.clear();
+    return n;
+}
+
+static void timeline_add(int device, clock_type::time_point a, clock_type::time_point b) {
+    std::lock_guard<std::mutex> lock(timeline_m);
+    if (!timeline_on.load()) return;
+    kiln_emu_interval iv;
+    iv.device = device;
+    iv.start_s = std::chrono::duration<double>(a - timeline_zero).count();
+    iv.end_s = std::chrono::duration<double>(b - timeline_zero).count();
+    timeline.push_back(iv);
+}
+
 static void worker_main(stream_ptr s) {
     std::unique_lock<std::mutex> lock(s->m);
     for (;;) {
@@ -151,7 +186,10 @@ static void worker_main(stream_ptr s) {
         s->queue.pop_front();
         if (op.fn) {
             lock.unlock();
+            bool timed = !op.wait && timeline_on.load(std::memory_order_relaxed);
+            clock_type::time_point t0 = timed ? clock_type::now() : clock_type::time_point();
             op.fn();
+            if (timed) timeline_add(s->device, t0, clock_type::now());
             op.fn = nullptr;
             stat_async_ops.fetch_add(1, std::memory_order_relaxed);
             lock.lock();

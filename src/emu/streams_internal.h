@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "emu_internal.h"
+#include "kiln_emu_api.h"
 
 namespace kiln_emu {
 
@@ -93,6 +94,7 @@ using event_ptr = std::shared_ptr<event>;
 /* One queued operation: work to run, or an event record (no work). */
 struct stream_op {
     std::function<void()> fn;
+    bool wait = false; /* a cudaStreamWaitEvent: not work, left off the timeline */
     event_ptr record; /* set for an event record */
     uint64_t gen = 0; /* which record of the event */
 };
@@ -206,6 +208,10 @@ cudaError_t check_side(const char *call, const char *which, const void *p, size_
  * queues the copy on h. */
 cudaError_t copy_common(const char *call, void *dst, const void *src, size_t count, cudaMemcpyKind kind,
                         cudaStream_t h, bool async);
+
+/* kiln_emu_timeline_start / _stop (kiln_emu_api.h). */
+void timeline_start();
+int timeline_stop(kiln_emu_interval *out, int cap);
 
 } // namespace kiln_emu
 

@@ -10,8 +10,12 @@
  * bad arguments are refused by name. The device part skips visibly
  * without two CUDA devices. */
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "test_util.h"
+#ifdef KILN_CUDA_EMULATION
+#include "emu/kiln_emu_api.h"
+#endif
 
 enum { BATCH = 6, NPARAM = 10 };
 
@@ -136,6 +140,99 @@ static void check_place(const kiln_device *devs, int micro, const char *what, do
     kiln_module_free(seq);
 }
 
+#ifdef KILN_CUDA_EMULATION
+static int by_start(const void *a, const void *b) {
+    double x = ((const kiln_emu_interval *)a)->start_s, y = ((const kiln_emu_interval *)b)->start_s;
+    return (x > y) - (x < y);
+}
+
+/* The union of device d's intervals (sorted by start) as disjoint runs
+ * into u; returns their count. */
+static int busy_runs(const kiln_emu_interval *iv, int n, int d, double (*u)[2]) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (iv[i].device != d) continue;
+        if (k > 0 && iv[i].start_s <= u[k - 1][1]) {
+            if (iv[i].end_s > u[k - 1][1]) u[k - 1][1] = iv[i].end_s;
+        } else {
+            u[k][0] = iv[i].start_s, u[k][1] = iv[i].end_s, k++;
+        }
+    }
+    return k;
+}
+
+/* The time both devices were busy at once in the timeline's intervals,
+ * and each one's busy time. */
+static double overlap_in(kiln_emu_interval *iv, int n, double *busy0, double *busy1);
+
+/* The forward of a training step of the model split over cuda:0/cuda:1
+ * with `micro` micro-batches, on the emulator's timeline (the backward
+ * runs after, off the timeline): the time both devices were busy at once,
+ * and each one's busy time. */
+static double overlap_of(int micro, double *busy0, double *busy1) {
+    kiln_device devs[2] = {{KILN_DEVICE_CUDA, 0}, {KILN_DEVICE_CUDA, 1}};
+    kiln_module *l[13];
+    make_layers(l);
+    kiln_module *seq = kiln_nn_sequential(13, l);
+    int first[2] = {0, 6};
+    CHECK_OK(kiln_nn_sequential_place(seq, 2, first, devs, micro));
+    enum { B = 64, CAP_IV = 1 << 16 };
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_SHAPE(B, 1, 28, 28), KILN_F32, devs[0]);
+    kiln_tensor *y = kiln_zeros(KILN_SHAPE(B), KILN_I64, devs[1]);
+    CHECK_OK(kiln_device_synchronize(devs[0]));
+    CHECK_OK(kiln_device_synchronize(devs[1]));
+    kiln_emu_timeline_start();
+    kiln_tensor *loss = kiln_cross_entropy(kiln_module_forward(seq, x), y, NULL);
+    CHECK_OK(kiln_device_synchronize(devs[0]));
+    CHECK_OK(kiln_device_synchronize(devs[1]));
+    kiln_emu_interval *iv = malloc(sizeof *iv * CAP_IV);
+    int n = kiln_emu_timeline_stop(iv, CAP_IV);
+    CHECK(n > 0 && n <= CAP_IV);
+    if (n > CAP_IV) n = CAP_IV;
+    double both = overlap_in(iv, n, busy0, busy1);
+    CHECK_OK(kiln_backward(loss, NULL, false));
+    free(iv);
+    kiln_scope_end();
+    kiln_module_free(seq);
+    return both;
+}
+
+static double overlap_in(kiln_emu_interval *iv, int n, double *busy0, double *busy1) {
+    double(*u0)[2] = malloc(sizeof *u0 * (size_t)n), (*u1)[2] = malloc(sizeof *u1 * (size_t)n);
+    qsort(iv, (size_t)n, sizeof *iv, by_start);
+    int n0 = busy_runs(iv, n, 0, u0), n1 = busy_runs(iv, n, 1, u1);
+    double both = 0;
+    *busy0 = *busy1 = 0;
+    for (int i = 0; i < n0; i++) *busy0 += u0[i][1] - u0[i][0];
+    for (int j = 0; j < n1; j++) *busy1 += u1[j][1] - u1[j][0];
+    for (int i = 0, j = 0; i < n0 && j < n1;) {
+        double a = u0[i][0] > u1[j][0] ? u0[i][0] : u1[j][0], b = u0[i][1] < u1[j][1] ? u0[i][1] : u1[j][1];
+        if (b > a) both += b - a;
+        if (u0[i][1] < u1[j][1]) i++;
+        else j++;
+    }
+    free(u0), free(u1);
+    return both;
+}
+
+/* The pipeline's streams run at the same time: with 4 micro-batches the
+ * two devices are busy together for part of the forward (stage 0 computes
+ * micro-batch k+1 while stage 1 computes k), more than with 1 micro-batch,
+ * where stage 1 waits for stage 0. Printed for docs/multi-device.md. */
+static void check_overlap(void) {
+    double b0, b1, one = overlap_of(1, &b0, &b1);
+    printf("pipeline on emulated cuda:0/cuda:1, batch 64, forward, 1 micro-batch: busy %.1f / %.1f ms, both at once %.1f ms\n",
+           b0 * 1e3, b1 * 1e3, one * 1e3);
+    double four = overlap_of(4, &b0, &b1);
+    printf("pipeline on emulated cuda:0/cuda:1, batch 64, forward, 4 micro-batches: busy %.1f / %.1f ms, both at once %.1f ms "
+           "(%.0f%% of the shorter)\n",
+           b0 * 1e3, b1 * 1e3, four * 1e3, 100 * four / (b0 < b1 ? b0 : b1));
+    CHECK_MSG(four > 0 && four > one, "no overlap: 4 micro-batches %.3f ms both busy, 1 micro-batch %.3f ms",
+              four * 1e3, one * 1e3);
+}
+#endif
+
 int main(void) {
     CHECK_OK(kiln_init());
     /* The unsplit model: both stages as one Sequential on the CPU. */
@@ -187,6 +284,9 @@ int main(void) {
         check_split(devs, 4, "cuda:0/cuda:1", ref_loss, ref_n);
         check_place(devs, 1, "cuda:0/cuda:1", ref_loss, ref_n);
         check_place(devs, 4, "cuda:0/cuda:1", ref_loss, ref_n);
+#ifdef KILN_CUDA_EMULATION
+        check_overlap();
+#endif
     }
     kiln_shutdown();
     return kt_finish();
