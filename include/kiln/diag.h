@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kiln/base.h"
+#include "kiln/runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -101,6 +102,12 @@ typedef enum kiln_profiler_sort {
  * (descending; NAME ascending), at most row_limit rows (<= 0: all).
  * Returns a malloc'd string (free it), NULL on error. */
 char *kiln_profiler_table(kiln_profiler_sort sort, int row_limit);
+/* The last recording's device time per device: the sum of every op's own
+ * device time (the table's Self Device) on each device (the CPU's kernels
+ * count as its device work), in ms, in order of first appearance. Fills up to cap entries of devices and
+ * ms; returns how many devices had device time (0: none, e.g. on the CPU).
+ * Does not block. */
+int kiln_profiler_device_times(kiln_device *devices, double *ms, int cap);
 /* Write the last recording as Chrome trace JSON (Perfetto, chrome://tracing):
  * one track per thread, one per device stream, flows from launches to
  * device work. */

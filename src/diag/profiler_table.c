@@ -223,3 +223,29 @@ char *kiln_profiler_table(kiln_profiler_sort sort, int row_limit) {
     free(rows);
     return out;
 }
+
+int kiln_profiler_device_times(kiln_device *devices, double *ms, int cap) {
+    enum { MAX_DEVICES = 64 };
+    kiln_device seen[MAX_DEVICES];
+    uint64_t ns[MAX_DEVICES] = {0};
+    int n = 0;
+    const prof_result *res = kiln_profiler_result_lock();
+    for (size_t i = 0; i < res->n; i++) {
+        const prof_record *r = &res->rec[i];
+        uint64_t t = span(r->dev_start_ns, r->dev_end_ns);
+        if (!t) continue;
+        int k = 0;
+        while (k < n && !kiln_device_equal(seen[k], r->device)) k++;
+        if (k == n) {
+            if (n == MAX_DEVICES) continue;
+            seen[n++] = r->device;
+        }
+        ns[k] += t;
+    }
+    kiln_profiler_result_unlock();
+    for (int k = 0; k < n && k < cap; k++) {
+        if (devices) devices[k] = seen[k];
+        if (ms) ms[k] = (double)ns[k] / 1e6;
+    }
+    return n;
+}

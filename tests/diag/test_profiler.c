@@ -234,6 +234,12 @@ static void test_table_and_trace(model *m) {
     CHECK_EQ_I(calls_of(rows, n, "kiln_item"), 2);
     CHECK(calls_of(rows, n, "conv2d_grad_weight") == 2);
     CHECK(calls_of(rows, n, "ProfilerStep#0") == 1);
+    /* Device time per device: the model is on the CPU, whose kernels are
+     * its device work; two-device sums are checked by test_data_parallel. */
+    kiln_device devs[4];
+    double ms[4] = {0};
+    CHECK_EQ_I(kiln_profiler_device_times(devs, ms, 4), 1);
+    CHECK(kiln_device_equal(devs[0], KILN_CPU) && ms[0] > 0);
     double self_sum = 0;
     for (int i = 0; i < n; i++) {
         CHECK_MSG(rows[i].cpu_total + 1 >= rows[i].self_cpu, "%s: total %.0f < self %.0f", rows[i].name,

@@ -303,6 +303,19 @@ int main(void) {
             CHECK(kiln_nn_data_parallel_loss(dp, x, t, replica_loss, &probe) == NULL);
             CHECK_MSG(strstr(kiln_error_message(), "DataParallel: the replica on cuda:1 failed: kiln_nll_loss: target must hold class indices"),
                       "%s", kiln_error_message());
+            /* The profiler sees both devices' work, the worker thread's too. */
+            CHECK_OK(kiln_profiler_start(NULL));
+            kiln_tensor *p = kiln_module_forward(dp, x);
+            CHECK(p != NULL);
+            CHECK_OK(kiln_profiler_stop());
+            kiln_device pd[4];
+            double pms[4] = {0};
+            int nd = kiln_profiler_device_times(pd, pms, 4);
+            bool seen[2] = {false, false};
+            for (int i = 0; i < nd && i < 4; i++)
+                if (pd[i].type == KILN_DEVICE_CUDA && pd[i].index < 2) seen[pd[i].index] = pms[i] > 0;
+            CHECK_MSG(seen[0] && seen[1], "profiled device time: cuda:0 %s, cuda:1 %s", seen[0] ? "yes" : "no",
+                      seen[1] ? "yes" : "no");
             /* Autocast reaches the replicas' threads: both shares in f16. */
             CHECK_OK(kiln_autocast_begin(KILN_DEVICE_CUDA, KILN_F16));
             kiln_tensor *h = kiln_module_forward(dp, x);
