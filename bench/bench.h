@@ -13,6 +13,9 @@ int kiln_bench_cnn(int argc, char **argv);
 int kiln_bench_loader(int argc, char **argv);
 int kiln_bench_profiler(int argc, char **argv);
 int kiln_bench_checkpoint(int argc, char **argv);
+/* data_parallel.c: DataParallel's load per device (exit 77 without two
+ * CUDA devices). */
+int kiln_bench_dataparallel(int argc, char **argv);
 /* gpu.c: GPU benchmarks (exit 77 with the reason without a CUDA device).
  * kiln_bench_cnn runs kiln_bench_cnn_device for --device cuda:N. */
 int kiln_bench_cnn_device(int argc, char **argv);
