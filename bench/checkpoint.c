@@ -18,6 +18,9 @@
  *   kiln bench checkpoint [--model FILE] [--input CxHxW] [--batch N]
  *                         [--segments 2,3,4] [--steps N] [--warmup N]
  *                         [--placement memory|layers] [--snapshot PREFIX]
+ *                         [--device D]
+ * --device: cpu, cuda or cuda:N (default: KILN_DEVICE, else the first GPU,
+ * else the CPU).
  * --placement: where segments start: by measured memory
  * (kiln_nn_sequential_checkpoint_by_memory, the default) or by layer count
  * (kiln_nn_sequential_set_checkpoint, PyTorch's checkpoint_sequential).
@@ -84,7 +87,7 @@ static kiln_status step(kiln_module *m, kiln_optimizer *opt, kiln_tensor *x, kil
 }
 
 int kiln_bench_checkpoint(int argc, char **argv) {
-    const char *model = "models/resnet_small_cifar10.txt", *snapshot = NULL;
+    const char *model = "models/resnet_small_cifar10.txt", *snapshot = NULL, *device = NULL;
     int64_t c = 3, h = 32, w = 32, batch = 512;
     bool by_memory = true;
     int steps = 5, warmup = 1, n_cfg = 1, segs[MAX_CONFIGS] = {0, 2, 3, 4};
@@ -98,6 +101,7 @@ int kiln_bench_checkpoint(int argc, char **argv) {
         else if (!strcmp(o, "--steps") && v) ok = (steps = atoi(v)) > 0 && steps <= MAX_STEPS;
         else if (!strcmp(o, "--warmup") && v) ok = (warmup = atoi(v)) >= 0;
         else if (!strcmp(o, "--snapshot") && v) snapshot = v;
+        else if (!strcmp(o, "--device") && v) device = v;
         else if (!strcmp(o, "--placement") && v) ok = (by_memory = !strcmp(v, "memory")) || !strcmp(v, "layers");
         else if (!strcmp(o, "--segments") && v) {
             n_cfg = 1;
@@ -112,7 +116,7 @@ int kiln_bench_checkpoint(int argc, char **argv) {
         } else {
             fprintf(stderr,
                     "usage: kiln bench checkpoint [--model FILE] [--input CxHxW] [--batch N] [--segments 2,3,4] "
-                    "[--steps N] [--warmup N] [--placement memory|layers] [--snapshot PREFIX]\n");
+                    "[--steps N] [--warmup N] [--placement memory|layers] [--snapshot PREFIX] [--device D]\n");
             return 2;
         }
         if (!ok) {
@@ -122,6 +126,11 @@ int kiln_bench_checkpoint(int argc, char **argv) {
         i++;
     }
     kiln_device dev = kiln_default_device();
+    if (device && (kiln_device_parse(device, &dev) != KILN_OK || dev.type == KILN_DEVICE_META)) {
+        fprintf(stderr, "kiln bench checkpoint: --device %s: %s (give cpu, cuda or cuda:N as kiln info lists them)\n",
+                device, dev.type == KILN_DEVICE_META ? "meta tensors hold no data" : kiln_error_message());
+        return 2;
+    }
     kiln_manual_seed(0);
     kiln_module *m = NULL;
     if (kiln_model_spec_load(model, c, h, w, &m) != KILN_OK) return fail("model");

@@ -48,6 +48,19 @@ echo "=== GPU benchmarks: the CNN on cuda:0 (cuDNN autotuning off, then on), H2D
 "$d/bin/kiln" bench gemm --device cuda:0 || true
 if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   "$d/bin/kiln" train --out "$d/gpu-check-run" || true
+  # Two GPUs in one process (docs/multi-device.md): the main job with
+  # DataParallel and with its layers split over cuda:0 and cuda:1, each
+  # printing its summary's JSON line (test accuracy, img/s, the devices), and
+  # the shortened two-device test against the CPU.
+  n_gpus=$(nvidia-smi -L | grep -c '^GPU ' || true)
+  if [ "$n_gpus" -ge 2 ]; then
+    echo "=== two GPUs: kiln train --devices cuda:0,cuda:1 (DataParallel), then --split 0:cuda:0,6:cuda:1 --micro-batches 4"
+    "$d/bin/kiln" train --devices cuda:0,cuda:1 --out "$d/gpu-check-dp" | tail -n 1 || status=1
+    "$d/bin/kiln" train --split 0:cuda:0,6:cuda:1 --micro-batches 4 --out "$d/gpu-check-split" | tail -n 1 || status=1
+    sh "$top/tests/tools/train_multi_device.sh" "$d/bin/kiln" 1024 || status=1
+  else
+    echo "=== two GPUs: SKIPPED: $n_gpus GPU visible; kiln train --devices and --split need cuda:0 and cuda:1"
+  fi
 fi
 echo "=== gpu-check done in $(( $(date +%s) - start ))s; log: $log"
 exit "${status:-0}"

@@ -143,7 +143,8 @@ tier_nvcc() {
 # harness, whose cases run on cpu and on the emulated cuda:0, the data,
 # diag and optim tests (prefetch, counters, fused updates on cuda:0), and
 # nn/test_amp_cnn (the tutorial CNN under f16 autocast on cuda:0), and the
-# main job shortened on cuda:0 (tools/train_device). A release build: with
+# main job shortened on cuda:0 (tools/train_device) and on cuda:0 and cuda:1
+# (tools/train_multi_device: --devices and --split). A release build: with
 # ASan+UBSan the build and the harness do not fit
 # the ceiling on 2 cores; docs/cuda.md gives the sanitizer configuration to
 # run by hand (the emulator allocates device memory at its exact size, so a
@@ -159,8 +160,9 @@ tier_emu() {
   # cuda:0 (the nn layer's one device test; the others are CPU-only).
   run_ctest --test-dir "$d" -R '^nn/test_amp_cnn$' --no-tests=error "${ctest_args[@]}" || return 1
   # The main job, shortened, on the emulated cuda:0 in f32 and f16 against
-  # the CPU (tests/tools/train_device.sh).
-  run_ctest --test-dir "$d" -R '^tools/train_device$' --no-tests=error "${ctest_args[@]}" || return 1
+  # the CPU (tests/tools/train_device.sh), and on cuda:0 and cuda:1 with
+  # --devices and --split (tests/tools/train_multi_device.sh).
+  run_ctest --test-dir "$d" -R '^tools/train_(multi_)?device$' --no-tests=error "${ctest_args[@]}" || return 1
 }
 
 # libFuzzer over the file parsers (tests/fuzz/): each target runs

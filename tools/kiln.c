@@ -87,21 +87,43 @@ static int take_threads_flag(const char *cmd, int *argc, char **argv) {
     return 0;
 }
 
+/* host: the benchmark measures the host alone (what it runs on is its
+ * subject), so it has no --device; the others take --device D themselves
+ * (cnn: cpu or cuda:N; copy, gemm: cuda:N; checkpoint: any, default
+ * KILN_DEVICE). */
 typedef struct bench_entry {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *what;
+    const char *host; /* NULL: takes --device; else why it has no device choice */
 } bench_entry;
 
 static const bench_entry benches[] = {
-    {"alloc", kiln_bench_alloc, "caching allocator vs malloc, allocate+free latency"},
-    {"cnn", kiln_bench_cnn, "tutorial CNN 3x32x32: train/infer images/s vs PyTorch (interleaved)"},
-    {"loader", kiln_bench_loader, "data loader pipeline: batches/s and MB/s for 0, 1, 2 workers"},
-    {"profiler", kiln_bench_profiler, "profiler cost per op: unregistered, off, on"},
-    {"copy", kiln_bench_copy, "host-to-device copy GB/s, pageable vs pinned (needs a CUDA device)"},
-    {"gemm", kiln_bench_gemm, "cuBLASLt mm TFLOP/s in f32/tf32/f16/bf16 vs the GPU's peak (needs a CUDA device)"},
-    {"checkpoint", kiln_bench_checkpoint, "gradient checkpointing: activation memory saved, step time cost"},
+    {"alloc", kiln_bench_alloc, "caching allocator vs malloc, allocate+free latency",
+     "it compares the caching allocator with malloc over host memory"},
+    {"cnn", kiln_bench_cnn, "tutorial CNN 3x32x32: train/infer images/s vs PyTorch (interleaved); --device D", NULL},
+    {"loader", kiln_bench_loader, "data loader pipeline: batches/s and MB/s for 0, 1, 2 workers",
+     "it measures the loader's host pipeline"},
+    {"profiler", kiln_bench_profiler, "profiler cost per op: unregistered, off, on",
+     "it measures the profiler's host-side cost on CPU ops"},
+    {"copy", kiln_bench_copy, "host-to-device copy GB/s, pageable vs pinned (--device cuda:N)", NULL},
+    {"gemm", kiln_bench_gemm, "cuBLASLt mm TFLOP/s in f32/tf32/f16/bf16 vs the GPU's peak (--device cuda:N)", NULL},
+    {"checkpoint", kiln_bench_checkpoint,
+     "gradient checkpointing: activation memory saved, step time cost; --device D", NULL},
 };
+
+/* --device given to a benchmark that has no device choice: 2, said. */
+static int refuse_device(const bench_entry *b, int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--device")) {
+            fprintf(stderr,
+                    "kiln bench %s: --device %s: this benchmark has no device choice (%s); drop --device (the "
+                    "benchmarks that take one: cnn, copy, gemm, checkpoint)\n",
+                    b->name, i + 1 < argc ? argv[i + 1] : "(no value)", b->host);
+            return 2;
+        }
+    return 0;
+}
 
 static int cmd_bench(int argc, char **argv) {
     size_t n = sizeof benches / sizeof benches[0];
@@ -111,7 +133,10 @@ static int cmd_bench(int argc, char **argv) {
         return argc < 1 ? 2 : 0;
     }
     for (size_t i = 0; i < n; i++)
-        if (strcmp(argv[0], benches[i].name) == 0) return benches[i].run(argc, argv);
+        if (strcmp(argv[0], benches[i].name) == 0) {
+            int rc = benches[i].host ? refuse_device(&benches[i], argc, argv) : 0;
+            return rc ? rc : benches[i].run(argc, argv);
+        }
     fprintf(stderr, "kiln bench: unknown benchmark '%s' (kiln bench --list shows them)\n", argv[0]);
     return 2;
 }

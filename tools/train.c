@@ -499,7 +499,7 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
     }
     *images += e.images - e.img_base;
     double train_time = tool_now_s() - e.t0, test_loss = 0;
-    st = train_evaluate(r->model, r->test_ld, epoch, &test_loss, test_acc, NULL);
+    st = train_evaluate(r->net, r->test_ld, epoch, &test_loss, test_acc, NULL);
     if (st != KILN_OK) return st;
     double epoch_time = tool_now_s() - e.t0;
     double train_loss = e.i ? e.loss_sum / (double)e.i : 0;
@@ -566,12 +566,13 @@ static int load_model(train_run *r) {
 static int check_output(train_run *r, const char *model) {
     int classes = r->info.num_classes;
     kiln_scope_begin();
-    kiln_module_train(r->model, false);
+    kiln_module_train(r->net, false);
     kiln_no_grad_begin();
     kiln_tensor *x = kiln_zeros(KILN_SHAPE(1, r->info.channels, r->info.height, r->info.width), KILN_F32, r->dev);
-    kiln_tensor *y = x ? kiln_module_forward(r->model, x) : NULL;
+    kiln_tensor *y = x ? kiln_module_forward(r->net, x) : NULL;
+    if (y) r->out_dev = kiln_get_device(y); /* --split: the labels go there */
     kiln_grad_mode_end();
-    kiln_module_train(r->model, true);
+    kiln_module_train(r->net, true);
     int rc = 0;
     if (!y) {
         rc = fail("model");
@@ -700,6 +701,7 @@ static int setup(train_run *r) {
     kiln_manual_seed(r->a.seed);
     if ((rc = load_model(r))) return rc;
     if (kiln_module_to(r->model, r->dev) != KILN_OK) return fail("model");
+    if ((rc = train_devices_setup(r))) return rc; /* --split's placement, --devices' DataParallel */
     if ((rc = check_output(r, r->a.model ? r->a.model : r->a.resume ? r->resume_from : "the default model")))
         return rc;
     kiln_tensor **params = NULL;
@@ -731,14 +733,15 @@ static int setup(train_run *r) {
     }
     if ((rc = train_checkpoint_setup(r))) return rc;
     if ((rc = train_schedule_setup(r))) return rc;
-    char dev[32];
+    char dev[1024];
+    train_devices_text(r, dev, sizeof dev);
     kiln_loader_stats ls;
     kiln_loader_stats_get(r->train_ld, &ls);
     r->loader_workers = ls.num_workers;
     fprintf(stderr, "kiln train: %s (%lld parameters) on %s (%d compute thread%s, %d loader worker%s), %lld training "
                     "and %lld test images, %d epoch%s, batch %lld, Adam lr %g%s; output in %s\n",
             r->a.model ? r->a.model : "model", (long long)kiln_module_num_parameters(r->model),
-            kiln_device_str(r->dev, dev, sizeof dev), kiln_num_threads(), kiln_num_threads() == 1 ? "" : "s",
+            dev, kiln_num_threads(), kiln_num_threads() == 1 ? "" : "s",
             r->loader_workers, r->loader_workers == 1 ? "" : "s", (long long)kiln_dataset_length(r->train_ds),
             (long long)kiln_dataset_length(r->test_ds), r->a.epochs, r->a.epochs == 1 ? "" : "s",
             (long long)r->a.batch, kiln_optimizer_get_lr(r->opt), r->a.deterministic ? ", deterministic" : "",
@@ -754,7 +757,7 @@ static void teardown(train_run *r) {
     kiln_lr_scheduler_free(r->sched);
     kiln_optimizer_free(r->opt);
     kiln_grad_scaler_free(r->scaler);
-    kiln_module_free(r->model);
+    kiln_module_free(r->net ? r->net : r->model); /* the DataParallel wrapper holds the model */
     kiln_dataset_free(r->train_ds);
     kiln_dataset_free(r->test_ds);
     free(r->spec_text);
@@ -786,7 +789,7 @@ static int train_and_report(train_run *r) {
     if (r->start_epoch >= r->a.epochs) {
         /* Nothing left to train: report the checkpoint's test accuracy. */
         double loss = 0;
-        if (train_evaluate(r->model, r->test_ld, e, &loss, &acc, NULL) != KILN_OK) return fail("evaluation");
+        if (train_evaluate(r->net, r->test_ld, e, &loss, &acc, NULL) != KILN_OK) return fail("evaluation");
     }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/model.safetensors", r->out_dir);
@@ -799,14 +802,15 @@ static int train_and_report(train_run *r) {
            "checkpoint %s\n",
            100 * acc, wall, r->train_s, img_s, (double)peak / (1 << 20), r->ckpt_path);
     /* What each time covers: docs/training.md, "Metrics". */
-    char summary[768], devname[32];
+    char summary[4096], devname[32], devices[3072];
+    train_devices_json(r, devices, sizeof devices); /* --devices, --split */
     snprintf(summary, sizeof summary,
              "{\"event\":\"summary\",\"test_acc\":%.6f,\"wall_s\":%.3f,\"train_img_s\":%.1f,\"train_s\":%.3f,"
              "\"images\":%lld,\"peak_bytes\":%lld,\"steps\":%lld,\"epochs\":%d,\"threads\":%d,\"loader_workers\":%d,"
              "\"device\":\"%s\",\"amp\":\"%s\","
-             "\"amp_scale\":%g,\"amp_skipped_steps\":%lld}",
+             "\"amp_scale\":%g,\"amp_skipped_steps\":%lld%s}",
              acc, wall, img_s, r->train_s, (long long)images, (long long)peak, (long long)r->step, r->a.epochs,
-             kiln_num_threads(), r->loader_workers, kiln_device_str(r->dev, devname, sizeof devname), train_amp_name(r), train_amp_scale(r), (long long)train_amp_skipped(r));
+             kiln_num_threads(), r->loader_workers, kiln_device_str(r->dev, devname, sizeof devname), train_amp_name(r), train_amp_scale(r), (long long)train_amp_skipped(r), devices);
     train_metric(r, "%s\n", summary);
     printf("%s\n", summary); /* the last stdout line */
     return 0;
@@ -827,19 +831,11 @@ int kiln_cmd_train(int argc, char **argv) {
         return 1;
     }
     if (r.a.deterministic) kiln_set_deterministic(true);
-    r.dev = kiln_default_device();
-    if (r.a.device) {
-        kiln_status dst = kiln_device_parse(r.a.device, &r.dev);
-        if (!dst && r.dev.type == KILN_DEVICE_META)
-            dst = KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "train on cpu or cuda:N",
-                             "meta tensors hold no data: nothing can train there");
-        if (dst) {
-            fprintf(stderr, "kiln train: --device %s: %s\n", r.a.device, kiln_error_last()->message);
-            if (kiln_error_last()->hint[0]) fprintf(stderr, "  hint: %s\n", kiln_error_last()->hint);
-            free(r.config_text);
-            free(r.config_data);
-            return 2;
-        }
+    /* --device, --devices, --split (train_devices.c). */
+    if ((rc = train_devices_parse(&r))) {
+        free(r.config_text);
+        free(r.config_data);
+        return rc;
     }
     /* Modules, loaders and the generator follow the current device. */
     if (kiln_set_device(r.dev) != KILN_OK) {

@@ -106,10 +106,12 @@ kiln_status train_amp_setup(train_run *r) {
 }
 
 kiln_status train_amp_backward(train_run *r, kiln_tensor *x, kiln_tensor *y, kiln_tensor **loss, kiln_tensor **hits) {
-    if (r->amp == KILN_F32) return kiln_accumulate_backward(r->model, x, y, r->a.accum, &r->loss_opts, loss, hits);
-    kiln_status st = kiln_autocast_begin(r->dev.type, r->amp);
+    /* The labels meet the output where it comes out (--split: the last stage). */
+    kiln_status st = train_devices_labels(r, &y);
     if (st != KILN_OK) return st;
-    st = kiln_accumulate_backward_scaled(r->model, x, y, r->a.accum, &r->loss_opts, r->scaler, loss, hits);
+    if (r->amp == KILN_F32) return kiln_accumulate_backward(r->net, x, y, r->a.accum, &r->loss_opts, loss, hits);
+    if ((st = kiln_autocast_begin(r->dev.type, r->amp)) != KILN_OK) return st;
+    st = kiln_accumulate_backward_scaled(r->net, x, y, r->a.accum, &r->loss_opts, r->scaler, loss, hits);
     kiln_status end = kiln_autocast_end();
     return st != KILN_OK ? st : end;
 }

@@ -29,6 +29,14 @@ static void usage(FILE *f) {
                "  --workers N        loader threads (default -1: auto, the cores --threads leaves)\n"
                "  --threads N        CPU compute threads (default: KILN_NUM_THREADS, else every core)\n"
                "  --device D         cpu, cuda or cuda:N (default: KILN_DEVICE, else the first GPU, else cpu)\n"
+               "  --devices LIST     DataParallel over the listed devices (e.g. cuda:0,cuda:1): each batch is\n"
+               "                     split among them; batches, gather and loss on the first; checkpoints are\n"
+               "                     the plain model's (kiln eval, --resume on any device)\n"
+               "  --split L:D,...    model parallelism: the model's layers from L up to the next entry's on\n"
+               "                     device D (e.g. 0:cuda:0,6:cuda:1; the first entry is layer 0); batches\n"
+               "                     arrive on the first stage's device, the loss is on the last one's\n"
+               "  --micro-batches K  with --split: pipeline each batch in K micro-batches, 1..16 (default 1;\n"
+               "                     more lets the stages overlap; BatchNorm then sees each micro-batch alone)\n"
                "  --log-every N      steps per metrics record and progress line (default 50)\n"
                "  --progress P       auto (default: a bar redrawn in place when stderr is a terminal,\n"
                "                     else one line per window), bar or lines\n"
@@ -93,6 +101,16 @@ int train_parse_args(int argc, char **argv, train_args *a) {
             else if (strcmp(o, "--data") == 0) a->data = v, a->given |= TRAIN_GIVEN_DATA;
             else if (strcmp(o, "--out") == 0) a->out = v;
             else if (strcmp(o, "--device") == 0) a->device = v;
+            else if (strcmp(o, "--devices") == 0) a->devices = v;
+            else if (strcmp(o, "--split") == 0) a->split = v;
+            else if (strcmp(o, "--micro-batches") == 0) {
+                if (!parse_i64(v, 1, &n) || n > 16) {
+                    fprintf(stderr, "kiln train: --micro-batches %s: give a whole number in 1..16 (the default is 1)\n",
+                            v);
+                    return 2;
+                }
+                a->micro_batches = (int)n;
+            }
             else if (strcmp(o, "--resume") == 0) a->resume = v;
             else if (strcmp(o, "--epochs") == 0) {
                 ok = parse_i64(v, 1, &n) && n <= TRAIN_MAX_EPOCHS && (a->epochs = (int)n);

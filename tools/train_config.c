@@ -9,7 +9,17 @@
  * (said: the metrics windows shift), --checkpoint/--memory-budget (the
  * same math, another memory trade; said). --out, --device, --progress, --workers,
  * --threads, --monitor, --profile, --detect-*, --memory-history and
- * --max-steps are not part of the configuration at all. */
+ * --max-steps are not part of the configuration at all.
+ *
+ * Nor are --devices, --split and --micro-batches, for --device's reason:
+ * they say where the math runs, not what it is. The step's gradient is the
+ * whole batch's on one device or several (DataParallel sums the replicas'
+ * shares, the pipeline sums its micro-batches), the checkpoint holds the
+ * plain model's state dict either way, and moving a stopped run to other
+ * devices (or back to one) is what a user with a changed machine needs.
+ * The exception is BatchNorm in training, whose batch statistics are per
+ * device or micro-batch (PyTorch's rule); that is documented in
+ * docs/multi-device.md rather than enforced. */
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>

@@ -107,7 +107,11 @@ kiln_status train_evaluate(kiln_module *model, kiln_loader *ld, int64_t epoch, d
         }
         int64_t b = kiln_size(x, 0);
         kiln_tensor *logits = kiln_module_forward(model, x);
-        kiln_tensor *l = logits ? kiln_cross_entropy(logits, y, NULL) : NULL;
+        /* A model placed on several devices (kiln train --split) gives its
+         * output on its last stage's device: the labels go there. */
+        if (logits && !kiln_device_equal(kiln_get_device(logits), kiln_get_device(y)))
+            y = kiln_to(y, kiln_get_device(logits), kiln_dtype_of(y), 0);
+        kiln_tensor *l = logits && y ? kiln_cross_entropy(logits, y, NULL) : NULL;
         kiln_tensor *lb = l ? kiln_mul_scalar(l, (double)b) : NULL;
         kiln_tensor *am = lb ? kiln_argmax(logits, 1, false) : NULL;
         kiln_tensor *eq = am ? kiln_eq(am, y) : NULL;

@@ -37,6 +37,11 @@ static int parse(const char *cmd, int argc, char **argv, tool_args *a, bool want
             a->data = v;
         else if (!want_out && !strcmp(o, "--device"))
             a->device = v;
+        else if (want_out && !strcmp(o, "--device")) {
+            fprintf(stderr, "kiln export: --device %s: export runs no model (it reads the checkpoint on the host and "
+                            "writes host files), so it takes no device; drop --device\n", v);
+            return 2;
+        }
         else if (!want_out && (!strcmp(o, "--batch") || !strcmp(o, "--limit"))) {
             errno = 0;
             long long n = strtoll(v, &end, 10);
@@ -212,7 +217,9 @@ int kiln_cmd_export(int argc, char **argv) {
     if (rc < 0) {
         printf("usage: kiln export --checkpoint FILE --out DIR [--model SPEC]\n"
                "  writes DIR/model.safetensors (weights only: the state dict, no optimizer state) and\n"
-               "  DIR/model.txt (the model spec) for inference\n");
+               "  DIR/model.txt (the model spec) for inference; it runs no model, only reads the checkpoint\n"
+               "  and writes host files, so it takes no --device (a checkpoint from any device, --devices or\n"
+               "  --split run is the plain model's)\n");
         return 0;
     }
     if (rc) return rc;

@@ -42,6 +42,9 @@ typedef struct train_args {
     bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly, memory_history;
     const char *model, *data, *out, *resume;
     const char *device; /* --device (default: KILN_DEVICE, else kiln_default_device) */
+    const char *devices; /* --devices LIST: DataParallel (train_devices.c) */
+    const char *split;   /* --split LAYER:DEVICE,...: the layers placed in stages (train_devices.c) */
+    int micro_batches;   /* --micro-batches K with --split (0: not given; 1 then) */
     train_amp_mode amp; /* --amp (default auto) */
     int checkpoint;        /* --checkpoint N (0: off) */
     bool checkpoint_auto;  /* --checkpoint auto */
@@ -64,8 +67,13 @@ typedef struct train_run {
     bool metrics_truncate;           /* a new run over an old metrics.jsonl: emptied at the first record */
     FILE *metrics;
     pthread_mutex_t metrics_lock;
-    kiln_device dev;
-    kiln_module *model;
+    kiln_device dev;     /* the loader's device: --device, the first of --devices, --split's first stage */
+    kiln_module *model;  /* the plain model: its state dict is the checkpoint's */
+    kiln_module *net;    /* what the forward runs: the DataParallel wrapper of model, else model */
+    kiln_device out_dev; /* where the output, labels and loss live: --split's last stage, else dev */
+    int n_devices;       /* --devices' devices, or --split's stages (0: neither flag) */
+    kiln_device devices[KILN_NN_MAX_PLACE_STAGES];
+    int split_first[KILN_NN_MAX_PLACE_STAGES]; /* --split: each stage's first layer */
     char *spec_text;
     kiln_sample_info info;
     kiln_optimizer *opt;
@@ -134,6 +142,20 @@ const char *train_amp_name(const train_run *r);
 double train_amp_scale(train_run *r);
 int64_t train_amp_skipped(const train_run *r);
 
+
+/* Several devices (train_devices.c): --device, --devices, --split and
+ * --micro-batches checked against each other and parsed into r->dev and
+ * r->devices (after the resumed configuration is applied; 0, or 2 with a
+ * message naming the flag, the value and the fix); the placement or the
+ * DataParallel wrapper applied to the loaded model (an exit code); the
+ * labels moved to the output's device (a new scoped reference in *y); the
+ * devices as text for the start line and as JSON fields for the summary
+ * (",\"devices\":[...]" and the split, or "" without either flag). */
+int train_devices_parse(train_run *r);
+int train_devices_setup(train_run *r);
+kiln_status train_devices_labels(train_run *r, kiln_tensor **y);
+void train_devices_text(const train_run *r, char *buf, size_t size);
+void train_devices_json(const train_run *r, char *buf, size_t size);
 
 /* train_window.c: the one-cycle schedule over the run's steps (replayed to
  * r->step on resume; 0 or a train_fail code) and its step after each

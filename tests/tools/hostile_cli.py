@@ -547,6 +547,7 @@ def flag_cases():
     for value in ("0", "99999999999", "-1", "inf"):
         case("eval --threads %s" % value, eval_argv(ck, extra=("--threads", value)), rc=(2,), names=["--threads"],
              owner="kiln.c")
+    device_cases(ck)
     case("export without --out", [KILN, "export", "--checkpoint", ck], names=["--out DIR are required"],
          owner="H3 export")
     p = path("exports", "file")
@@ -556,6 +557,79 @@ def flag_cases():
     case("export --out with missing parents", export_argv(ck, "a/b/c"), rc=(0,), owner="H3 export",
          check=lambda o, e: None if os.path.exists(path("exports", "a", "b", "c", "model.safetensors"))
          else "no a/b/c/model.safetensors")
+
+
+def device_cases(ck):
+    """--devices, --split, --micro-batches (tools/train_devices.c) and bench/export --device: each bad
+    value and forbidden combination exits 2 naming the flag, the value and the fix. The tiny model has
+    2 layers (flatten, linear 10). Runs in any build: cuda:5 is never there (the emulator has 2)."""
+    owner = "H1 (train_devices.c)"
+    for flag, value, told in (
+            ("--devices", "cpu,cpu", "cpu is listed twice"),
+            ("--devices", "cuda:5", "device 'cuda:5'"),
+            ("--devices", "meta", "device 'meta' holds no data"),
+            ("--devices", "cpu,", "entry 2 is empty"),
+            ("--devices", "", "entry 1 is empty"),
+            ("--devices", "cpu;cuda:0", "device 'cpu;cuda:0'"),
+            ("--devices", ",".join(["cpu"] * 17), "more than 16 devices"),
+            ("--split", "0:cpu,5:cpu", "layer 5 is out of range: the model has 2 layers (0..1)"),
+            ("--split", "1:cpu", "it must start at layer 0"),
+            ("--split", "0:cpu,0:cpu", "not after the previous stage's layer 0"),
+            ("--split", "0:cpu,1:nope", "device 'nope'"),
+            ("--split", "0:cpu,1:cuda:5", "device 'cuda:5'"),
+            ("--split", "0:meta", "device 'meta' holds no data"),
+            ("--split", "0cpu", "is not LAYER:DEVICE"),
+            ("--split", "x:cpu", "is not LAYER:DEVICE"),
+            ("--split", "-1:cpu", "is not LAYER:DEVICE"),
+            ("--split", "99999999999999999999:cpu", "is not LAYER:DEVICE"),
+            ("--split", "0:cpu,,1:cpu", "entry 2 is empty"),
+            ("--micro-batches", "0", "1..16"),
+            ("--micro-batches", "17", "1..16"),
+            ("--micro-batches", "x", "1..16")):
+        extra = (flag, value) if flag != "--micro-batches" else ("--split", "0:cpu", flag, value)
+        case("train %s %r" % (flag, value), train_argv("dev_%s" % len(results), extra=extra), rc=(2,),
+             names=[flag, told], owner=owner)
+    for what, extra, told in (
+            ("--devices with --device", ("--devices", "cpu", "--device", "cpu"), ["--device cpu and --devices cpu",
+                                                                                   "give one of them"]),
+            ("--split with --device", ("--split", "0:cpu", "--device", "cpu"), ["--device cpu and --split 0:cpu"]),
+            ("--devices with --split", ("--devices", "cpu", "--split", "0:cpu"),
+             ["--devices cpu and --split 0:cpu cannot be combined"]),
+            ("--split with --checkpoint 2", ("--split", "0:cpu,1:cpu", "--checkpoint", "2"),
+             ["--split 0:cpu,1:cpu cannot be combined with --checkpoint 2"]),
+            ("--split with --checkpoint auto", ("--split", "0:cpu", "--checkpoint", "auto", "--memory-budget", "1GiB"),
+             ["--split 0:cpu cannot be combined with --checkpoint auto"]),
+            ("--devices with --checkpoint 2", ("--devices", "cpu", "--checkpoint", "2"),
+             ["--devices cpu cannot be combined with --checkpoint 2"]),
+            ("--micro-batches without --split", ("--micro-batches", "4"), ["--micro-batches 4 needs --split"])):
+        case("train %s" % what, train_argv("dev_%s" % len(results), extra=extra), rc=(2,), names=told, owner=owner)
+    # A resumed run that used --checkpoint 2: --split must turn it off by name.
+    base = path("runs", "ckpt2")
+    rc, _, err, _, _, _ = run(train_argv("ckpt2", max_steps=1, extra=("--checkpoint", "2")))
+    if rc != 0:
+        results.append(("train --resume (--checkpoint 2) --split", False, "FAIL set-up run: exit %d: %s" % (rc, err)))
+        print(results[-1][2], flush=True)
+    else:
+        case("train --resume of a --checkpoint 2 run with --split", train_argv(base, resume=base, extra=(
+            "--split", "0:cpu,1:cpu")), rc=(2,), names=["--split 0:cpu,1:cpu", "add --checkpoint 0"], owner=owner)
+    # The good cases on the CPU (any build): one-device DataParallel and a two-stage split train, say
+    # their devices in the summary, and leave checkpoints of the plain model (eval loads them).
+    for tag, extra, told in (("devices", ("--devices", "cpu"), '"devices":["cpu"],"parallel":"data"'),
+                             ("split", ("--split", "0:cpu,1:cpu", "--micro-batches", "3"),
+                              '"split":[{"layer":0,"device":"cpu"},{"layer":1,"device":"cpu"}],"micro_batches":3')):
+        case("train %s (good: exit 0, summary names them)" % " ".join(extra),
+             train_argv("dev_good_" + tag, extra=extra), rc=(0,), owner=owner,
+             check=lambda o, e, t=told: None if t in o else "the summary lacks %s" % t)
+        case("eval of the %s run's checkpoint (the plain model's)" % tag,
+             eval_argv(path("runs", "dev_good_" + tag, "checkpoint.safetensors")), rc=(0,), owner=owner)
+    for bench in ("alloc", "loader", "profiler"):
+        case("bench %s --device cpu (no device choice)" % bench, [KILN, "bench", bench, "--device", "cpu"], rc=(2,),
+             names=["kiln bench %s: --device cpu" % bench, "no device choice", "drop --device"], owner="kiln.c")
+    case("bench checkpoint --device meta", [KILN, "bench", "checkpoint", "--device", "meta"], rc=(2,),
+         names=["kiln bench checkpoint: --device meta"], owner="bench/checkpoint.c")
+    case("export --device cpu (runs no model)", [KILN, "export", "--checkpoint", ck, "--out", path("exports", "dev"),
+                                                  "--device", "cpu"], rc=(2,),
+         names=["--device cpu", "export runs no model", "drop --device"], owner="H3 export")
 
 
 def run_dir(name, metrics=None, snapshot=None, checkpoint=True):
