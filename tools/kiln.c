@@ -110,6 +110,9 @@ static const bench_entry benches[] = {
     {"gemm", kiln_bench_gemm, "cuBLASLt mm TFLOP/s in f32/tf32/f16/bf16 vs the GPU's peak (--device cuda:N)", NULL},
     {"checkpoint", kiln_bench_checkpoint,
      "gradient checkpointing: activation memory saved, step time cost; --device D", NULL},
+    {"dataparallel", kiln_bench_dataparallel,
+     "DataParallel's load: peak memory and device time per device, loss gathered vs in the replicas",
+     "it runs on the list given by --devices (default cuda:0,cuda:1)"},
 };
 
 /* --device given to a benchmark that has no device choice: 2, said. */
