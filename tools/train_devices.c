@@ -265,6 +265,21 @@ void train_devices_text(const train_run *r, char *buf, size_t size) {
         snprintf(buf + len, size - len, " by DataParallel");
 }
 
+/* The allocator's peak on `d` over the run (0 when nothing was allocated
+ * there: a device the run did not use). */
+static long long device_peak(kiln_device d) {
+    kiln_memory_stats ms;
+    memset(&ms, 0, sizeof ms);
+    if (kiln_memory_stats_get(d, &ms) != KILN_OK) {
+        kiln_error_clear();
+        return 0;
+    }
+    return (long long)ms.allocated_bytes[KILN_POOL_ALL].peak;
+}
+
+/* What ran, not what was asked: the split and micro-batches as the model
+ * holds them (kiln_nn_sequential_placement), and each device's peak, so a
+ * device the work never reached shows 0 bytes. */
 void train_devices_json(const train_run *r, char *buf, size_t size) {
     char dev[32];
     size_t len = 0;
@@ -274,15 +289,19 @@ void train_devices_json(const train_run *r, char *buf, size_t size) {
     for (int i = 0; i < r->n_devices && len < size; i++)
         len += (size_t)snprintf(buf + len, size - len, "%s\"%s\"", i ? "," : "",
                                 kiln_device_str(r->devices[i], dev, sizeof dev));
+    if (len < size) len += (size_t)snprintf(buf + len, size - len, "],\"device_peak_bytes\":[");
+    for (int i = 0; i < r->n_devices && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, "%s%lld", i ? "," : "", device_peak(r->devices[i]));
     if (len < size) len += (size_t)snprintf(buf + len, size - len, "]");
     if (!r->a.split || len >= size) {
         if (len < size) snprintf(buf + len, size - len, ",\"parallel\":\"data\"");
         return;
     }
+    int first[KILN_NN_MAX_PLACE_STAGES], micro = 0;
+    int n = kiln_nn_sequential_placement(r->model, first, KILN_NN_MAX_PLACE_STAGES, &micro);
     len += (size_t)snprintf(buf + len, size - len, ",\"parallel\":\"pipeline\",\"split\":[");
-    for (int i = 0; i < r->n_devices && len < size; i++)
-        len += (size_t)snprintf(buf + len, size - len, "%s{\"layer\":%d,\"device\":\"%s\"}", i ? "," : "",
-                                r->split_first[i], kiln_device_str(r->devices[i], dev, sizeof dev));
-    if (len < size)
-        snprintf(buf + len, size - len, "],\"micro_batches\":%d", r->a.micro_batches ? r->a.micro_batches : 1);
+    for (int i = 0; i < n && len < size; i++)
+        len += (size_t)snprintf(buf + len, size - len, "%s{\"layer\":%d,\"device\":\"%s\"}", i ? "," : "", first[i],
+                                kiln_device_str(r->devices[i], dev, sizeof dev));
+    if (len < size) snprintf(buf + len, size - len, "],\"micro_batches\":%d", micro);
 }

@@ -614,7 +614,7 @@ def device_cases(ck):
             "--split", "0:cpu,1:cpu")), rc=(2,), names=["--split 0:cpu,1:cpu", "add --checkpoint 0"], owner=owner)
     # The good cases on the CPU (any build): one-device DataParallel and a two-stage split train, say
     # their devices in the summary, and leave checkpoints of the plain model (eval loads them).
-    for tag, extra, told in (("devices", ("--devices", "cpu"), '"devices":["cpu"],"parallel":"data"'),
+    for tag, extra, told in (("devices", ("--devices", "cpu"), '"devices":["cpu"],"device_peak_bytes":['),
                              ("split", ("--split", "0:cpu,1:cpu", "--micro-batches", "3"),
                               '"split":[{"layer":0,"device":"cpu"},{"layer":1,"device":"cpu"}],"micro_batches":3')):
         case("train %s (good: exit 0, summary names them)" % " ".join(extra),

@@ -5,9 +5,10 @@
 # conv/relu/pool blocks: layers 0-5, its first two, on cuda:0; the third and
 # the classifier, 6-12, on cuda:1), against the same run on the CPU: each
 # lands within 1 point of the CPU's test accuracy and its summary names its
-# devices (and the split); the --devices run's checkpoint is the plain
-# model's (no "module." names), so kiln eval --device cpu of it gives that
-# run's accuracy. Meant for the emulation build (the emulation tier runs it
+# devices (and the split as the model holds it) and each device's peak
+# memory, which must not be 0 (a device the work never reached); the
+# --devices run's checkpoint is the plain model's (no "module." names), so
+# kiln eval --device cpu of it gives that run's accuracy. Meant for the emulation build (the emulation tier runs it
 # on the emulated cuda:0 and cuda:1) and for GPUs (scripts/gpu-check.sh).
 # Exit 77 (skipped, with the reason) where the build sees fewer than two
 # CUDA devices.
@@ -39,9 +40,20 @@ run cpu --device cpu
 run dp --devices cuda:0,cuda:1
 run split --split 0:cuda:0,6:cuda:1 --micro-batches 4
 has dp '"device":"cuda:0"'
-has dp '"devices":["cuda:0","cuda:1"],"parallel":"data"'
+has dp '"devices":["cuda:0","cuda:1"],"device_peak_bytes":['
+has dp '],"parallel":"data"'
 has split '"device":"cuda:0"'
-has split '"devices":["cuda:0","cuda:1"],"parallel":"pipeline","split":[{"layer":0,"device":"cuda:0"},{"layer":6,"device":"cuda:1"}],"micro_batches":4'
+has split '"devices":["cuda:0","cuda:1"],"device_peak_bytes":['
+has split '],"parallel":"pipeline","split":[{"layer":0,"device":"cuda:0"},{"layer":6,"device":"cuda:1"}],"micro_batches":4'
+# Each device did work: its allocator's peak over the run is not 0.
+for name in dp split; do
+  peaks=$(tail -n 1 "$out/$name.out" | sed -n 's/.*"device_peak_bytes":\[\([0-9]*,[0-9]*\)\].*/\1/p')
+  case "$peaks" in
+    ""|0,*|*,0) echo "FAILED: the $name run's device_peak_bytes are '$peaks': a device did no work:"
+                tail -n 1 "$out/$name.out"; exit 1 ;;
+  esac
+  echo "$name: peak bytes per device $peaks"
+done
 grep -q 'on cuda:0, cuda:1 by DataParallel' "$out/dp.err" || { echo "FAILED: the dp run's start line:"; cat "$out/dp.err"; exit 1; }
 grep -q 'on cuda:0 (layers 0-5), cuda:1 (layers 6-12) in 4 micro-batches' "$out/split.err" ||
   { echo "FAILED: the split run's start line:"; cat "$out/split.err"; exit 1; }
