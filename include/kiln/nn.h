@@ -151,6 +151,24 @@ typedef kiln_tensor *(*kiln_nn_dp_loss_fn)(kiln_tensor *output, kiln_tensor *tar
  * dp is a module from kiln_nn_data_parallel; x, target borrowed. */
 kiln_tensor *kiln_nn_data_parallel_loss(kiln_module *dp, kiln_tensor *x, kiln_tensor *target, kiln_nn_dp_loss_fn loss,
                                         void *user);
+/* What a training step's forward changes outside its graph, saved so that
+ * a failed step (out of memory in forward or backward) can run again as if
+ * it had not run: a copy of every buffer of the module (BatchNorm's running
+ * statistics and batch count) and the seed and position of every device's
+ * generator (dropout's draws). Parameters and optimizer state are not
+ * saved: forward and backward do not change them. Gradients are not
+ * saved: zero them before the retry. kiln train's out-of-memory recovery
+ * takes one before each step (retake: no allocation after the first) and
+ * restores it before running the step again with a smaller micro-batch.
+ * take: NULL with an error when m is NULL or the copies cannot be made;
+ * the module must outlive the snapshot. restore: KILN_ERR_STATE when a
+ * buffer changed shape or device since (retake after moving the model).
+ * The copies are queued on the buffers' devices; none blocks. */
+typedef struct kiln_step_snapshot kiln_step_snapshot;
+kiln_step_snapshot *kiln_step_snapshot_take(kiln_module *m);
+kiln_status kiln_step_snapshot_retake(kiln_step_snapshot *s);
+kiln_status kiln_step_snapshot_restore(kiln_step_snapshot *s);
+void kiln_step_snapshot_free(kiln_step_snapshot *s);
 /* Append `child` to a Sequential under the next index; takes ownership. */
 kiln_status kiln_nn_sequential_append(kiln_module *seq, kiln_module *child);
 /* Layer fusion in Sequential forwards (on by default; environment

@@ -390,6 +390,22 @@ void kiln_device_rng_set(kiln_device device, kiln_rng state) {
     pthread_mutex_unlock(&rng_mutex);
 }
 
+void kiln_device_rng_save(kiln_rng_positions *out) {
+    pthread_mutex_lock(&rng_mutex);
+    out->seed = rng_seed;
+    memcpy(out->rng, rngs, sizeof rngs);
+    memcpy(out->ready, rng_ready, sizeof rng_ready);
+    pthread_mutex_unlock(&rng_mutex);
+}
+
+void kiln_device_rng_restore(const kiln_rng_positions *in) {
+    pthread_mutex_lock(&rng_mutex);
+    rng_seed = in->seed;
+    memcpy(rngs, in->rng, sizeof rngs);
+    memcpy(rng_ready, in->ready, sizeof rng_ready);
+    pthread_mutex_unlock(&rng_mutex);
+}
+
 /* ---- Init and shutdown -------------------------------------------------------------- */
 
 kiln_status kiln_runtime_init(void) {

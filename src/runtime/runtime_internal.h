@@ -32,6 +32,16 @@ void kiln_device_rng_seed_all(uint64_t seed);
  * returned with n_words 0): gradient checkpointing replays a forward's
  * draws. */
 void kiln_device_rng_set(kiln_device device, kiln_rng state);
+/* Every device generator's seed and position, saved and put back as a
+ * whole (kiln_step_snapshot: a retried step draws what the failed one
+ * drew). */
+typedef struct kiln_rng_positions {
+    uint64_t seed;
+    kiln_rng rng[KILN_DEVICE_TYPE_COUNT][KILN_MAX_DEVICES];
+    bool ready[KILN_DEVICE_TYPE_COUNT][KILN_MAX_DEVICES];
+} kiln_rng_positions;
+void kiln_device_rng_save(kiln_rng_positions *out);
+void kiln_device_rng_restore(const kiln_rng_positions *in);
 
 /* Free the default stream records (kiln_shutdown). */
 void kiln_streams_shutdown(void);
