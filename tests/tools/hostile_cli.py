@@ -622,6 +622,14 @@ def device_cases(ck):
              check=lambda o, e, t=told: None if t in o else "the summary lacks %s" % t)
         case("eval of the %s run's checkpoint (the plain model's)" % tag,
              eval_argv(path("runs", "dev_good_" + tag, "checkpoint.safetensors")), rc=(0,), owner=owner)
+    # A run stopped under --devices resumes under --split (and the reverse would too): the flags are not part
+    # of the run configuration, and the checkpoint is the plain model's.
+    rc, _, err, _, _, _ = run(train_argv("dev_stop", max_steps=2, extra=("--devices", "cpu")))
+    stopped = path("runs", "dev_stop")
+    case("train --resume of a --devices run with --split (good: exit 0)", train_argv(stopped, resume=stopped, extra=(
+        "--split", "0:cpu,1:cpu")), rc=(0,), owner=owner,
+         check=lambda o, e: "the set-up run with --devices failed (exit %d)" % rc if rc else
+         None if "resuming from" in e and '"parallel":"pipeline"' in o else "no resume, or no split in the summary")
     for bench in ("alloc", "loader", "profiler"):
         case("bench %s --device cpu (no device choice)" % bench, [KILN, "bench", bench, "--device", "cpu"], rc=(2,),
              names=["kiln bench %s: --device cpu" % bench, "no device choice", "drop --device"], owner="kiln.c")
