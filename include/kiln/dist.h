@@ -12,6 +12,10 @@
  * docs/distributed.md describes it all; NCCL (CUDA tensors) is not built.
  *
  * Environment:
+ *   KILN_WORLD_SIZE=N     the number of ranks the program must run as:
+ *                         kiln_dist_init fails, saying `mpirun -np N ...`,
+ *                         when no launcher (or one with another count)
+ *                         started it
  *   KILN_DIST_TIMEOUT=S   watchdog bound of every wait, seconds (> 0)
  *   KILN_DIST_DEBUG=1     before each collective the ranks exchange its
  *                         number, kind, dtype and shape; a mismatch is an
@@ -43,6 +47,26 @@ typedef struct kiln_dist_work kiln_dist_work;
  * KILN_ERR_STATE. A bad KILN_DIST_TIMEOUT is KILN_ERR_INVALID_ARGUMENT.
  * Blocks until every rank has called it (MPI's initialisation). */
 kiln_status kiln_dist_init(kiln_dist_group **world);
+/* What a program asks of the world it joins. */
+typedef struct kiln_dist_init_opts {
+    /* Ranks wanted (> 0); 0: KILN_WORLD_SIZE if set, else whatever the
+     * launcher started (1 without one). */
+    int world_size;
+    /* The program's command line, for the launch command an error shows
+     * ("mpirun -np 4 <command>"); NULL: this process's own (/proc/self/cmdline). */
+    const char *command;
+} kiln_dist_init_opts;
+
+/* kiln_dist_init, holding the world to a size: asked for N > 1 ranks
+ * (opts->world_size, or KILN_WORLD_SIZE=N in the environment) without a
+ * launcher, or from a launcher that started another number, it fails
+ * before touching MPI with KILN_ERR_INVALID_ARGUMENT whose message says
+ * how to start it: `mpirun -np N <command>` (plus --oversubscribe past the
+ * host's cores and, as root, the allow-run-as-root variables). In a build
+ * without MPI, N > 1 is KILN_ERR_UNSUPPORTED naming the build option.
+ * After such an error init may be called again. opts NULL: as
+ * kiln_dist_init. Blocks as kiln_dist_init. */
+kiln_status kiln_dist_init_with(const kiln_dist_init_opts *opts, kiln_dist_group **world);
 /* Free the world group and finalise MPI when kiln_dist_init initialised
  * it. Groups made by kiln_dist_group_dup must be freed first, and no work
  * may be in flight (KILN_ERR_STATE otherwise, and MPI stays up). Blocks

@@ -176,12 +176,28 @@ static void other_ranks(const kiln_dist_group *g, char *buf, size_t size) {
     }
 }
 
-/* Test `req` until it completes or `seconds` pass. A timeout leaves it in
- * flight and sets *timed_out. */
+/* How often a wait looks whether the other ranks' processes still exist. */
+#define DIST_PEER_CHECK_S 0.1
+
+/* A rank of the collective is gone (peers.c): the error that names it. */
+static kiln_status lost_rank(const kiln_dist_group *g, const char *what, const char *lost, int n_lost) {
+    return KILN_RAISE(
+        KILN_ERR_DEVICE,
+        "a rank that dies ends the job: its own output (or the kernel log, for the out-of-memory "
+        "killer) says why; exit non-zero here too, so mpirun ends the other ranks, and restart "
+        "from the last checkpoint",
+        "kiln_dist: %s is lost: %s has exited or was killed, so %s can never complete on "
+        "rank %d of %d",
+        lost, n_lost > 1 ? "their processes" : "its process", what, g->rank, g->world);
+}
+
+/* Test `req` until it completes or `seconds` pass, or a rank's process on
+ * this host is gone. Either failure leaves it in flight and sets
+ * *timed_out. */
 static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, const char *what,
                                 bool *timed_out) {
     *timed_out = false;
-    double start = kiln_clock_now_s();
+    double start = kiln_clock_now_s(), next_check = DIST_PEER_CHECK_S;
     long sleep_ns = 1000;
     for (;;) {
         int flag = 0;
@@ -189,6 +205,15 @@ static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double sec
         if (rc != MPI_SUCCESS) return mpi_fail(rc, "MPI_Test", g);
         if (flag) return KILN_OK;
         double waited = kiln_clock_now_s() - start;
+        if (waited >= next_check) {
+            char lost[512];
+            int n_lost = kiln_dist_peers_lost(g, lost, sizeof lost);
+            if (n_lost > 0) {
+                *timed_out = true;
+                return lost_rank(g, what, lost, n_lost);
+            }
+            next_check = waited + DIST_PEER_CHECK_S;
+        }
         if (waited >= seconds) {
             char others[128];
             other_ranks(g, others, sizeof others);
@@ -272,6 +297,11 @@ kiln_status kiln_dist_work_wait_s(kiln_dist_work *w, double seconds) {
     }
 #endif
     return complete(w);
+}
+
+kiln_status kiln_dist_work_wait_until(kiln_dist_work *w, double deadline) {
+    double left = deadline - kiln_clock_now_s();
+    return kiln_dist_work_wait_s(w, left > 1e-3 ? left : 1e-3);
 }
 
 kiln_status kiln_dist_work_wait(kiln_dist_work *w) {

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "autograd/autograd_internal.h"
+#include "base/clock.h"
 #include "base/error.h"
 #include "dist/dist_internal.h"
 #include "tensor/scope.h"
@@ -198,14 +199,16 @@ static kiln_status broadcast_all(kiln_dist_group *g, kiln_tensor *const *tensors
     kiln_status st = KILN_OK;
     int started = 0;
     for (; started < n && !st; started++) st = kiln_dist_broadcast(g, tensors[started], 0, &works[started]);
+    kiln_error saved = *kiln_error_last();
+    double deadline = kiln_clock_now_s() + g->timeout_s; /* one bound for all of them */
     for (int i = 0; i < started; i++) {
         if (!works[i]) continue;
-        kiln_status w = kiln_dist_work_wait(works[i]);
-        if (!st) st = w;
+        kiln_status w = kiln_dist_work_wait_until(works[i], deadline);
+        if (!st && w) st = w, saved = *kiln_error_last();
         kiln_dist_work_free(works[i]); /* a timed-out one refuses, and stays in flight */
     }
     free(works);
-    return st;
+    return st ? restore_error(&saved) : KILN_OK;
 }
 
 /* ---- Buckets --------------------------------------------------------------------------- */
@@ -479,10 +482,13 @@ static void ddp_hook(kiln_tensor *leaf, void *user) {
 static kiln_status wait_started(kiln_ddp *d) {
     kiln_status first = KILN_OK;
     kiln_error saved = {0};
+    /* One watchdog bound for all buckets: after a timeout (or a lost rank)
+     * the buckets after it are tested once, not given a full bound each. */
+    double deadline = kiln_clock_now_s() + d->group->timeout_s;
     for (int k = 0; k < d->n_buckets; k++) {
         ddp_bucket *b = &d->buckets[k];
         if (!b->work) continue;
-        kiln_status st = kiln_dist_work_wait(b->work);
+        kiln_status st = kiln_dist_work_wait_until(b->work, deadline);
         if (st && !first) first = st, saved = *kiln_error_last();
         if (kiln_dist_work_free(b->work) == KILN_OK)
             b->work = NULL;

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -99,11 +100,81 @@ static kiln_status mpi_join(kiln_dist_group *g, int local_rank) {
     MPI_TRY(MPI_Comm_rank(g->comm, &g->rank));
     MPI_TRY(MPI_Comm_size(g->comm, &g->world));
     g->local_rank = local_rank >= 0 ? local_rank : 0;
-    return KILN_OK;
+    return g->world > 1 ? kiln_dist_peers_exchange(g) : KILN_OK;
 }
 #endif
 
-kiln_status kiln_dist_init(kiln_dist_group **world) {
+/* This process's command line, arguments joined by spaces; a line longer
+ * than the buffer ends in "...". */
+static void own_command(char *buf, size_t n) {
+    FILE *f = fopen("/proc/self/cmdline", "r");
+    size_t len = f ? fread(buf, 1, n - 1, f) : 0;
+    bool cut = f && len == n - 1 && fgetc(f) != EOF;
+    if (f) fclose(f);
+    while (len > 0 && buf[len - 1] == '\0') len--;
+    if (len == 0) {
+        snprintf(buf, n, "PROGRAM");
+        return;
+    }
+    buf[len] = '\0';
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] == '\0') buf[i] = ' ';
+    if (cut && len > 3) memcpy(buf + len - 3, "...", 3);
+}
+
+/* The ranks asked for: opts->world_size, else KILN_WORLD_SIZE, else 0 (any). */
+static kiln_status wanted_world(const kiln_dist_init_opts *opts, int *want) {
+    *want = 0;
+    if (opts && opts->world_size < 0)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give a rank count >= 1, or 0 for the launcher's",
+                          "kiln_dist_init: world_size %d is negative", opts->world_size);
+    if (opts && opts->world_size > 0) {
+        *want = opts->world_size;
+        return KILN_OK;
+    }
+    const char *s = getenv("KILN_WORLD_SIZE");
+    if (!s || !*s) return KILN_OK;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 1 || v > 1 << 20)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                          "give the number of ranks, e.g. KILN_WORLD_SIZE=4, or unset it",
+                          "kiln_dist_init: KILN_WORLD_SIZE='%s' is not a rank count in [1, 1048576]", s);
+    *want = (int)v;
+    return KILN_OK;
+}
+
+/* A world of `want` ranks was asked for, and `started` (-1: no launcher)
+ * is what this process is part of: the error that says how to launch it. */
+static kiln_status launch_error(int want, int started, const char *command) {
+    char own[512];
+    if (!command) own_command(own, sizeof own), command = own;
+    const char *hint = "add --oversubscribe for more ranks than cores; as root set OMPI_ALLOW_RUN_AS_ROOT=1 "
+                       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1";
+#if !KILN_WITH_MPI
+    (void)started;
+    return KILN_RAISE(
+        KILN_ERR_UNSUPPORTED, "rebuild with -DKILN_WITH_MPI=ON (Debian: libopenmpi-dev)",
+        "kiln_dist_init: %d ranks were asked for, but this build has no MPI (KILN_WITH_MPI=OFF) "
+        "and runs a world of 1 only; rebuilt with MPI, start it as: mpirun -np %d %s",
+        want, want, command);
+#else
+    if (started < 0)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, hint,
+                          "kiln_dist_init: %d ranks were asked for, but no launcher started this process "
+                          "(alone it is a world of 1); start it as: mpirun -np %d %s",
+                          want, want, command);
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, hint,
+                      "kiln_dist_init: %d ranks were asked for, but the launcher started %d; start it as: "
+                      "mpirun -np %d %s",
+                      want, started, want, command);
+#endif
+}
+
+kiln_status kiln_dist_init(kiln_dist_group **world) { return kiln_dist_init_with(NULL, world); }
+
+kiln_status kiln_dist_init_with(const kiln_dist_init_opts *opts, kiln_dist_group **world) {
     if (!world) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dist_init: world is NULL");
     *world = NULL;
     if (dist_state.initialised)
@@ -117,6 +188,10 @@ kiln_status kiln_dist_init(kiln_dist_group **world) {
     if (size < 0) KILN_TRY(env_int("PMI_SIZE", &size));
     KILN_TRY(env_int("OMPI_COMM_WORLD_LOCAL_RANK", &local));
     if (local < 0) KILN_TRY(env_int("MPI_LOCALRANKID", &local));
+    int want = 0;
+    KILN_TRY(wanted_world(opts, &want));
+    if (want > 0 && want != (size < 0 ? 1 : size))
+        return launch_error(want, size, opts ? opts->command : NULL);
     double timeout_s;
     bool debug;
     KILN_TRY(env_settings(&timeout_s, &debug));
@@ -165,6 +240,7 @@ kiln_status kiln_dist_shutdown(void) {
     if (dist_state.mpi_ours) MPI_TRY(MPI_Finalize());
     dist_state.mpi_ours = false;
 #endif
+    free(g->peers);
     free(g);
     dist_state.world = NULL;
     dist_state.initialised = false;
@@ -185,7 +261,8 @@ kiln_status kiln_dist_group_dup(kiln_dist_group *g, kiln_dist_group **out) {
                            .local_rank = g->local_rank,
                            .timeout_s = g->timeout_s,
                            .debug = g->debug,
-                           .is_world = false};
+                           .is_world = false,
+                           .peers = g->peers};
 #if KILN_WITH_MPI
     d->comm = MPI_COMM_NULL;
     if (g->comm != MPI_COMM_NULL) {

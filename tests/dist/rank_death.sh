@@ -1,0 +1,82 @@
+#!/bin/sh
+# A rank dies in the middle of DDP training (tests/dist/ddp_rank_death.c:
+# rank 1 sends itself SIGKILL after the forward of step 3, while rank 0
+# goes on into backward and waits on that step's gradient all-reduce).
+# Every job must end within 60 s, non-zero, with a message naming rank 1;
+# `timeout 90` turns a hang into a failure.
+#
+#   default    mpirun as users run it. Open MPI ends the whole job when a
+#              rank dies by a signal, so rank 0 is either killed by mpirun
+#              (whose message names rank 1) or reports rank 1 itself first;
+#              both are accepted and the test prints which happened. mpirun
+#              must exit non-zero.
+#   survivors  mpirun --enable-recovery, which leaves the surviving rank
+#              running: rank 0 must notice by itself, exit non-zero and
+#              print Kiln's message naming rank 1 as lost. Each rank runs
+#              under a sh that prints its exit status (with recovery,
+#              mpirun's own status is 0 whatever the ranks returned).
+#
+# KILN_DIST_TIMEOUT=45: a rank on another host cannot be looked at, and the
+# watchdog alone must then still end the job within 60 s; on one host the
+# dead process is seen within 0.1 s of the wait, long before that.
+# usage: rank_death.sh MPIRUN WORKER default|survivors
+set -u
+mpirun=$1
+worker=$2
+mode=$3
+out=$(mktemp -d "${TMPDIR:-/tmp}/kiln_rank_death.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+export KILN_DIST_TIMEOUT=45 KILN_TEST_DIE_RANK=1 KILN_TEST_DIE_STEP=3
+
+fail() {
+    echo "FAIL ($mode): $*"
+    echo "---- output of the job ----"
+    cat "$out/log"
+    exit 1
+}
+
+start=$(date +%s)
+case "$mode" in
+default)
+    timeout -k 5 90 "$mpirun" --oversubscribe --bind-to none -np 2 "$worker" > "$out/log" 2>&1
+    rc=$?
+    ;;
+survivors)
+    # shellcheck disable=SC2016 # expanded by the rank's own sh
+    timeout -k 5 90 "$mpirun" --enable-recovery --oversubscribe --bind-to none -np 2 \
+        sh -c '"$0"; rc=$?; echo "rank $OMPI_COMM_WORLD_RANK exited with status $rc"' "$worker" > "$out/log" 2>&1
+    rc=$?
+    ;;
+*)
+    echo "usage: rank_death.sh MPIRUN WORKER default|survivors" >&2
+    exit 2
+    ;;
+esac
+elapsed=$(($(date +%s) - start))
+cat "$out/log"
+echo "mpirun exited with status $rc after $elapsed s"
+
+[ "$elapsed" -lt 60 ] || fail "the job took $elapsed s to end (limit 60 s)"
+grep -q "rank 1: step 2 done" "$out/log" || fail "rank 1 never trained (the job failed before the kill)"
+grep -q "rank 1: step 3 done" "$out/log" && fail "rank 1 finished step 3: it was never killed"
+grep -q "rank 0: step 4 done" "$out/log" && fail "rank 0 finished step 4 without rank 1"
+lost='rank 0: step 3 failed: training: kiln_dist: rank 1 (pid [0-9]* on [^)]*) is lost: its process has exited'
+case "$mode" in
+default)
+    [ "$rc" -ne 0 ] || fail "mpirun exited 0 although rank 1 was killed"
+    [ "$rc" -ne 124 ] || fail "the job hung: timeout ended it"
+    if grep -q "$lost" "$out/log"; then
+        echo "rank 0 reported the lost rank itself (then mpirun ended the job, status $rc)"
+    elif grep -q "process rank 1 .* exited on signal 9" "$out/log"; then
+        echo "mpirun ended rank 0 before it reported (mpirun's message names rank 1), status $rc"
+    else
+        fail "no message names rank 1 as lost"
+    fi
+    ;;
+survivors)
+    grep -q "$lost" "$out/log" || fail "rank 0 did not report rank 1 as lost"
+    grep -q "rank 0 exited with status 1$" "$out/log" || fail "rank 0 did not exit with status 1"
+    grep -q "rank 1 exited with status 137$" "$out/log" || fail "rank 1 did not die by SIGKILL"
+    ;;
+esac
+echo "PASS ($mode): the job ended after $elapsed s"
