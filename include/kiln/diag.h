@@ -80,6 +80,15 @@ bool kiln_profiler_is_running(void);
 /* Counters of the last completed kiln_profiler_step (zeros before one). */
 void kiln_profiler_step_counters(kiln_counters *out);
 
+/* Record asynchronous work that has ended -- a collective that ran while
+ * the thread went on (kiln_dist records each as "mpi:all_reduce",
+ * "mpi:broadcast", ... from its start to the wait or poll that saw it
+ * complete) -- as a record `name` from start_ns to end_ns (CLOCK_MONOTONIC
+ * nanoseconds) on the calling thread's track. It has no parent and no self
+ * CPU time (it did not occupy the thread): the table counts it in CPU total
+ * only. name is copied. No-op when not recording. Does not block. */
+void kiln_profiler_record_async(const char *name, uint64_t start_ns, uint64_t end_ns);
+
 /* User ranges: nest like ops and appear in the table and the trace. name
  * is copied. Cost when the profiler is off: one load and a branch. */
 void kiln_range_push(const char *name);

@@ -126,7 +126,8 @@ static uint64_t open_record(const char *name, prof_kind kind, uint64_t start_ns)
     e->r.parent = t->depth > 0 ? t->stack[t->depth - 1] : -1;
     e->r.start_ns = start_ns ? start_ns : kiln_now_ns();
     e->open = true;
-    if (kind != PROF_SYNC && t->depth < PROF_MAX_DEPTH) t->stack[t->depth++] = idx;
+    if (kind == PROF_ASYNC) e->r.parent = -1;
+    if (kind != PROF_SYNC && kind != PROF_ASYNC && t->depth < PROF_MAX_DEPTH) t->stack[t->depth++] = idx;
     token = ((uint64_t)t->gen << 32) | (uint64_t)(idx + 1);
 out:
     pthread_mutex_unlock(&t->lock);
@@ -240,15 +241,24 @@ static void observe_kernel(kiln_op_call *c, bool before) {
     pthread_mutex_unlock(&t->lock);
 }
 
-static void observe_sync(const char *what, uint64_t start_ns, uint64_t end_ns) {
+/* A record that has already ended: a host sync, or asynchronous work. */
+static void record_ended(const char *what, prof_kind kind, uint64_t start_ns, uint64_t end_ns) {
     if (!atomic_load_explicit(&recording, memory_order_relaxed)) return;
-    uint64_t token = open_record(what, PROF_SYNC, start_ns);
+    uint64_t token = open_record(what, kind, start_ns);
     prof_thread *t = tls_thread;
     if (!token || !t) return;
     pthread_mutex_lock(&t->lock);
     prof_event *e = record_of(t, token);
     if (e) e->open = false, e->r.end_ns = end_ns;
     pthread_mutex_unlock(&t->lock);
+}
+
+static void observe_sync(const char *what, uint64_t start_ns, uint64_t end_ns) {
+    record_ended(what, PROF_SYNC, start_ns, end_ns);
+}
+
+void kiln_profiler_record_async(const char *name, uint64_t start_ns, uint64_t end_ns) {
+    record_ended(name, PROF_ASYNC, start_ns ? start_ns : end_ns, end_ns);
 }
 
 /* User ranges keep their token on a per-thread stack of their own, so a

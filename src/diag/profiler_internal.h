@@ -13,6 +13,8 @@ typedef enum prof_kind {
     PROF_OP = 0, /* a dispatched op */
     PROF_RANGE,  /* a user range, a backward formula or ProfilerStep#N */
     PROF_SYNC,   /* the host blocked on a device */
+    PROF_ASYNC,  /* work that went on beside the thread (a collective in flight),
+                  * recorded when it ended: no parent, no self CPU time */
 } prof_kind;
 
 /* One finished record of the last recording. Times are CLOCK_MONOTONIC ns;

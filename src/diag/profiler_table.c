@@ -106,7 +106,7 @@ static uint64_t span(uint64_t start, uint64_t end) { return end > start ? end - 
  * one backward pass folds children into parents). */
 static void record_times(const prof_result *res, uint64_t *self_cpu, uint64_t *dev_total) {
     for (size_t i = 0; i < res->n; i++) {
-        self_cpu[i] = span(res->rec[i].start_ns, res->rec[i].end_ns);
+        self_cpu[i] = res->rec[i].kind == PROF_ASYNC ? 0 : span(res->rec[i].start_ns, res->rec[i].end_ns);
         dev_total[i] = span(res->rec[i].dev_start_ns, res->rec[i].dev_end_ns);
     }
     for (size_t i = res->n; i-- > 0;) {

@@ -36,6 +36,7 @@ static const char *category(const prof_record *r) {
     switch (r->kind) {
     case PROF_OP: return "cpu_op";
     case PROF_RANGE: return "user_annotation";
+    case PROF_ASYNC: return "async";
     default: return "cuda_runtime"; /* a host sync, as Kineto files cudaDeviceSynchronize */
     }
 }

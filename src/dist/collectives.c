@@ -17,6 +17,8 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "dist/dist_internal.h"
+#include "kiln/diag.h"
+#include "runtime/counters.h"
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
 
@@ -259,8 +261,15 @@ static void scale(kiln_tensor *t, double factor) {
     }
 }
 
-/* The host-side end of a collective whose MPI part is done. */
+/* The host-side end of a collective whose MPI part is done. The profiler
+ * gets it as "mpi:<kind>" from its start to now (when this rank saw it
+ * complete): DDP's overlap with backward is read from these. */
 static kiln_status complete(kiln_dist_work *w) {
+    if (kiln_profiler_is_running()) {
+        char name[48];
+        snprintf(name, sizeof name, "mpi:%s", kiln_dist_kind_name(w->kind));
+        kiln_profiler_record_async(name, w->start_ns, kiln_now_ns());
+    }
     kiln_status st = KILN_OK;
     if (w->buffer) {
         if (w->op == KILN_DIST_AVG && w->group->world > 1) scale(w->buffer, 1.0 / w->group->world);
@@ -434,6 +443,7 @@ static kiln_status start(kiln_dist_group *g, const start_args *a, kiln_dist_work
     kiln_api_leave();
     if (!st) {
         g->in_flight++;
+        w->start_ns = kiln_now_ns();
 #if KILN_WITH_MPI
         if (group_uses_mpi(g)) {
             st = mpi_start(w, a);

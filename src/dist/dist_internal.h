@@ -44,6 +44,7 @@ struct kiln_dist_work {
     dist_kind kind;
     kiln_dist_reduce_op op;
     uint64_t seq;
+    uint64_t start_ns; /* when it was started (kiln_now_ns), for the profiler */
     kiln_dtype dtype;
     kiln_shape shape;    /* of the tensor named in messages (in, or t) */
     kiln_tensor *target; /* the caller's output (written at completion), own ref */

@@ -14,6 +14,7 @@
  * every rank; BatchNorm buffers are rank 0's after the broadcast; with
  * small buckets the first bucket's all-reduce starts from a hook, before
  * backward is over. */
+#include "diag/profiler_internal.h"
 #include "test_util.h"
 
 #define N_ALL 128
@@ -112,7 +113,10 @@ static void train_step(net *r, int64_t lo, int64_t hi, bool weighted) {
     if (r->ddp && weighted) CHECK_OK(kiln_ddp_set_sample_count(r->ddp, hi - lo));
     kiln_tensor *out = r->ddp ? kiln_ddp_forward(r->ddp, xs) : kiln_module_forward(r->m, xs);
     CHECK(out != NULL);
-    CHECK_OK(kiln_backward(kiln_cross_entropy(out, ys, NULL), NULL, false));
+    kiln_tensor *loss = kiln_cross_entropy(out, ys, NULL);
+    kiln_range_push("backward"); /* what check_profiled_overlap measures against */
+    CHECK_OK(kiln_backward(loss, NULL, false));
+    kiln_range_pop();
     if (r->ddp) CHECK_OK(kiln_ddp_finish_grads(r->ddp));
     CHECK_OK(kiln_optimizer_step(r->opt));
     kiln_scope_end();
@@ -365,6 +369,43 @@ static void test_batchnorm_buffers(void) {
     kiln_scope_end();
 }
 
+/* The profiler's record of the step just profiled: one "mpi:all_reduce"
+ * per bucket (6), each starting inside backward (train_step's
+ * "backward" range), and all but two before backward's last op (the
+ * first layer's weight and bias gradients are what its last two ops
+ * produce, so their buckets can only start after); with no self CPU time of their own, so the table's
+ * self CPU total is not inflated by time spent waiting on the network. */
+static void check_profiled_overlap(void) {
+    const prof_result *res = kiln_profiler_result_lock();
+    const prof_record *bw = NULL;
+    int n_ar = 0, in_backward = 0, before_end = 0;
+    for (size_t i = 0; i < res->n; i++)
+        if (!bw && !strcmp(res->rec[i].name, "backward") && res->rec[i].kind == PROF_RANGE) bw = &res->rec[i];
+    CHECK_MSG(bw != NULL, "no 'backward' range among %zu records", res->n);
+    uint64_t last_op_end = 0; /* of the ops inside backward */
+    for (size_t i = 0; bw && i < res->n; i++) {
+        const prof_record *r = &res->rec[i];
+        if (r->kind == PROF_OP && r->start_ns >= bw->start_ns && r->end_ns <= bw->end_ns &&
+            r->end_ns > last_op_end)
+            last_op_end = r->end_ns;
+    }
+    for (size_t i = 0; bw && i < res->n; i++) {
+        const prof_record *r = &res->rec[i];
+        if (strcmp(r->name, "mpi:all_reduce")) continue;
+        n_ar++;
+        CHECK(r->kind == PROF_ASYNC && r->parent == -1 && r->end_ns >= r->start_ns);
+        in_backward += r->start_ns >= bw->start_ns && r->start_ns <= bw->end_ns;
+        before_end += r->start_ns < last_op_end;
+    }
+    kiln_profiler_result_unlock();
+    CHECK_EQ_I(n_ar, 6);
+    CHECK_EQ_I(in_backward, 6);
+    CHECK_MSG(before_end >= 4, "%d of 6 all-reduces started before backward's last op", before_end);
+    char *table = kiln_profiler_table(KILN_SORT_NAME, 0);
+    CHECK(table != NULL && strstr(table, "mpi:all_reduce") != NULL);
+    free(table);
+}
+
 /* With one parameter per bucket, every bucket starts from a hook and the
  * first one starts after the first hook, long before the last. */
 static void test_overlap(void) {
@@ -374,7 +415,10 @@ static void test_overlap(void) {
     net dp = make(DEEP_MLP, 13, &o, true);
     int64_t lo, hi;
     rank_slice(false, &lo, &hi);
+    CHECK_OK(kiln_profiler_start(NULL));
     train_step(&dp, lo, hi, true);
+    CHECK_OK(kiln_profiler_stop());
+    check_profiled_overlap();
     kiln_ddp_stats st;
     CHECK_OK(kiln_ddp_stats_get(dp.ddp, &st));
     printf("rank %d: %d buckets, %lld hooks, first bucket started after %lld hooks, %d started in backward\n",
