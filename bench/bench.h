@@ -16,6 +16,11 @@ int kiln_bench_checkpoint(int argc, char **argv);
 /* data_parallel.c: DataParallel's load per device (exit 77 without two
  * CUDA devices). */
 int kiln_bench_dataparallel(int argc, char **argv);
+/* ddp.c: DDP across processes (mpirun) against PyTorch's DDP over gloo:
+ * images/s of 1 and N processes, scaling efficiency, the all-reduce time
+ * hidden behind backward (exit 77 without mpirun or MPI). `--worker` is
+ * one rank of the measured job, started by the benchmark itself. */
+int kiln_bench_ddp(int argc, char **argv);
 /* gpu.c: GPU benchmarks (exit 77 with the reason without a CUDA device).
  * kiln_bench_cnn runs kiln_bench_cnn_device for --device cuda:N. */
 int kiln_bench_cnn_device(int argc, char **argv);
