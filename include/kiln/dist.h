@@ -142,8 +142,12 @@ kiln_status kiln_dist_barrier(kiln_dist_group *g, kiln_dist_work **work);
  * timeout: KILN_ERR_DEVICE with a message naming the collective (its kind,
  * number, dtype, shape), this rank and the ranks that did not join; the
  * work stays in flight (a late rank may still join: wait again) and
- * neither it nor its group can be freed until it completes. Waiting on
- * completed work returns its result again. */
+ * neither it nor its group can be freed until it completes. A rank whose
+ * process on this host has exited or was killed fails the wait the same
+ * way within about 0.1 s, its message naming that rank, pid and host
+ * ("rank 1 (pid 1234 on host) is lost"); ranks on other hosts are bounded
+ * by the timeout only. Waiting on completed work returns its result
+ * again. */
 kiln_status kiln_dist_work_wait(kiln_dist_work *w);
 kiln_status kiln_dist_work_wait_timeout(kiln_dist_work *w, double seconds);
 /* *done: whether the work has completed (its results written). Never
