@@ -30,3 +30,40 @@ assert r["peer"] is None and r["peer_skipped"] == "--no-peer", r
 print("PASS: efficiency %.3f, %.0f%% of the all-reduce time hidden behind backward"
       % (k["efficiency"], 100 * k["allreduce_hidden"]))
 PY
+
+# The peer's path without torch: a stand-in interpreter that answers the
+# import check and prints the peer's RESULT line (500 img/s alone, 900 for
+# 2 ranks). The ratios must be computed from it, and a peer that ran on
+# another thread count must be refused.
+cat > "$out/fakepy" <<'SH'
+#!/bin/sh
+if [ "$1" = "-c" ]; then echo "RESULT {}"; exit 0; fi
+world=1; threads=0
+while [ $# -gt 0 ]; do
+    case "$1" in --world) world=$2; shift ;; --threads) threads=$2; shift ;; esac
+    shift
+done
+[ -z "${FAKE_THREADS:-}" ] || threads=$FAKE_THREADS
+if [ "$world" = 1 ]; then rate=500; else rate=900; fi
+echo "RESULT {\"world\": $world, \"threads_per_rank\": $threads, \"img_s_median\": $rate, \"torch\": \"stand-in\"}"
+SH
+chmod +x "$out/fakepy"
+"$kiln" bench ddp --python "$out/fakepy" --batch 4 --steps 1 --warmup 0 --rounds 1 --profile-steps 0 \
+    --threads 1 > "$out/peer.txt" 2>&1 || { cat "$out/peer.txt"; echo "FAIL: the run with the stand-in peer"; exit 1; }
+cat "$out/peer.txt"
+tail -n 1 "$out/peer.txt" > "$out/peer.json"
+python3 - "$out/peer.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+k, p, v = r["kiln"], r["peer"], r["kiln_vs_peer"]
+assert p["img_s_1"] == 500 and p["img_s_n"] == 900 and abs(p["efficiency"] - 0.9) < 1e-9, p
+assert abs(v["img_s_n"] - k["img_s_n"] / 900) < 1e-9, v
+assert abs(v["efficiency"] - k["efficiency"] / 0.9) < 1e-9, v
+assert k["allreduce_hidden"] is None, k  # --profile-steps 0
+print("PASS: the stand-in peer's figures and the ratios")
+PY
+FAKE_THREADS=3 "$kiln" bench ddp --python "$out/fakepy" --batch 4 --steps 1 --warmup 0 --rounds 1 \
+    --profile-steps 0 --threads 1 > "$out/wrong.txt" 2>&1 || true
+grep -q "peer: skipped (.*it ran on 3 threads per rank, not the 1 asked for)" "$out/wrong.txt" ||
+    { cat "$out/wrong.txt"; echo "FAIL: a peer on the wrong thread count was not refused"; exit 1; }
+echo "PASS: a peer on another thread count is refused"
