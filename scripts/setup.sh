@@ -6,16 +6,22 @@
 #   scripts/setup.sh --tests  and the Python package the tests need from
 #                             PyPI (scripts/test.sh): the main job does not
 #                             depend on reaching PyPI
+#   scripts/setup.sh --peer   and PyTorch for the benchmarks' peers
+#                             (python3-torch, python3-numpy: kiln bench cnn,
+#                             ddp, checkpoint compare against it; 160 more
+#                             packages, so neither the tests nor CI take it)
 #
 # The CUDA toolkit (nvcc, cuBLAS, cuDNN, NCCL) is not a Debian 12 package
 # of the version Kiln needs; when nvcc is absent the CUDA backend is simply
 # not built (CMake says so) and the nvcc CI tier is skipped with a message.
 set -euo pipefail
 for_tests=0
+for_peer=0
 case "${1:-}" in
   --tests) for_tests=1 ;;
+  --peer) for_peer=1 ;;
   "") ;;
-  *) echo "usage: scripts/setup.sh [--tests]" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup.sh [--tests | --peer]" >&2; exit 2 ;;
 esac
 
 # Every package the build, the tests and the main job use. The list is
@@ -38,6 +44,10 @@ packages=(
   dataset-fashion-mnist chromium
   python3 python3-pip strace mawk
 )
+# The benchmarks' PyTorch peers run /usr/bin/python3 with Debian's torch.
+if [ "$for_peer" = 1 ]; then
+  packages+=(python3-torch python3-numpy)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
