@@ -19,11 +19,14 @@
 # KILN_DIST_TIMEOUT=45: a rank on another host cannot be looked at, and the
 # watchdog alone must then still end the job within 60 s; on one host the
 # dead process is seen within 0.1 s of the wait, long before that.
-# usage: rank_death.sh MPIRUN WORKER default|survivors
+# With RANKS (default 2) above 2, every surviving rank must report rank 1
+# in the survivors mode.
+# usage: rank_death.sh MPIRUN WORKER default|survivors [RANKS]
 set -u
 mpirun=$1
 worker=$2
 mode=$3
+np=${4:-2}
 out=$(mktemp -d "${TMPDIR:-/tmp}/kiln_rank_death.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 export KILN_DIST_TIMEOUT=45 KILN_TEST_DIE_RANK=1 KILN_TEST_DIE_STEP=3
@@ -42,17 +45,17 @@ fail() {
 start=$(date +%s)
 case "$mode" in
 default)
-    timeout -k 5 90 "$mpirun" --oversubscribe --bind-to none -np 2 "$worker" > "$out/log" 2>&1
+    timeout -k 5 90 "$mpirun" --oversubscribe --bind-to none -np "$np" "$worker" > "$out/log" 2>&1
     rc=$?
     ;;
 survivors)
     # shellcheck disable=SC2016 # expanded by the rank's own sh
-    timeout -k 5 90 "$mpirun" --enable-recovery --oversubscribe --bind-to none -np 2 \
+    timeout -k 5 90 "$mpirun" --enable-recovery --oversubscribe --bind-to none -np "$np" \
         sh -c '"$0"; rc=$?; echo "rank $OMPI_COMM_WORLD_RANK exited with status $rc"' "$worker" > "$out/log" 2>&1
     rc=$?
     ;;
 *)
-    echo "usage: rank_death.sh MPIRUN WORKER default|survivors" >&2
+    echo "usage: rank_death.sh MPIRUN WORKER default|survivors [RANKS]" >&2
     exit 2
     ;;
 esac
@@ -64,12 +67,12 @@ echo "mpirun exited with status $rc after $elapsed s"
 grep -q "rank 1: step 2 done" "$out/log" || fail "rank 1 never trained (the job failed before the kill)"
 grep -q "rank 1: step 3 done" "$out/log" && fail "rank 1 finished step 3: it was never killed"
 grep -q "rank 0: step 4 done" "$out/log" && fail "rank 0 finished step 4 without rank 1"
-lost='rank 0: step 3 failed: training: kiln_dist: rank 1 (pid [0-9]* on [^)]*) is lost: its process has exited'
+lost() { echo "rank $1: step 3 failed: training: kiln_dist: rank 1 (pid [0-9]* on [^)]*) is lost: its process has exited"; }
 case "$mode" in
 default)
     [ "$rc" -ne 0 ] || fail "mpirun exited 0 although rank 1 was killed"
     [ "$rc" -ne 124 ] || fail "the job hung: timeout ended it"
-    if grep -q "$lost" "$out/log"; then
+    if grep -q "$(lost 0)" "$out/log"; then
         echo "rank 0 reported the lost rank itself (then mpirun ended the job, status $rc)"
     elif grep -q "process rank 1 .* exited on signal 9" "$out/log"; then
         echo "mpirun ended rank 0 before it reported (mpirun's message names rank 1), status $rc"
@@ -78,8 +81,14 @@ default)
     fi
     ;;
 survivors)
-    grep -q "$lost" "$out/log" || fail "rank 0 did not report rank 1 as lost"
-    grep -q "rank 0 exited with status 1$" "$out/log" || fail "rank 0 did not exit with status 1"
+    r=0
+    while [ "$r" -lt "$np" ]; do
+        if [ "$r" -ne 1 ]; then
+            grep -q "$(lost $r)" "$out/log" || fail "rank $r did not report rank 1 as lost"
+            grep -q "rank $r exited with status 1$" "$out/log" || fail "rank $r did not exit with status 1"
+        fi
+        r=$((r + 1))
+    done
     grep -q "rank 1 exited with status 137$" "$out/log" || fail "rank 1 did not die by SIGKILL"
     ;;
 esac
