@@ -72,6 +72,7 @@ typedef struct ddp_run {
     double ar_ms;       /* all-reduce time per step (start to seen complete) */
     double wait_ms;     /* kiln_ddp_finish_grads per step */
     double backward_ms; /* backward per step */
+    double buckets;     /* DDP's gradient buckets (0 in a world of 1) */
 } ddp_run;
 
 /* ---- The worker: one rank's training --------------------------------------------------- */
@@ -196,11 +197,13 @@ static int run_worker(const ddp_config *c) {
                 kiln_error_message());
         return 1;
     }
+    kiln_ddp_stats ds = {0};
+    if (w.ddp) kiln_ddp_stats_get(w.ddp, &ds);
     if (kiln_dist_rank(w.world) == 0) {
         printf("RESULT {\"world\":%d,\"threads\":%d,\"img_s\":%.3f,\"hidden\":%.4f,\"allreduce_ms\":%.3f,"
-               "\"wait_ms\":%.3f,\"backward_ms\":%.3f}\n",
+               "\"wait_ms\":%.3f,\"backward_ms\":%.3f,\"buckets\":%d}\n",
                kiln_dist_world_size(w.world), kiln_num_threads(), r.img_s, r.hidden, r.ar_ms, r.wait_ms,
-               r.backward_ms);
+               r.backward_ms, ds.num_buckets);
         fflush(stdout);
     }
     kiln_ddp_free(w.ddp);
@@ -276,7 +279,8 @@ static bool parse_run(const char *json, const char *rate_key, const char *thread
                    .hidden = json_num(o, "hidden", -1),
                    .ar_ms = json_num(o, "allreduce_ms", 0),
                    .wait_ms = json_num(o, "wait_ms", 0),
-                   .backward_ms = json_num(o, "backward_ms", 0)};
+                   .backward_ms = json_num(o, "backward_ms", 0),
+                   .buckets = json_num(o, "buckets", 0)};
     int t = (int)json_num(o, threads_key, -1);
     cJSON_Delete(o);
     if (r->img_s <= 0)
@@ -333,12 +337,13 @@ static bool peer_available(const char *python, char *why, size_t why_n) {
 typedef struct ddp_series {
     double img_s[DDP_MAX_ROUNDS], hidden[DDP_MAX_ROUNDS], ar_ms[DDP_MAX_ROUNDS], wait_ms[DDP_MAX_ROUNDS];
     double backward_ms[DDP_MAX_ROUNDS];
-    int n;
+    int n, buckets;
 } ddp_series;
 
 static void series_add(ddp_series *s, const ddp_run *r) {
     s->img_s[s->n] = r->img_s, s->hidden[s->n] = r->hidden, s->ar_ms[s->n] = r->ar_ms;
     s->wait_ms[s->n] = r->wait_ms, s->backward_ms[s->n] = r->backward_ms;
+    s->buckets = (int)r->buckets;
     s->n++;
 }
 
@@ -542,12 +547,11 @@ static void print_table(const ddp_bench *b, const char *cpu) {
     }
     if (c->profile_steps > 0 && med(kn->hidden, kn->n) >= 0)
         printf("\nkiln, rank 0, profiler over %d steps: %.1f%% [%.1f-%.1f%%] of the all-reduce time hidden "
-               "behind "
-               "backward; all-reduce %.1f ms/step (start to seen complete), backward %.1f ms/step, "
-               "kiln_ddp_finish_grads %.1f ms/step\n",
+               "behind backward; all-reduce of %d buckets %.1f ms/step (start to seen complete), backward "
+               "%.1f ms/step, kiln_ddp_finish_grads %.1f ms/step\n",
                c->profile_steps, 100 * med(kn->hidden, kn->n), 100 * lo_of(kn->hidden, kn->n),
-               100 * hi_of(kn->hidden, kn->n), med(kn->ar_ms, kn->n), med(kn->backward_ms, kn->n),
-               med(kn->wait_ms, kn->n));
+               100 * hi_of(kn->hidden, kn->n), kn->buckets, med(kn->ar_ms, kn->n),
+               med(kn->backward_ms, kn->n), med(kn->wait_ms, kn->n));
 }
 
 static void print_json(const ddp_bench *b, const char *cpu) {
@@ -575,6 +579,7 @@ static void print_json(const ddp_bench *b, const char *cpu) {
     cJSON_AddNumberToObject(k, "allreduce_ms", med(kn->ar_ms, kn->n));
     cJSON_AddNumberToObject(k, "backward_ms", med(kn->backward_ms, kn->n));
     cJSON_AddNumberToObject(k, "finish_grads_ms", med(kn->wait_ms, kn->n));
+    cJSON_AddNumberToObject(k, "buckets", kn->buckets);
     if (b->peer && p1->n && pn->n) {
         double q1 = med(p1->img_s, p1->n), qn = med(pn->img_s, pn->n);
         cJSON *p = cJSON_AddObjectToObject(o, "peer");
