@@ -113,6 +113,8 @@ static const bench_entry benches[] = {
     {"dataparallel", kiln_bench_dataparallel,
      "DataParallel's load: peak memory and device time per device, loss gathered vs in the replicas",
      "it runs on the list given by --devices (default cuda:0,cuda:1)"},
+    {"ddp", kiln_bench_ddp, "DDP over mpirun processes vs PyTorch DDP (gloo): img/s, scaling, all-reduce hidden",
+     "it trains on CPU tensors over MPI, and NCCL is not built"},
 };
 
 /* --device given to a benchmark that has no device choice: 2, said. */
