@@ -218,10 +218,15 @@ static bool release_oversize(kiln_caching_allocator *a, int pool, kiln_alloc_str
     return released >= key;
 }
 
-/* Steps 2-5 of the ladder, after the best-fit lookup failed: a new
+/* Steps 2-6 of the ladder, after the best-fit lookup failed: a new
  * segment; then, with max_split_size, dropping cached oversize segments;
  * then waiting for every pending event and dropping every cached unsplit
- * segment. */
+ * segment; last, where the segment would have been bigger than the
+ * request (a large request under 10 MiB gets a 20 MiB segment), a segment
+ * of just the request. PyTorch stops before that last step, so under a
+ * limit of, say, 16 MiB it refuses any request over 1 MiB; Kiln then
+ * serves it as long as the request itself fits (a step that shrank its
+ * micro-batch after an out-of-memory can then run). */
 kiln_status kiln_alloc_block_obtain(kiln_caching_allocator *a, int pool, kiln_alloc_stream stream,
                                     size_t rounded, alloc_block **out, char *msg, size_t msg_size) {
     size_t seg_size = a->cfg.caching ? kiln_alloc_segment_size(rounded) : rounded;
@@ -237,6 +242,10 @@ kiln_status kiln_alloc_block_obtain(kiln_caching_allocator *a, int pool, kiln_al
     if (a->cfg.caching && (*out = kiln_alloc_pool_find(a, pool, stream, rounded)) != NULL) return KILN_OK;
     st = segment_alloc(a, seg_size, pool, stream, out);
     if (st != KILN_ERR_OUT_OF_MEMORY) return st;
+    if (seg_size > rounded) {
+        st = segment_alloc(a, rounded, pool, stream, out);
+        if (st != KILN_ERR_OUT_OF_MEMORY) return st;
+    }
     a->stats.num_ooms++;
     kiln_alloc_format_oom(a, seg_size, rounded, msg, msg_size);
     return st;

@@ -395,7 +395,13 @@ static void test_limits(void) {
     CHECK_EQ_I(d.n_alloc, 1); /* the limit refused before the device was asked */
     CHECK_OK(kiln_caching_allocator_set_fraction(a, 0.25)); /* 16 MiB < 30 MiB: wins */
     CHECK_EQ_I(stats_of(a).limit_bytes, 16 * MIB);
-    CHECK_FAILS(kiln_caching_allocator_malloc(a, 4 * MIB, 1, &q), KILN_ERR_OUT_OF_MEMORY, "limit 16.00 MiB");
+    /* 12 MiB reserved: a 20 MiB segment for 4 MiB would pass the limit, a
+     * segment of just the request does not (the ladder's last step). */
+    CHECK_OK(kiln_caching_allocator_malloc(a, 4 * MIB, 1, &q));
+    CHECK_EQ_I(stats_of(a).reserved_bytes[KILN_POOL_ALL].current, 16 * MIB);
+    CHECK_OK(kiln_caching_allocator_free(a, q));
+    void *r = NULL;
+    CHECK_FAILS(kiln_caching_allocator_malloc(a, 4 * MIB + 512, 1, &r), KILN_ERR_OUT_OF_MEMORY, "limit 16.00 MiB");
     CHECK_OK(kiln_caching_allocator_set_limit(a, 0));
     CHECK_EQ_I(stats_of(a).limit_bytes, 16 * MIB);
     CHECK_OK(kiln_caching_allocator_set_fraction(a, 0));
@@ -410,10 +416,17 @@ static void test_limits(void) {
     cfg.limit_bytes = 8 * MIB;
     a = make(&d, 64 * MIB, &cfg);
     p = NULL;
-    CHECK_FAILS(kiln_caching_allocator_malloc(a, 4 * MIB - 512, 1, &p), KILN_ERR_OUT_OF_MEMORY,
-                "tried to allocate 20.00 MiB"); /* the 20 MiB segment exceeds the 8 MiB limit */
-    CHECK(p == NULL);
+    /* The 20 MiB segment exceeds the 8 MiB limit, the request alone does
+     * not: it gets a segment of its own size. */
+    CHECK_OK(kiln_caching_allocator_malloc(a, 4 * MIB - 512, 1, &p));
+    CHECK_EQ_I(stats_of(a).reserved_bytes[KILN_POOL_ALL].current, 4 * MIB - 512);
+    CHECK_EQ_I(stats_of(a).num_ooms, 0);
+    void *big = NULL;
+    CHECK_FAILS(kiln_caching_allocator_malloc(a, 5 * MIB, 1, &big), KILN_ERR_OUT_OF_MEMORY,
+                "tried to allocate 20.00 MiB"); /* neither 20 MiB nor 5 MiB fits beside the 4 MiB */
+    CHECK(big == NULL);
     CHECK_EQ_I(stats_of(a).num_ooms, 1);
+    CHECK_OK(kiln_caching_allocator_free(a, p));
     p = alloc(a, MIB);
     CHECK(p != NULL); /* 2 MiB small segment fits */
     kiln_caching_allocator_destroy(a);
