@@ -162,7 +162,10 @@ tier_emu() {
   # The main job, shortened, on the emulated cuda:0 in f32 and f16 against
   # the CPU (tests/tools/train_device.sh), and on cuda:0 and cuda:1 with
   # --devices and --split (tests/tools/train_multi_device.sh).
-  run_ctest --test-dir "$d" -R '^tools/train_(multi_)?device$' --no-tests=error "${ctest_args[@]}" || return 1
+  # And the out-of-memory recovery on the emulated cuda:0 under a device
+  # limit (tests/tools/train_auto_batch.sh).
+  run_ctest --test-dir "$d" -R '^tools/train_((multi_)?device|auto_batch_cuda)$' --no-tests=error "${ctest_args[@]}" ||
+    return 1
 }
 
 # libFuzzer over the file parsers (tests/fuzz/): each target runs

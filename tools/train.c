@@ -424,7 +424,7 @@ static kiln_status train_step(train_run *r, epoch_state *e, int64_t *b) {
     if (*b) {
         kiln_range_push("step");
         st = kiln_optimizer_zero_grad(r->opt, true);
-        if (st == KILN_OK) st = train_amp_backward(r, x, y, &loss, &hits);
+        if (st == KILN_OK) st = train_oom_backward(r, x, y, &loss, &hits);
         if (st == KILN_OK) st = train_amp_step(r);
         if (st == KILN_OK) st = train_schedule_step(r);
         if (st == KILN_OK) st = accumulate(&e->win_loss, loss, e->carry ? &e->carry_loss : NULL);
@@ -574,7 +574,13 @@ static int check_output(train_run *r, const char *model) {
     kiln_grad_mode_end();
     kiln_module_train(r->net, true);
     int rc = 0;
-    if (!y) {
+    if (!y && kiln_error_last()->status == KILN_ERR_OUT_OF_MEMORY) {
+        rc = fail("model");
+        fprintf(stderr,
+                "kiln train: one %dx%dx%d image through the model (%s) does not fit in the memory it may use: a "
+                "smaller model, a larger KILN_ALLOC_CONF limit_mb, or a device with more memory\n",
+                r->info.channels, r->info.height, r->info.width, model);
+    } else if (!y) {
         rc = fail("model");
         fprintf(stderr, "kiln train: the model (%s) does not take the data's %dx%dx%d images\n", model,
                 r->info.channels, r->info.height, r->info.width);
@@ -733,6 +739,7 @@ static int setup(train_run *r) {
     }
     if ((rc = train_checkpoint_setup(r))) return rc;
     if ((rc = train_schedule_setup(r))) return rc;
+    if ((rc = train_oom_setup(r))) return rc;
     char dev[1024];
     train_devices_text(r, dev, sizeof dev);
     kiln_loader_stats ls;
@@ -750,6 +757,7 @@ static int setup(train_run *r) {
 }
 
 static void teardown(train_run *r) {
+    train_oom_teardown(r);
     if (r->monitoring) kiln_gpu_monitor_stop();
     if (r->profiling) kiln_profiler_stop();
     kiln_loader_free(r->train_ld);

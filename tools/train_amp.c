@@ -109,9 +109,9 @@ kiln_status train_amp_backward(train_run *r, kiln_tensor *x, kiln_tensor *y, kil
     /* The labels meet the output where it comes out (--split: the last stage). */
     kiln_status st = train_devices_labels(r, &y);
     if (st != KILN_OK) return st;
-    if (r->amp == KILN_F32) return kiln_accumulate_backward(r->net, x, y, r->a.accum, &r->loss_opts, loss, hits);
+    if (r->amp == KILN_F32) return kiln_accumulate_backward(r->net, x, y, r->accum_live, &r->loss_opts, loss, hits);
     if ((st = kiln_autocast_begin(r->dev.type, r->amp)) != KILN_OK) return st;
-    st = kiln_accumulate_backward_scaled(r->net, x, y, r->a.accum, &r->loss_opts, r->scaler, loss, hits);
+    st = kiln_accumulate_backward_scaled(r->net, x, y, r->accum_live, &r->loss_opts, r->scaler, loss, hits);
     kiln_status end = kiln_autocast_end();
     return st != KILN_OK ? st : end;
 }

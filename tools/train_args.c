@@ -57,6 +57,8 @@ static void usage(FILE *f) {
                "                     in N segments of its layers placed by measured memory; auto: the fewest\n"
                "                     segments whose measured step peak fits --memory-budget\n"
                "  --memory-budget SIZE  the step's memory budget for --checkpoint auto (2GiB, 512MiB, bytes)\n"
+               "  --no-auto-batch    stop at an out-of-memory in a step; by default the step runs again with\n"
+               "                     half the micro-batch (twice --accum: the same batch and math), said once\n"
                "Ctrl-C finishes the step, writes a checkpoint and exits 130.\n");
 }
 
@@ -86,6 +88,7 @@ int train_parse_args(int argc, char **argv, train_args *a) {
         else if (!strcmp(o, "--detect-leaks")) a->detect_leaks = true;
         else if (!strcmp(o, "--detect-anomaly")) a->detect_anomaly = true;
         else if (!strcmp(o, "--memory-history")) a->memory_history = true;
+        else if (!strcmp(o, "--no-auto-batch")) a->no_auto_batch = true;
         else if (strncmp(o, "--", 2) != 0) {
             fprintf(stderr, "kiln train: unexpected argument '%s' (kiln train --help)\n", o);
             return 2;

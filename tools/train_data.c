@@ -89,6 +89,38 @@ kiln_status train_make_loader(kiln_dataset *ds, kiln_device dev, int64_t batch, 
     return kiln_loader_create(ds, &o, out);
 }
 
+/* The batch's loss sum and correct count (scoped results) in chunks of
+ * `chunk` samples. */
+static kiln_status eval_batch(kiln_module *model, kiln_tensor *x, kiln_tensor *y, int64_t chunk, kiln_tensor **lsum,
+                              kiln_tensor **hsum) {
+    int64_t b = kiln_size(x, 0);
+    *lsum = *hsum = NULL;
+    for (int64_t start = 0; start < b; start += chunk) {
+        int64_t len = b - start < chunk ? b - start : chunk;
+        kiln_tensor *xs = len == b ? x : kiln_narrow(x, 0, start, len);
+        kiln_tensor *ys = len == b ? y : kiln_narrow(y, 0, start, len);
+        kiln_tensor *logits = xs && ys ? kiln_module_forward(model, xs) : NULL;
+        /* A model placed on several devices (kiln train --split) gives its
+         * output on its last stage's device: the labels go there. */
+        if (logits && !kiln_device_equal(kiln_get_device(logits), kiln_get_device(ys)))
+            ys = kiln_to(ys, kiln_get_device(logits), kiln_dtype_of(ys), 0);
+        kiln_tensor *l = logits && ys ? kiln_cross_entropy(logits, ys, NULL) : NULL;
+        kiln_tensor *lb = l ? kiln_mul_scalar(l, (double)len) : NULL;
+        kiln_tensor *am = lb ? kiln_argmax(logits, 1, false) : NULL;
+        kiln_tensor *eq = am ? kiln_eq(am, ys) : NULL;
+        kiln_tensor *n = eq ? kiln_sum(eq, 0, NULL, false) : NULL;
+        kiln_tensor *ns = !n ? NULL : *lsum ? kiln_add(*lsum, lb) : lb;
+        kiln_tensor *nh = !ns ? NULL : *hsum ? kiln_add(*hsum, n) : n;
+        if (!nh) return kiln_error_last()->status;
+        *lsum = ns, *hsum = nh;
+    }
+    return KILN_OK;
+}
+
+/* The evaluation survives out-of-memory as training does (train_oom.c):
+ * a batch that does not fit runs again in chunks of half the samples, and
+ * the chunk size stays for the batches after it. No state changes in an
+ * evaluation (no_grad, eval mode), so there is nothing to restore. */
 kiln_status train_evaluate(kiln_module *model, kiln_loader *ld, int64_t epoch, double *loss, double *acc,
                            int64_t *images) {
     kiln_module_train(model, false);
@@ -96,7 +128,7 @@ kiln_status train_evaluate(kiln_module *model, kiln_loader *ld, int64_t epoch, d
     kiln_status st = kiln_loader_epoch_begin(ld, epoch);
     /* Sums stay on the device; one read at the end. */
     kiln_tensor *loss_sum = NULL, *hits = NULL;
-    int64_t seen = 0;
+    int64_t seen = 0, chunk = INT64_MAX;
     while (st == KILN_OK) {
         kiln_scope_begin();
         kiln_tensor *x = NULL, *y = NULL;
@@ -106,22 +138,33 @@ kiln_status train_evaluate(kiln_module *model, kiln_loader *ld, int64_t epoch, d
             break;
         }
         int64_t b = kiln_size(x, 0);
-        kiln_tensor *logits = kiln_module_forward(model, x);
-        /* A model placed on several devices (kiln train --split) gives its
-         * output on its last stage's device: the labels go there. */
-        if (logits && !kiln_device_equal(kiln_get_device(logits), kiln_get_device(y)))
-            y = kiln_to(y, kiln_get_device(logits), kiln_dtype_of(y), 0);
-        kiln_tensor *l = logits && y ? kiln_cross_entropy(logits, y, NULL) : NULL;
-        kiln_tensor *lb = l ? kiln_mul_scalar(l, (double)b) : NULL;
-        kiln_tensor *am = lb ? kiln_argmax(logits, 1, false) : NULL;
-        kiln_tensor *eq = am ? kiln_eq(am, y) : NULL;
-        kiln_tensor *n = eq ? kiln_sum(eq, 0, NULL, false) : NULL;
+        kiln_tensor *lb = NULL, *n = NULL;
+        for (;;) {
+            kiln_scope_begin();
+            st = eval_batch(model, x, y, chunk < b ? chunk : b, &lb, &n);
+            if (st == KILN_OK) {
+                kiln_keep(lb), kiln_keep(n);
+                kiln_scope_end();
+                break;
+            }
+            kiln_scope_end();
+            int64_t was = chunk < b ? chunk : b;
+            if (st != KILN_ERR_OUT_OF_MEMORY || was <= 1) break;
+            chunk = (was + 1) / 2;
+            fprintf(stderr, "kiln: evaluation: out of memory at %lld samples at once (%s); evaluating in chunks of "
+                            "%lld\n",
+                    (long long)was, kiln_error_message(), (long long)chunk);
+            kiln_device dev = kiln_get_device(x);
+            if ((st = kiln_empty_cache(dev)) != KILN_OK) break;
+        }
         /* Each running sum is a scoped result moved out of the scope. */
-        kiln_tensor *ns = !n ? NULL : loss_sum ? kiln_add(loss_sum, lb) : lb;
-        kiln_tensor *nh = !ns ? NULL : hits ? kiln_add(hits, n) : n;
-        if (!nh) st = kiln_error_last()->status;
+        kiln_tensor *ns = st != KILN_OK ? NULL : loss_sum ? kiln_add(loss_sum, lb) : kiln_retain(lb);
+        kiln_tensor *nh = !ns ? NULL : hits ? kiln_add(hits, n) : kiln_retain(n);
+        if (st == KILN_OK && !nh) st = kiln_error_last()->status;
         if (ns) kiln_keep(ns);
         if (nh) kiln_keep(nh);
+        kiln_release(lb);
+        kiln_release(n);
         kiln_release(loss_sum);
         kiln_release(hits);
         loss_sum = ns, hits = nh;

@@ -40,6 +40,7 @@ typedef struct train_args {
     double lr;
     uint64_t seed;
     bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly, memory_history;
+    bool no_auto_batch; /* --no-auto-batch: an out-of-memory in a step ends the run (train_oom.c) */
     const char *model, *data, *out, *resume;
     const char *device; /* --device (default: KILN_DEVICE, else kiln_default_device) */
     const char *devices; /* --devices LIST: DataParallel (train_devices.c) */
@@ -92,6 +93,8 @@ typedef struct train_run {
     double train_s;           /* the training loops so far (train_s in the summary) */
     kiln_dtype amp;           /* the autocast dtype, KILN_F32 when mixed precision is off */
     kiln_grad_scaler *scaler; /* with amp (disabled for bf16, which needs no loss scaling) */
+    int accum_live;                /* the micro-batches a step runs in: --accum, doubled by train_oom.c */
+    kiln_step_snapshot *snapshot;  /* what a failed step's retry restores (NULL: --no-auto-batch) */
 } train_run;
 
 /* The command line into *a (train_args.c): 0 ok, 2 usage error (printed),
@@ -143,6 +146,13 @@ double train_amp_scale(train_run *r);
 int64_t train_amp_skipped(const train_run *r);
 
 
+/* Out-of-memory recovery (train_oom.c): the snapshot made (an exit code)
+ * and freed; the forward/backward half of a step (train_amp_backward)
+ * run again with half the micro-batch after an out-of-memory, until it
+ * fits or one sample does not. */
+int train_oom_setup(train_run *r);
+void train_oom_teardown(train_run *r);
+kiln_status train_oom_backward(train_run *r, kiln_tensor *x, kiln_tensor *y, kiln_tensor **loss, kiln_tensor **hits);
 /* Several devices (train_devices.c): --device, --devices, --split and
  * --micro-batches checked against each other and parsed into r->dev and
  * r->devices (after the resumed configuration is applied; 0, or 2 with a
