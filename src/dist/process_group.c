@@ -150,8 +150,6 @@ static kiln_status wanted_world(const kiln_dist_init_opts *opts, int *want) {
 static kiln_status launch_error(int want, int started, const char *command) {
     char own[512];
     if (!command) own_command(own, sizeof own), command = own;
-    const char *hint = "add --oversubscribe for more ranks than cores; as root set OMPI_ALLOW_RUN_AS_ROOT=1 "
-                       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1";
 #if !KILN_WITH_MPI
     (void)started;
     return KILN_RAISE(
@@ -160,6 +158,8 @@ static kiln_status launch_error(int want, int started, const char *command) {
         "and runs a world of 1 only; rebuilt with MPI, start it as: mpirun -np %d %s",
         want, want, command);
 #else
+    const char *hint = "add --oversubscribe for more ranks than cores; as root set OMPI_ALLOW_RUN_AS_ROOT=1 "
+                       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1";
     if (started < 0)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, hint,
                           "kiln_dist_init: %d ranks were asked for, but no launcher started this process "

@@ -11,7 +11,18 @@
 #include <stdlib.h>
 
 #include "kiln/dist.h"
+#include "kiln_config.h"
 #include "test_util.h"
+
+/* A build without MPI refuses the same requests as unsupported, with the
+ * same launch command after the rebuild option. */
+#if KILN_WITH_MPI
+#define LAUNCH_REFUSED KILN_ERR_INVALID_ARGUMENT
+#define NO_LAUNCHER    "no launcher started this process"
+#else
+#define LAUNCH_REFUSED KILN_ERR_UNSUPPORTED
+#define NO_LAUNCHER    "this build has no MPI (KILN_WITH_MPI=OFF)"
+#endif
 
 /* Init with opts, expect a world of `expect`, shut down. */
 static void joins(const kiln_dist_init_opts *opts, int expect) {
@@ -21,29 +32,35 @@ static void joins(const kiln_dist_init_opts *opts, int expect) {
     CHECK_OK(kiln_dist_shutdown());
 }
 
-static void refused(const kiln_dist_init_opts *opts, const char *needle) {
+static void refused_as(const kiln_dist_init_opts *opts, kiln_status status, const char *needle) {
     kiln_dist_group *w = (kiln_dist_group *)&w;
-    CHECK_FAILS(kiln_dist_init_with(opts, &w), KILN_ERR_INVALID_ARGUMENT, needle);
+    CHECK_FAILS(kiln_dist_init_with(opts, &w), status, needle);
     CHECK(w == NULL);
+}
+
+/* A launch request refused: the status depends on the build. */
+static void refused(const kiln_dist_init_opts *opts, const char *needle) {
+    refused_as(opts, LAUNCH_REFUSED, needle);
 }
 
 static void singleton(void) {
     /* The command line shown is this process's own (/proc/self/cmdline). */
-    refused(&(kiln_dist_init_opts){.world_size = 4}, "no launcher started this process");
+    refused(&(kiln_dist_init_opts){.world_size = 4}, NO_LAUNCHER);
     refused(&(kiln_dist_init_opts){.world_size = 4}, "start it as: mpirun -np 4 ");
     refused(&(kiln_dist_init_opts){.world_size = 4}, "test_dist_launch");
     refused(&(kiln_dist_init_opts){.world_size = 2, .command = "kiln train --world 2 --epochs 3"},
             "start it as: mpirun -np 2 kiln train --world 2 --epochs 3");
-    refused(&(kiln_dist_init_opts){.world_size = -1}, "world_size -1 is negative");
+    refused_as(&(kiln_dist_init_opts){.world_size = -1}, KILN_ERR_INVALID_ARGUMENT,
+               "world_size -1 is negative");
     CHECK(setenv("KILN_WORLD_SIZE", "3", 1) == 0);
     refused(NULL, "3 ranks were asked for");
     refused(NULL, "mpirun -np 3 ");
     /* opts->world_size takes precedence over the variable. */
     joins(&(kiln_dist_init_opts){.world_size = 1}, 1);
     CHECK(setenv("KILN_WORLD_SIZE", "zero", 1) == 0);
-    refused(NULL, "KILN_WORLD_SIZE='zero' is not a rank count");
+    refused_as(NULL, KILN_ERR_INVALID_ARGUMENT, "KILN_WORLD_SIZE='zero' is not a rank count");
     CHECK(setenv("KILN_WORLD_SIZE", "0", 1) == 0);
-    refused(NULL, "KILN_WORLD_SIZE='0' is not a rank count");
+    refused_as(NULL, KILN_ERR_INVALID_ARGUMENT, "KILN_WORLD_SIZE='0' is not a rank count");
     CHECK(setenv("KILN_WORLD_SIZE", "1", 1) == 0);
     joins(NULL, 1);
     CHECK(unsetenv("KILN_WORLD_SIZE") == 0);
