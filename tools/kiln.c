@@ -10,6 +10,7 @@
 #include "diag_commands.h"
 #include "kiln/kiln.h"
 #include "ops/op_registry.h"
+#include "plan_command.h"
 #include "report.h"
 #include "train.h"
 
@@ -154,6 +155,7 @@ static void usage(FILE *f) {
             "  train [opts]    train a model spec on Fashion-MNIST (kiln train --help)\n"
             "  eval --checkpoint FILE   test accuracy and loss of a checkpoint (kiln eval --help)\n"
             "  export --checkpoint FILE --out DIR   weights + model spec for inference\n"
+            "  plan [opts]     a training step's peak memory, before it runs (kiln plan --help)\n"
             "  bench NAME      run a benchmark (kiln bench --list)\n"
             "  ops             the op list as a markdown table (docs/ops.md)\n"
             "  smi [--watch S] GPU utilisation, memory, power (host CPU/RSS of kiln without a GPU)\n"
@@ -191,6 +193,7 @@ int main(int argc, char **argv) {
     else if (strcmp(cmd, "train") == 0) rc = kiln_cmd_train(argc - 2, argv + 2);
     else if (strcmp(cmd, "eval") == 0) rc = kiln_cmd_eval(argc - 2, argv + 2);
     else if (strcmp(cmd, "export") == 0) rc = kiln_cmd_export(argc - 2, argv + 2);
+    else if (strcmp(cmd, "plan") == 0) rc = kiln_cmd_plan(argc - 2, argv + 2);
     else if (strcmp(cmd, "bench") == 0) rc = cmd_bench(argc - 2, argv + 2);
     else if (strcmp(cmd, "smi") == 0) rc = kiln_cmd_smi(argc - 2, argv + 2);
     else if (strcmp(cmd, "memory") == 0) rc = kiln_cmd_memory(argc - 2, argv + 2);

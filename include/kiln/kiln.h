@@ -17,6 +17,7 @@
 #include "kiln/diag.h"
 #include "kiln/io.h"
 #include "kiln/dist.h"
+#include "kiln/plan.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -27,6 +27,12 @@ static _Thread_local const char *current_op;
 
 const char *kiln_dispatch_current_op(void) { return current_op; }
 
+/* What the dispatcher is allocating besides outputs, for the memory
+ * history's context (kiln_plan's breakdown). */
+static _Thread_local kiln_dispatch_alloc_kind alloc_kind;
+
+kiln_dispatch_alloc_kind kiln_dispatch_allocating(void) { return alloc_kind; }
+
 void kiln_dispatch_set_observer(const kiln_op_observer *o) {
     if (o) observer = *o;
     else memset(&observer, 0, sizeof observer);
@@ -153,7 +159,7 @@ typedef struct kernel_choice {
 
 static kiln_status choose_kernel(kiln_op_call *c, const kiln_meta *meta, kernel_choice *ch) {
     bool on_meta = c->device.type == KILN_DEVICE_META;
-    kiln_device_type type = on_meta ? KILN_DEVICE_CPU : c->device.type;
+    kiln_device_type type = on_meta ? kiln_meta_kernels() : c->device.type;
     kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
     kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
     build_args(c, meta, on_meta, &args);
@@ -171,8 +177,9 @@ static kiln_status choose_kernel(kiln_op_call *c, const kiln_meta *meta, kernel_
             ch->k = kiln_ops_select_kernel(type, c->op, dt, &args, &ch->fast);
         }
     }
-    /* Meta gives its results the layouts the CPU would, so a planned step
-     * allocates (and converts) as the real one does. */
+    /* Meta gives its results the layouts the device it stands for would
+     * (kiln_meta_kernels), so a planned step allocates (and converts) as the
+     * real one does. */
     if (ch->k && ch->k->layout) ch->k->layout(&args, ch->out_layout);
     return KILN_OK;
 }
@@ -201,7 +208,10 @@ static kiln_status prepare_input(kiln_op_call *c, const kiln_op_kernel *k, kiln_
     if (p.input < 0 || p.input >= c->n_in || !c->in[p.input] || !p.bytes) return KILN_OK;
     fill_ctx f = {k, args};
     void *copy = NULL;
-    KILN_TRY(kiln_tensor_prepared(c->in[p.input], p.key, p.bytes, on_meta ? fill_nothing : fill_prepared, &f, &copy));
+    alloc_kind = KILN_DISPATCH_ALLOC_PREPARED;
+    kiln_status st = kiln_tensor_prepared(c->in[p.input], p.key, p.bytes, on_meta ? fill_nothing : fill_prepared, &f, &copy);
+    alloc_kind = KILN_DISPATCH_ALLOC_OUTPUT;
+    KILN_TRY(st);
     if (on_meta) return KILN_OK;
     args->prepared = copy;
     return KILN_OK;
@@ -211,12 +221,13 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kern
     const kiln_op_info *info = c->info;
     kiln_dtype dt = c->n_out ? meta[0].dtype : KILN_F32;
     /* Meta runs no kernel, but it allocates (simulated) the workspace the
-     * CPU kernel would ask for, so a planned step's peak counts it too. */
+     * kernel it stands for would ask for, so a planned step's peak counts it
+     * too. */
     bool on_meta = c->device.type == KILN_DEVICE_META;
     kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
     build_args(c, meta, on_meta, &args);
     const kiln_op_kernel *k = ch->k;
-    /* Meta allocates (simulated) the prepared copies the CPU kernel keeps. */
+    /* Meta allocates (simulated) the prepared copies that kernel keeps. */
     if (on_meta && k && k->prepare && k->fill && (k->dtypes & KILN_DT(dt))) KILN_TRY(prepare_input(c, k, &args, true));
     if (on_meta && (!k || !k->workspace || !(k->dtypes & KILN_DT(dt)))) return KILN_OK;
     char dev[32];
@@ -229,8 +240,12 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kern
                           "kiln_%s: the %s kernel does not support dtype %s", info->name, dev, kiln_dtype_name(dt));
     if (!on_meta) KILN_TRY(kiln_tensor_kernel_stream(c->device, &args.stream));
     if (k->workspace) args.workspace_bytes = k->workspace(&args);
-    if (args.workspace_bytes)
-        KILN_TRY(kiln_memory_alloc(c->device, args.workspace_bytes, NULL, &args.workspace));
+    if (args.workspace_bytes) {
+        alloc_kind = KILN_DISPATCH_ALLOC_WORKSPACE;
+        kiln_status ws = kiln_memory_alloc(c->device, args.workspace_bytes, NULL, &args.workspace);
+        alloc_kind = KILN_DISPATCH_ALLOC_OUTPUT;
+        KILN_TRY(ws);
+    }
     kiln_status st = KILN_OK;
     if (!on_meta && k->prepare && k->fill) st = prepare_input(c, k, &args, false);
     if (!st && !on_meta) {

@@ -6,7 +6,7 @@
 #include "runtime/caching_allocator.h"
 #include "tensor/scope.h"
 
-static void memory_context(kiln_alloc_context *out) {
+void kiln_memory_context_fill(kiln_alloc_context *out) {
     int line = 0;
     const char *file = kiln_site_get(&line);
     out->op = kiln_dispatch_current_op();
@@ -14,4 +14,4 @@ static void memory_context(kiln_alloc_context *out) {
     out->line = line;
 }
 
-void kiln_memory_context_register(void) { kiln_alloc_set_context_provider(memory_context); }
+void kiln_memory_context_register(void) { kiln_alloc_set_context_provider(kiln_memory_context_fill); }

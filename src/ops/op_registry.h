@@ -180,9 +180,21 @@ void kiln_dispatch_range_pop(void);
 
 /* The name of the innermost op this thread is dispatching, or NULL. */
 const char *kiln_dispatch_current_op(void);
+/* What the dispatcher of this thread is allocating: an op's outputs (or
+ * nothing), a kernel's workspace, or a kernel's prepared copy of an input. */
+typedef enum kiln_dispatch_alloc_kind {
+    KILN_DISPATCH_ALLOC_OUTPUT = 0,
+    KILN_DISPATCH_ALLOC_WORKSPACE,
+    KILN_DISPATCH_ALLOC_PREPARED,
+} kiln_dispatch_alloc_kind;
+kiln_dispatch_alloc_kind kiln_dispatch_allocating(void);
 /* Register the memory history's context provider (the op above and the
  * user's call site); kiln_init calls it. memory_context.c. */
 void kiln_memory_context_register(void);
+/* The context that provider gives (the op and the user's line), for a
+ * provider that adds to it (kiln_plan's). */
+struct kiln_alloc_context;
+void kiln_memory_context_fill(struct kiln_alloc_context *out);
 
 /* Run op: n_in inputs (NULL allowed where the op says optional), attrs.
  * On success out[0..n_out) are new references (never scope-registered:

@@ -273,7 +273,10 @@ kiln_status kiln_grad_scaler_step(kiln_grad_scaler *s, kiln_optimizer *opt, bool
     opt_record *r = NULL;
     kiln_status st = unscale_body(s, opt, "kiln_grad_scaler_step", &r);
     double found = 0;
-    if (!st) st = kiln_item(r->found, &found); /* the step's one host synchronisation */
+    /* A planned step (meta: no values) finds no inf and steps, as a step
+     * that succeeds does: the optimizer's state is part of its memory. */
+    if (!st && kiln_get_device(r->found).type != KILN_DEVICE_META)
+        st = kiln_item(r->found, &found); /* the step's one host synchronisation */
     if (!st) {
         r->stage = STAGE_STEPPED;
         if (found == 0) st = kiln_optimizer_step(opt);

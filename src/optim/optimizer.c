@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "kernels/optim_kernels.h"
 #include "optim/optim_internal.h"
+#include "runtime/runtime_internal.h"
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
 
@@ -216,7 +217,7 @@ static const kiln_optim_kernels *fused_for(kiln_tensor *const *t, int n) {
     /* Meta plans the step a real device runs: it takes the fused path too
      * (allocating nothing, as the kernels do) and launches nothing. */
     const kiln_optim_kernels *k =
-        kiln_optim_kernels_for(dev.type == KILN_DEVICE_META ? KILN_DEVICE_CPU : dev.type);
+        kiln_optim_kernels_for(dev.type == KILN_DEVICE_META ? kiln_meta_kernels() : dev.type);
     if (!k || !(k->dtypes & (1u << dt))) return NULL;
     int64_t numel = kiln_numel(t[0]);
     for (int i = 0; i < n; i++) {

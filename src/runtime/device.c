@@ -22,6 +22,18 @@ static _Thread_local struct {
     kiln_device device;
 } tls_current;
 
+/* Per-thread: whose kernels (and so workspaces, layouts and prepared
+ * copies) a meta op stands for. The CPU's unless a planned step models a
+ * CUDA device (src/plan). */
+static _Thread_local kiln_device_type tls_meta_kernels = KILN_DEVICE_CPU;
+
+void kiln_meta_kernels_set(kiln_device_type type) {
+    KILN_ASSERT(type == KILN_DEVICE_CPU || type == KILN_DEVICE_CUDA);
+    tls_meta_kernels = type;
+}
+
+kiln_device_type kiln_meta_kernels(void) { return tls_meta_kernels; }
+
 void kiln_backend_register(const kiln_backend *backend) {
     KILN_ASSERT(backend && (unsigned)backend->type < KILN_DEVICE_TYPE_COUNT);
     atomic_store(&backends[backend->type], backend);

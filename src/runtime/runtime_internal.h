@@ -17,6 +17,12 @@ kiln_status kiln_runtime_copy(kiln_device dst_device, void *dst, kiln_device src
                               const void *src, size_t bytes, kiln_stream *stream,
                               bool non_blocking);
 
+/* Which device type's kernels a meta op on this thread stands for: its
+ * kernel choice, workspace, output layouts and prepared copies (cpu by
+ * default; cuda while kiln_plan models a CUDA device). Per thread. */
+void kiln_meta_kernels_set(kiln_device_type type);
+kiln_device_type kiln_meta_kernels(void);
+
 /* The caching allocator of `device`, created on first use. NULL with an
  * error if the device is unavailable. */
 kiln_caching_allocator *kiln_device_allocator(kiln_device device);

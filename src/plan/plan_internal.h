@@ -1,0 +1,48 @@
+/* The planner's pieces (include/kiln/plan.h): the step shared by the plan
+ * and the measurement (plan_step.c), and the breakdown read from the meta
+ * allocator's memory history (plan_breakdown.c). */
+#ifndef KILN_SRC_PLAN_PLAN_INTERNAL_H
+#define KILN_SRC_PLAN_PLAN_INTERNAL_H
+
+#include "kiln/kiln.h"
+
+/* What the step is doing, for the memory history's context of its
+ * allocations on the planning thread (plan_breakdown.c's provider). */
+typedef enum plan_phase {
+    PLAN_PHASE_NONE = 0, /* not planning: the ops layer's context */
+    PLAN_PHASE_SETUP,    /* model, optimizer, segment placement */
+    PLAN_PHASE_BATCH,    /* the loader's buffers */
+    PLAN_PHASE_STEP,     /* forward / backward, told apart by the autograd engine */
+    PLAN_PHASE_OPTIMIZER,
+} plan_phase;
+void plan_phase_set(plan_phase phase);
+
+/* Addresses the breakdown sorts blocks by. */
+typedef struct plan_addrs {
+    uintptr_t *a;
+    int n, cap;
+} plan_addrs;
+kiln_status plan_addrs_add(plan_addrs *s, const kiln_tensor *t);
+void plan_addrs_free(plan_addrs *s);
+
+/* The step run on `run_on` (meta for a plan, the real device for a
+ * measurement). For a plan, `batch_stream` is the meta stream the CPU's
+ * pinned batch is simulated on (so it never shares the device's pools) and
+ * pinned[2] the batch's pinned sizes; the sets are filled after the step. */
+typedef struct plan_sets {
+    plan_addrs grads, optimizer_state, batch;
+    uint64_t batch_stream; /* the CPU plan's pinned batch's meta stream (kiln_stream_id), else 0 */
+} plan_sets;
+
+/* Start the context provider and the meta history (plan), stop them. */
+kiln_status plan_breakdown_begin(void);
+void plan_breakdown_end(void);
+/* Read meta's history and fill mem's peaks, phase, op and parts; what
+ * happened on the meta stream `excluded_stream` (the CPU plan's pinned
+ * batch; 0: none) is left out of the device's numbers. */
+kiln_status plan_breakdown_read(const plan_sets *sets, uint64_t excluded_stream, kiln_plan_memory *mem);
+
+/* Run the step (the real one when measure is true). */
+kiln_status plan_run(const kiln_plan_opts *o, bool measure, kiln_plan *out);
+
+#endif
