@@ -227,9 +227,7 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kern
     kiln_op_args args = {.n_in = c->n_in, .n_out = c->n_out, .attrs = c->attrs};
     build_args(c, meta, on_meta, &args);
     const kiln_op_kernel *k = ch->k;
-    /* Meta allocates (simulated) the prepared copies that kernel keeps. */
-    if (on_meta && k && k->prepare && k->fill && (k->dtypes & KILN_DT(dt))) KILN_TRY(prepare_input(c, k, &args, true));
-    if (on_meta && (!k || !k->workspace || !(k->dtypes & KILN_DT(dt)))) return KILN_OK;
+    if (on_meta && (!k || !(k->dtypes & KILN_DT(dt)))) return KILN_OK;
     char dev[32];
     kiln_device_str(c->device, dev, sizeof dev);
     if (!k)
@@ -246,8 +244,10 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kern
         alloc_kind = KILN_DISPATCH_ALLOC_OUTPUT;
         KILN_TRY(ws);
     }
+    /* Meta allocates (simulated) the prepared copies that kernel keeps, in
+     * the real order: after the workspace. */
     kiln_status st = KILN_OK;
-    if (!on_meta && k->prepare && k->fill) st = prepare_input(c, k, &args, false);
+    if (k->prepare && k->fill) st = prepare_input(c, k, &args, on_meta);
     if (!st && !on_meta) {
         kiln_counter_add(KILN_COUNTER_KERNEL_LAUNCHES, 1);
         if (ch->fast) kiln_ops_count_fast_run(c->op);
