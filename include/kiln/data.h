@@ -235,6 +235,26 @@ kiln_status kiln_loader_epoch_begin(kiln_loader *loader, int64_t epoch);
  * is gone and any copy queued from them has finished. A worker's error
  * (a dataset read failing) is returned for the batch it concerns. */
 kiln_status kiln_loader_next(kiln_loader *loader, kiln_tensor **x, kiln_tensor **y);
+/* The order a loader over n samples visits in `epoch`: 0..n-1, or with
+ * shuffle the permutation keyed by (seed, epoch) that kiln_loader makes
+ * (Fisher-Yates over a Philox stream; the same on every machine). `out`
+ * holds n entries. Pure and thread-safe; does not block. The distributed
+ * sampler (kiln/dist.h) shards this order, so ranks together visit what
+ * one process's loader would. */
+void kiln_loader_permutation(int64_t n, bool shuffle, uint64_t seed, int64_t epoch, int64_t *out);
+/* Make the loader's epochs visit the dataset samples indices[0..count) in
+ * that order (a sampler's choice: one rank's shard, a subset, repeats
+ * allowed), in batches of batch_size (the last one ragged unless
+ * drop_last), instead of the whole dataset in the loader's own order;
+ * opts.shuffle no longer applies (the list is the order), while the random
+ * transforms stay keyed by (seed, epoch, index). The list is copied. An
+ * epoch in progress is abandoned (as by kiln_loader_epoch_begin): call
+ * kiln_loader_epoch_begin next; the list stays for every later epoch until
+ * changed. kiln_loader_num_batches counts it at once. indices NULL with
+ * count 0: the whole dataset again. Errors: an index outside the dataset
+ * (named with its position), count < 0. Waits only for workers to finish
+ * the batch each is making. */
+kiln_status kiln_loader_set_indices(kiln_loader *loader, const int64_t *indices, int64_t count);
 /* Statistics of the current epoch. Does not block on workers. */
 kiln_status kiln_loader_stats_get(const kiln_loader *loader, kiln_loader_stats *out);
 /* Number of batches an epoch yields. */

@@ -242,14 +242,32 @@ int kiln_ddp_bucket_of(const kiln_ddp *d, int param_index);
 /* The dataset indices rank `rank` of `world` visits in `epoch`
  * (PyTorch's DistributedSampler). The epoch's order is 0..n-1, or with
  * shuffle the permutation keyed by (seed, epoch) -- the same on every rank
- * for the same seed. Without drop_last it is padded by repeating its first
- * indices up to a multiple of world (every rank gets ceil(n / world)); with
+ * for the same seed, and kiln_loader's (kiln_loader_permutation). Without
+ * drop_last it is padded by repeating its first indices up to a multiple
+ * of world (every rank gets ceil(n / world)); with
  * drop_last the tail is dropped (floor(n / world) each). Rank r takes the
  * positions r, r + world, r + 2 world, ...: the ranks' shares are disjoint
  * apart from the padding. *out is a malloc'd array of *count indices the
  * caller frees with free() (NULL when *count is 0). Does not block. */
 kiln_status kiln_dist_sampler_indices(int64_t n, int world, int rank, int64_t epoch, uint64_t seed,
                                       bool shuffle, bool drop_last, int64_t **out, int64_t *count);
+/* Rank `rank`'s share of an epoch trained with a global batch of `batch`
+ * samples over `world` ranks (kiln train under mpirun). The epoch's order
+ * (as kiln_dist_sampler_indices: kiln_loader_permutation, padded to a
+ * multiple of world by repeating its first indices -- and further, up to
+ * world positions in the last batch when batch is not a multiple of world,
+ * so that every rank has a sample in every batch) is cut into global
+ * batches of `batch`; rank r takes positions r, r + world, ... of each.
+ * Loaded in batches of ceil((batch - rank) / world) (this rank's share of
+ * a full batch), the rank's k-th batch is its part of global batch k, and
+ * every rank has the same number of batches. When batch is a multiple of
+ * world the result is kiln_dist_sampler_indices's (no drop_last): the
+ * same shard. batch must be at least world. *out (malloc'd, *count
+ * entries) is the caller's to free(); *padded (NULL: not wanted) gets the
+ * epoch's positions over all ranks after padding. Does not block. */
+kiln_status kiln_dist_sampler_batch_indices(int64_t n, int world, int rank, int64_t batch, int64_t epoch,
+                                            uint64_t seed, bool shuffle, int64_t **out, int64_t *count,
+                                            int64_t *padded);
 
 #ifdef __cplusplus
 }

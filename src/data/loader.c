@@ -49,6 +49,8 @@ struct kiln_loader {
     kiln_sample_info info;
     size_t sample_floats; /* C * H * W */
     int64_t length;       /* dataset length */
+    int64_t n_order;      /* samples an epoch visits: length, or the index list's count */
+    bool use_list;        /* kiln_loader_set_indices: perm holds the caller's list */
     int64_t num_batches;
     int num_workers;
     int window; /* ring size: batches in flight at most */
@@ -67,7 +69,8 @@ struct kiln_loader {
     bool active;
     uint64_t generation;
     int64_t epoch;
-    int64_t *perm; /* (length) sample order of this epoch */
+    int64_t *perm; /* (n_order) sample order of this epoch: the permutation, or the caller's list */
+    int64_t perm_cap; /* entries perm has room for */
     int64_t next_claim, next_deliver;
     int busy;
     ring_slot *ring; /* (window) */
@@ -173,7 +176,7 @@ static kiln_status fill_batch(kiln_loader *l, loader_buffer *b, const int64_t *p
 }
 
 static int64_t batch_rows(const kiln_loader *l, int64_t batch) {
-    int64_t left = l->length - batch * l->opts.batch_size;
+    int64_t left = l->n_order - batch * l->opts.batch_size;
     return left < l->opts.batch_size ? left : l->opts.batch_size;
 }
 
@@ -369,7 +372,7 @@ static kiln_status loader_init(kiln_loader *l, kiln_dataset *ds, const kiln_load
     l->info = kiln_dataset_info(ds);
     KILN_TRY(check_opts(&l->opts, l->info));
     l->sample_floats = (size_t)l->info.channels * (size_t)l->info.height * (size_t)l->info.width;
-    l->length = kiln_dataset_length(ds);
+    l->length = l->n_order = l->perm_cap = kiln_dataset_length(ds);
     int64_t B = l->opts.batch_size;
     l->num_batches = l->opts.drop_last ? l->length / B : (l->length + B - 1) / B;
     if (want_on_device(l)) {
@@ -423,15 +426,17 @@ kiln_status kiln_loader_create(kiln_dataset *dataset, const kiln_loader_opts *op
 
 /* Fisher-Yates over words of the stream keyed by (seed, "PERM", epoch):
  * the same order on every machine and for every worker count. */
-static void make_permutation(int64_t *perm, int64_t n, bool shuffle, uint64_t seed, int64_t epoch) {
+void kiln_loader_permutation(int64_t n, bool shuffle, uint64_t seed, int64_t epoch, int64_t *perm) {
     for (int64_t i = 0; i < n; i++) perm[i] = i;
-    if (!shuffle) return;
+    if (!shuffle || n < 2) return;
     kiln_rng r = kiln_rng_split(kiln_rng_split(kiln_rng_make(seed), PERM_TAG), (uint64_t)epoch);
     kiln_rng_shuffle(&r, perm, n);
 }
 
-kiln_status kiln_loader_epoch_begin(kiln_loader *l, int64_t epoch) {
-    if (!l) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_loader_epoch_begin: loader is NULL");
+/* Abandon the epoch in progress: no worker is busy or can claim when this
+ * returns, and the ring holds nothing (kiln_loader_epoch_begin and
+ * kiln_loader_set_indices, which both rewrite the epoch state). */
+static void epoch_stop(kiln_loader *l) {
     pthread_mutex_lock(&l->mu);
     l->active = false;
     l->generation++;
@@ -444,9 +449,53 @@ kiln_status kiln_loader_epoch_begin(kiln_loader *l, int64_t epoch) {
     }
     pthread_mutex_unlock(&l->mu);
     if (l->prefetcher) loader_prefetch_discard(l->prefetcher);
+}
+
+static kiln_status check_indices(const kiln_loader *l, const int64_t *indices, int64_t count) {
+    if (count < 0 || (count > 0 && !indices))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass count >= 0 entries (NULL and 0: the whole dataset)",
+                          "kiln_loader_set_indices: count %lld with indices %s", (long long)count,
+                          indices ? "given" : "NULL");
+    if (count > ((int64_t)1 << 40))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give at most 2^40 indices",
+                          "kiln_loader_set_indices: count %lld is out of range", (long long)count);
+    for (int64_t i = 0; i < count; i++)
+        if (indices[i] < 0 || indices[i] >= l->length)
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass indices of this loader's dataset",
+                              "kiln_loader_set_indices: entry %lld is %lld, outside the dataset's [0, %lld)",
+                              (long long)i, (long long)indices[i], (long long)l->length);
+    return KILN_OK;
+}
+
+kiln_status kiln_loader_set_indices(kiln_loader *l, const int64_t *indices, int64_t count) {
+    if (!l) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_loader_set_indices: loader is NULL");
+    KILN_TRY(check_indices(l, indices, count));
+    epoch_stop(l);
+    bool list = indices != NULL;
+    int64_t n = list ? count : l->length;
+    if (n > l->perm_cap) {
+        int64_t *grown = KILN_MALLOC((size_t)n * sizeof *grown);
+        if (!grown) return KILN_ERR_OUT_OF_MEMORY;
+        free(l->perm);
+        l->perm = grown;
+        l->perm_cap = n;
+    }
+    if (list && count > 0) memcpy(l->perm, indices, (size_t)count * sizeof *indices);
+    int64_t B = l->opts.batch_size;
+    pthread_mutex_lock(&l->mu);
+    l->use_list = list;
+    l->n_order = n;
+    l->num_batches = l->opts.drop_last ? n / B : (n + B - 1) / B;
+    pthread_mutex_unlock(&l->mu);
+    return KILN_OK;
+}
+
+kiln_status kiln_loader_epoch_begin(kiln_loader *l, int64_t epoch) {
+    if (!l) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_loader_epoch_begin: loader is NULL");
+    epoch_stop(l);
     /* No worker reads the epoch state now: none is busy and none can claim
-     * while `active` is false. */
-    make_permutation(l->perm, l->length, l->opts.shuffle, l->opts.seed, epoch);
+     * while `active` is false. The caller's list is the order as given. */
+    if (!l->use_list) kiln_loader_permutation(l->length, l->opts.shuffle, l->opts.seed, epoch, l->perm);
     pthread_mutex_lock(&l->mu);
     l->epoch = epoch;
     l->next_claim = l->next_deliver = 0;

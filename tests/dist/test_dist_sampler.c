@@ -92,11 +92,63 @@ static void test_errors(void) {
                 KILN_ERR_INVALID_ARGUMENT, "world of 0");
 }
 
+/* kiln train's shards (kiln_dist_sampler_batch_indices): global batch k of
+ * the padded order is the union of the ranks' k-th batches, read in
+ * batches of ceil((B - r) / W); every rank counts the same batches with at
+ * least one sample each; with B a multiple of W it is the plain shard; the
+ * order is kiln_loader's. */
+static void check_batches(int64_t n, int world, int64_t B, uint64_t seed) {
+    int64_t *mine[8], count[8], padded = 0, nb = -1;
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)n);
+    kiln_loader_permutation(n, true, seed, 3, perm);
+    for (int r = 0; r < world; r++) {
+        CHECK_OK(kiln_dist_sampler_batch_indices(n, world, r, B, 3, seed, true, &mine[r], &count[r], &padded));
+        int64_t b = (B - r + world - 1) / world, batches = (count[r] + b - 1) / b;
+        CHECK_MSG(nb < 0 || batches == nb, "n %lld W %d B %lld: rank %d has %lld batches, rank 0 %lld", (long long)n,
+                  world, (long long)B, r, (long long)batches, (long long)nb);
+        nb = batches;
+    }
+    CHECK(padded >= n && padded - n < 2 * world);
+    CHECK_EQ_I(nb, (padded + B - 1) / B);
+    for (int64_t k = 0; k < nb; k++) {
+        int64_t lo = k * B, len = padded - lo < B ? padded - lo : B;
+        for (int r = 0; r < world; r++) {
+            int64_t b = (B - r + world - 1) / world, first = k * b;
+            int64_t rows = count[r] - first < b ? count[r] - first : b;
+            CHECK(rows >= 1);
+            CHECK_EQ_I(rows, (len - r + world - 1) / world);
+            for (int64_t j = 0; j < rows; j++) CHECK_EQ_I(mine[r][first + j], perm[(lo + r + j * world) % n]);
+        }
+    }
+    if (B % world == 0)
+        for (int r = 0; r < world; r++) {
+            int64_t *plain = NULL, pc = 0;
+            CHECK_OK(kiln_dist_sampler_indices(n, world, r, 3, seed, true, false, &plain, &pc));
+            CHECK_EQ_I(pc, count[r]);
+            CHECK(pc == count[r] && !memcmp(plain, mine[r], sizeof(int64_t) * (size_t)pc));
+            free(plain);
+        }
+    for (int r = 0; r < world; r++) free(mine[r]);
+    free(perm);
+}
+
+static void test_batches(void) {
+    check_batches(256, 2, 64, 0);  /* kiln train's test: no padding */
+    check_batches(101, 4, 32, 7);  /* padded to 104 */
+    check_batches(10, 2, 3, 1);    /* uneven shares (2 + 1); the last batch padded up to 2 positions */
+    check_batches(13, 3, 5, 2);
+    check_batches(5, 4, 4, 0);     /* fewer samples than ranks' padding */
+    int64_t *idx = NULL, count = 0;
+    CHECK_FAILS(kiln_dist_sampler_batch_indices(10, 4, 0, 3, 0, 0, true, &idx, &count, NULL),
+                KILN_ERR_INVALID_ARGUMENT, "global batch 3 over 4 ranks");
+}
+
 int main(void) {
     if (kiln_init()) return 1;
     test_padding();
     test_shuffle();
     test_errors();
+    test_batches();
     kiln_shutdown();
     return kt_finish();
 }
