@@ -215,6 +215,7 @@ static void remove_empty_output(train_run *r) {
 
 /* One JSON line into metrics.jsonl (the monitor thread writes too). */
 void train_metric(train_run *r, const char *fmt, ...) {
+    if (!r->metrics) return; /* ranks other than 0 write none */
     va_list ap;
     va_start(ap, fmt);
     pthread_mutex_lock(&r->metrics_lock);
@@ -331,6 +332,7 @@ static kiln_status window_close(train_run *r, epoch_state *e, double t) {
     w->mem_res = (long long)ms.reserved_bytes[KILN_POOL_ALL].current;
     w->mem_peak = (long long)ms.allocated_bytes[KILN_POOL_ALL].peak;
     w->amp_scale = train_amp_scale(r);
+    KILN_TRY(train_dist_reduce_window(r, e->win_loss, e->win_hits)); /* the ranks' sums */
     e->win_n = 0, e->win_img = e->win_img0 = 0, e->win_t0 = t, e->win_wait0 = ls.wait_s;
     return train_readback_start(r, w, &e->win_loss, &e->win_hits);
 }
@@ -363,6 +365,7 @@ static void progress_bar(train_run *r, const epoch_state *e, double t) {
  * (read from the device: blocks), so the resumed run's epoch and window
  * records are the uninterrupted run's; at an epoch boundary they are 0. */
 static kiln_status save_checkpoint(train_run *r, int epoch, int64_t batch_in_epoch, const epoch_state *e) {
+    if (r->rank != 0) return KILN_OK;
     kiln_train_state s = {.epoch = epoch,
                           .step = r->step,
                           .batch_in_epoch = batch_in_epoch,
@@ -424,11 +427,14 @@ static kiln_status train_step(train_run *r, epoch_state *e, int64_t *b) {
     if (*b) {
         kiln_range_push("step");
         st = kiln_optimizer_zero_grad(r->opt, true);
-        if (st == KILN_OK) st = train_oom_backward(r, x, y, &loss, &hits);
+        if (st == KILN_OK) st = train_dist_backward(r, e->i, x, y, &loss, &hits);
+        if (st == KILN_OK && r->ddp) *b = train_dist_step_rows(r, e->i); /* the global batch's */
         if (st == KILN_OK) st = train_amp_step(r);
         if (st == KILN_OK) st = train_schedule_step(r);
-        if (st == KILN_OK) st = accumulate(&e->win_loss, loss, e->carry ? &e->carry_loss : NULL);
-        if (st == KILN_OK) st = accumulate(&e->win_hits, hits, e->carry ? &e->carry_hits : NULL);
+        /* A carried window's sums so far are all ranks': rank 0 adds them. */
+        bool carry = e->carry && r->rank == 0;
+        if (st == KILN_OK) st = accumulate(&e->win_loss, loss, carry ? &e->carry_loss : NULL);
+        if (st == KILN_OK) st = accumulate(&e->win_hits, hits, carry ? &e->carry_hits : NULL);
         if (st == KILN_OK) e->carry = false;
         kiln_range_pop();
     }
@@ -452,6 +458,7 @@ static kiln_status run_steps(train_run *r, epoch_state *e, epoch_end *how, bool 
         e->i++, r->step++, e->win_n++, e->win_img += b, e->images += b, e->hits_img += b;
         if ((st = train_diag_step(r, leak_reported)) != KILN_OK) break;
         bool stop = interrupted || (r->a.max_steps && r->step >= r->a.max_steps);
+        if ((st = train_dist_agree_stop(r, &stop)) != KILN_OK) break; /* one rank's Ctrl-C stops all */
         /* A stop mid-window leaves the window open: its sums go into the
          * checkpoint, and the resumed run closes it where the
          * uninterrupted run would have (>=: --log-every may be lower now). */
@@ -483,12 +490,14 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
                              bool *leak_reported) {
     *how = EPOCH_DONE;
     epoch_state e = {.epoch = epoch};
-    kiln_status st = kiln_loader_epoch_begin(r->train_ld, epoch);
+    kiln_status st = train_dist_epoch_begin(r, epoch);
+    if (st == KILN_OK) st = kiln_loader_epoch_begin(r->train_ld, epoch);
     if (st != KILN_OK) return st;
     e.nb = kiln_loader_num_batches(r->train_ld);
     if (epoch == r->start_epoch && r->skip_batches > 0) st = skip_batches(r, &e);
     e.i0 = e.i;
     if (st == KILN_OK) st = run_steps(r, &e, how, leak_reported);
+    if (st == KILN_OK && *how == EPOCH_STOPPED) st = train_dist_reduce_window(r, e.win_loss, e.win_hits);
     if (st == KILN_OK && *how == EPOCH_STOPPED) st = save_checkpoint(r, epoch, e.i, &e);
     kiln_release(e.win_loss);
     kiln_release(e.win_hits);
@@ -499,7 +508,7 @@ static kiln_status run_epoch(train_run *r, int epoch, double *test_acc, int64_t 
     }
     *images += e.images - e.img_base;
     double train_time = tool_now_s() - e.t0, test_loss = 0;
-    st = train_evaluate(r->net, r->test_ld, epoch, &test_loss, test_acc, NULL);
+    st = train_dist_evaluate(r, epoch, &test_loss, test_acc);
     if (st != KILN_OK) return st;
     double epoch_time = tool_now_s() - e.t0;
     double train_loss = e.i ? e.loss_sum / (double)e.i : 0;
@@ -723,12 +732,14 @@ static int setup(train_run *r) {
     if (train_amp_setup(r) != KILN_OK) return fail("mixed precision");
     if (r->a.resume && (rc = resume(r))) return rc;
     int64_t test_n = kiln_dataset_length(r->test_ds);
-    if (train_make_loader(r->train_ds, r->dev, r->a.batch, true, r->a.seed, r->a.workers, &r->train_ld) != KILN_OK)
+    int64_t batch = train_dist_rank_batch(r); /* --batch, or this rank's share of it */
+    if (train_make_loader(r->train_ds, r->dev, batch, true, r->a.seed, r->a.workers, &r->train_ld) != KILN_OK)
         return fail("loader");
     /* A test batch larger than the test set is the same single batch. */
-    if (train_make_loader(r->test_ds, r->dev, test_n > 0 && test_n < r->a.batch ? test_n : r->a.batch, false,
-                          r->a.seed, r->a.workers, &r->test_ld) != KILN_OK)
+    if (train_make_loader(r->test_ds, r->dev, test_n > 0 && test_n < batch ? test_n : batch, false, r->a.seed,
+                          r->a.workers, &r->test_ld) != KILN_OK)
         return fail("loader");
+    if ((rc = train_dist_loaders(r))) return rc; /* under mpirun: the shards */
     int64_t nb = kiln_loader_num_batches(r->train_ld);
     if (r->skip_batches > nb) {
         fprintf(stderr,
@@ -738,6 +749,7 @@ static int setup(train_run *r) {
         return 1;
     }
     if ((rc = train_checkpoint_setup(r))) return rc;
+    if ((rc = train_dist_wrap(r))) return rc; /* after --checkpoint auto's measured steps */
     if ((rc = train_schedule_setup(r))) return rc;
     if ((rc = train_oom_setup(r))) return rc;
     char dev[1024];
@@ -757,6 +769,8 @@ static int setup(train_run *r) {
 }
 
 static void teardown(train_run *r) {
+    kiln_ddp_free(r->ddp); /* its hooks are on the model's parameters */
+    r->ddp = NULL;
     train_oom_teardown(r);
     if (r->monitoring) kiln_gpu_monitor_stop();
     if (r->profiling) kiln_profiler_stop();
@@ -771,6 +785,7 @@ static void teardown(train_run *r) {
     free(r->spec_text);
     free(r->config_text);
     free(r->config_data);
+    r->config_text = r->config_data = NULL; /* kiln_cmd_train frees them after an early return */
     if (r->metrics) fclose(r->metrics);
 }
 
@@ -797,11 +812,11 @@ static int train_and_report(train_run *r) {
     if (r->start_epoch >= r->a.epochs) {
         /* Nothing left to train: report the checkpoint's test accuracy. */
         double loss = 0;
-        if (train_evaluate(r->net, r->test_ld, e, &loss, &acc, NULL) != KILN_OK) return fail("evaluation");
+        if (train_dist_evaluate(r, e, &loss, &acc) != KILN_OK) return fail("evaluation");
     }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/model.safetensors", r->out_dir);
-    if (kiln_safetensors_save(path, r->model) != KILN_OK) return fail("weights");
+    if (r->rank == 0 && kiln_safetensors_save(path, r->model) != KILN_OK) return fail("weights");
     kiln_memory_stats ms;
     int64_t peak = kiln_memory_stats_get(r->dev, &ms) == KILN_OK ? ms.allocated_bytes[KILN_POOL_ALL].peak : 0;
     double wall = tool_now_s() - r->t0;
@@ -824,43 +839,41 @@ static int train_and_report(train_run *r) {
     return 0;
 }
 
+/* After the world is joined: the run, up to its exit code. */
+static int run(train_run *r) {
+    /* The resumed run's configuration, before anything is created. */
+    int rc = 0;
+    if (r->a.resume && ((rc = resume_path(r)) || (rc = train_config_resume(r)))) return rc;
+    if (!(r->config_text = train_config_text(&r->a))) return 1;
+    if (r->a.deterministic) kiln_set_deterministic(true);
+    /* --device, --devices, --split (train_devices.c), and what DDP takes of them. */
+    if (!(rc = train_devices_parse(r))) rc = train_dist_check(r);
+    if (rc) return rc;
+    /* Modules, loaders and the generator follow the current device. */
+    if (kiln_set_device(r->dev) != KILN_OK) return fail("device");
+    r->tty = r->a.progress < 0 ? isatty(2) : r->a.progress == 1;
+    sigint_watch watch;
+    sigint_watch_start(&watch);
+    rc = r->rank == 0 ? open_output(r) : 0; /* only rank 0 writes */
+    if (!rc) rc = setup(r);
+    if (!rc) rc = train_and_report(r);
+    teardown(r);
+    if (rc && rc != 130) remove_empty_output(r);
+    sigint_watch_stop(&watch);
+    return rc;
+}
+
 int kiln_cmd_train(int argc, char **argv) {
     train_run r = {.t0 = tool_now_s()};
     pthread_mutex_init(&r.metrics_lock, NULL);
     int rc = train_parse_args(argc, argv, &r.a);
     if (rc) return rc < 0 ? 0 : rc;
-    /* The resumed run's configuration, before anything is created. */
-    if (r.a.resume && ((rc = resume_path(&r)) || (rc = train_config_resume(&r)))) {
-        free(r.config_data);
-        return rc;
-    }
-    if (!(r.config_text = train_config_text(&r.a))) {
-        free(r.config_data);
-        return 1;
-    }
-    if (r.a.deterministic) kiln_set_deterministic(true);
-    /* --device, --devices, --split (train_devices.c). */
-    if ((rc = train_devices_parse(&r))) {
-        free(r.config_text);
-        free(r.config_data);
-        return rc;
-    }
-    /* Modules, loaders and the generator follow the current device. */
-    if (kiln_set_device(r.dev) != KILN_OK) {
-        free(r.config_text);
-        free(r.config_data);
-        return fail("device");
-    }
-    r.tty = r.a.progress < 0 ? isatty(2) : r.a.progress == 1;
-    sigint_watch watch;
-    sigint_watch_start(&watch);
-    rc = open_output(&r);
-    if (!rc) rc = setup(&r);
-    if (!rc) rc = train_and_report(&r);
-    teardown(&r);
-    if (rc && rc != 130) remove_empty_output(&r);
+    /* mpirun's ranks (train_dist.c); ranks other than 0 are quiet from here. */
+    if (!(rc = train_dist_init(&r))) rc = run(&r);
+    free(r.config_text);
+    free(r.config_data);
     free(r.made_dir);
-    sigint_watch_stop(&watch);
+    train_dist_finish(&r, rc);
     pthread_mutex_destroy(&r.metrics_lock);
     return rc;
 }

@@ -59,6 +59,9 @@ static void usage(FILE *f) {
                "  --memory-budget SIZE  the step's memory budget for --checkpoint auto (2GiB, 512MiB, bytes)\n"
                "  --no-auto-batch    stop at an out-of-memory in a step; by default the step runs again with\n"
                "                     half the micro-batch (twice --accum: the same batch and math), said once\n"
+               "  --world N          N processes, data-parallel (DDP): start it as mpirun -np N kiln train ...\n"
+               "                     (started otherwise, it says how); under mpirun it is implied. --batch\n"
+               "                     stays the global batch; rank 0 alone prints and writes\n"
                "Ctrl-C finishes the step, writes a checkpoint and exits 130.\n");
 }
 
@@ -133,6 +136,7 @@ int train_parse_args(int argc, char **argv, train_args *a) {
             else if (strcmp(o, "--batch") == 0) ok = parse_i64(v, 1, &a->batch), a->given |= TRAIN_GIVEN_BATCH;
             else if (strcmp(o, "--limit") == 0) ok = parse_i64(v, 1, &a->limit), a->given |= TRAIN_GIVEN_LIMIT;
             else if (strcmp(o, "--max-steps") == 0) ok = parse_i64(v, 1, &a->max_steps);
+            else if (strcmp(o, "--world") == 0) ok = parse_i64(v, 1, &n) && n <= 65536 && ((a->world = (int)n), 1);
             else if (strcmp(o, "--amp") == 0) ok = train_amp_parse(v, &a->amp), a->given |= TRAIN_GIVEN_AMP;
             else if (strcmp(o, "--checkpoint") == 0)
                 ok = !strcmp(v, "auto") ? (a->checkpoint_auto = true)

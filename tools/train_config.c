@@ -65,7 +65,8 @@ char *train_config_text(const train_args *a) {
               cJSON_AddStringToObject(o, "checkpoint", ckpt) &&
               cJSON_AddStringToObject(o, "memory_budget", budget) &&
               cJSON_AddBoolToObject(o, "deterministic", a->deterministic) &&
-              cJSON_AddNumberToObject(o, "log_every", a->log_every);
+              cJSON_AddNumberToObject(o, "log_every", a->log_every) &&
+              cJSON_AddNumberToObject(o, "world", a->world > 0 ? a->world : 1);
     char *text = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     if (!text) fprintf(stderr, "kiln train: out of host memory writing the run configuration\n");
@@ -197,6 +198,8 @@ static int read_config(const char *ckpt, const cJSON *root, train_args *out) {
     if (!cJSON_IsBool(det)) damaged(&c, "deterministic", det ? "that is not true or false" : "missing");
     a.deterministic = cJSON_IsTrue(det);
     if (!c.rc && a.accum > a.batch) damaged(&c, "accum", "larger than its batch");
+    /* The ranks (absent before kiln train ran under mpirun: one). */
+    a.world = cJSON_GetObjectItemCaseSensitive(root, "world") ? (int)get_int(&c, "world", 1, 65536) : 1;
     /* a.data points into the tree: copied by the caller. */
     if (!c.rc) *out = a;
     return c.rc;
@@ -270,6 +273,15 @@ static int compare(train_run *r, const train_args *c) {
                 "deterministic; drop the flag to continue the run as it was\n",
                 a->resume),
             bad++;
+    if (a->world != c->world) {
+        /* Not a flag to drop: the launch itself differs. */
+        fprintf(stderr,
+                "kiln train: --resume %s: the checkpoint was written by a run of %d process%s, this run has %d: each "
+                "rank's share of the data and of --batch depends on the count; resume it as %s%d\n",
+                a->resume, c->world, c->world == 1 ? "" : "es", a->world, c->world == 1 ? "one process, without mpirun, or mpirun -np " : "mpirun -np ",
+                c->world);
+        bad++;
+    }
     if ((g & TRAIN_GIVEN_EPOCHS) && a->epochs < c->epochs) {
         snprintf(x, sizeof x, "%d", a->epochs);
         snprintf(y, sizeof y, "%d", c->epochs);
@@ -342,6 +354,7 @@ int train_config_resume(train_run *r) {
     if (!(g & TRAIN_GIVEN_AMP)) a->amp = c.amp;
     if (!(g & TRAIN_GIVEN_DETERMINISTIC)) a->deterministic = c.deterministic;
     if (!(g & TRAIN_GIVEN_LOG_EVERY)) a->log_every = c.log_every;
+    /* a->world stays the world this run joined (compare() held it to the checkpoint's). */
     if (!(g & TRAIN_GIVEN_CHECKPOINT))
         a->checkpoint = c.checkpoint, a->checkpoint_auto = c.checkpoint_auto, a->memory_budget = c.memory_budget;
     if (a->accum > a->batch) {

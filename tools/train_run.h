@@ -54,6 +54,8 @@ typedef struct train_args {
     double label_smoothing; /* --label-smoothing (default 0.1) */
     int progress;           /* --progress: -1 auto (a bar when stderr is a terminal), 0 lines, 1 bar */
     unsigned given;         /* TRAIN_GIVEN_* of the flags on the command line */
+    int world;              /* --world N (0: whatever the launcher started); after train_dist_init the
+                             * world's size, stored in the run configuration */
 } train_args;
 
 typedef struct train_run {
@@ -95,6 +97,14 @@ typedef struct train_run {
     kiln_grad_scaler *scaler; /* with amp (disabled for bf16, which needs no loss scaling) */
     int accum_live;                /* the micro-batches a step runs in: --accum, doubled by train_oom.c */
     kiln_step_snapshot *snapshot;  /* what a failed step's retry restores (NULL: --no-auto-batch) */
+    /* Several processes (train_dist.c). */
+    int rank, world;               /* this process's rank and the ranks (1: no DDP) */
+    bool dist_up;                  /* kiln_dist_init succeeded: shut down at the end */
+    kiln_dist_group *group;        /* the world, when world > 1 */
+    kiln_ddp *ddp;                 /* the model under DDP, when world > 1 */
+    int64_t padded;                /* the epoch's positions over all ranks after the sampler's padding */
+    FILE *capture;                 /* ranks > 0: their stdout and stderr until the end */
+    int saved_stdout, saved_stderr;
 } train_run;
 
 /* The command line into *a (train_args.c): 0 ok, 2 usage error (printed),
@@ -166,6 +176,37 @@ int train_devices_setup(train_run *r);
 kiln_status train_devices_labels(train_run *r, kiln_tensor **y);
 void train_devices_text(const train_run *r, char *buf, size_t size);
 void train_devices_json(const train_run *r, char *buf, size_t size);
+
+/* kiln train under mpirun (train_dist.c; with one rank each is a no-op or
+ * the one-process path). train_dist_init joins the world (--world N or
+ * KILN_WORLD_SIZE: a launch without mpirun says how; an exit code) and
+ * quiets the ranks other than 0; train_dist_check refuses the flags DDP
+ * does not combine with and turns the out-of-memory recovery off (an exit
+ * code); train_dist_rank_batch is this rank's share of --batch;
+ * train_dist_loaders gives the loaders their shards and says the per-rank
+ * batch and the effective learning rate; train_dist_wrap wraps the model;
+ * train_dist_epoch_begin sets the epoch's shard before the loader's epoch
+ * begins; train_dist_backward is a step's forward/backward with its
+ * gradients all-reduced (*loss: this rank's part of the global mean);
+ * train_dist_step_rows the global batch's samples; train_dist_reduce_window
+ * sums a window's device sums over the ranks (in place);
+ * train_dist_agree_stop makes a stop the same on every rank;
+ * train_dist_evaluate evaluates the test set split across the ranks;
+ * train_dist_finish frees DDP, prints a failed rank's output and leaves
+ * the world (without MPI_Finalize after a failure). All collective. */
+int train_dist_init(train_run *r);
+int train_dist_check(train_run *r);
+int64_t train_dist_rank_batch(const train_run *r);
+int train_dist_loaders(train_run *r);
+int train_dist_wrap(train_run *r);
+kiln_status train_dist_epoch_begin(train_run *r, int epoch);
+kiln_status train_dist_backward(train_run *r, int64_t batch_index, kiln_tensor *x, kiln_tensor *y,
+                                kiln_tensor **loss, kiln_tensor **hits);
+int64_t train_dist_step_rows(const train_run *r, int64_t batch_index);
+kiln_status train_dist_reduce_window(train_run *r, kiln_tensor *loss_sum, kiln_tensor *hits);
+kiln_status train_dist_agree_stop(train_run *r, bool *stop);
+kiln_status train_dist_evaluate(train_run *r, int64_t epoch, double *loss, double *acc);
+void train_dist_finish(train_run *r, int rc);
 
 /* train_window.c: the one-cycle schedule over the run's steps (replayed to
  * r->step on resume; 0 or a train_fail code) and its step after each
