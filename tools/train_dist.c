@@ -65,7 +65,8 @@ static void release_output(train_run *r, int rc) {
     dup2(r->saved_stderr, 2);
     close(r->saved_stdout);
     close(r->saved_stderr);
-    if (rc != 0 && rc != 130 && fseek(r->capture, 0, SEEK_SET) == 0) {
+    /* A usage error (2) is every rank's alike: rank 0 said it. */
+    if (rc != 0 && rc != 2 && rc != 130 && fseek(r->capture, 0, SEEK_SET) == 0) {
         fprintf(stderr, "kiln train: rank %d of %d failed (exit %d); its output:\n", r->rank, r->world, rc);
         char line[4096];
         bool line_start = true;
@@ -191,7 +192,8 @@ int train_dist_loaders(train_run *r) {
     if (r->rank == 0) {
         int64_t b = r->a.batch / r->world, extra = r->a.batch % r->world;
         char shares[96];
-        if (extra)
+        if (extra == 1) snprintf(shares, sizeof shares, "%lld on rank 0, %lld on the others", (long long)b + 1, (long long)b);
+        else if (extra)
             snprintf(shares, sizeof shares, "%lld on ranks 0..%lld, %lld on the others", (long long)b + 1,
                      (long long)extra - 1, (long long)b);
         else snprintf(shares, sizeof shares, "%lld per rank", (long long)b);

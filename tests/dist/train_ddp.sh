@@ -1,0 +1,123 @@
+#!/bin/sh
+# `mpirun -np 2 kiln train` (DDP across processes, docs/distributed.md,
+# "kiln train under mpirun") on 256 Fashion-MNIST images, one epoch, on the
+# CPU, against one process with the same global batch:
+#  1. per-step losses: the same samples form each global batch (rank r
+#     trains positions r, r + 2, ... of it), the gradient is the global
+#     batch's (sample-weighted), so Adam takes the same steps; only the order
+#     of f32 additions differs (two means of 32 combined instead of one mean
+#     of 64). Each step's loss must agree within 1e-5 relative (measured
+#     ~1e-7), for batch 64 (32 + 32) and 63 (32 + 31, and a last batch of
+#     4 = 2 + 2);
+#  2. only rank 0 wrote: one record per step, one summary; rank 1 printed
+#     nothing; the start says the per-rank batch and the effective lr;
+#  3. the test accuracy (the test set split across the ranks, sums
+#     all-reduced) is kiln eval's of the checkpoint, to the image; with a
+#     BatchNorm model too (the ranks evaluate rank 0's running statistics);
+#  4. --resume with 2 ranks (--deterministic) repeats the uninterrupted
+#     2-rank run's losses bit for bit; another rank count is refused naming
+#     both;
+#  5. --world 2 without mpirun (or with another count) says how to launch;
+#  6. one rank out of memory: the job ends non-zero within 60 s, the
+#     failed rank's error naming it (the recovery is off under DDP).
+# usage: train_ddp.sh KILN_BINARY MPIRUN. Needs the Debian package
+# dataset-fashion-mnist (scripts/setup.sh installs it).
+set -eu
+kiln=$1
+mpirun="$2 --oversubscribe --bind-to none"
+data=/usr/share/datasets/fashion-mnist
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
+  echo "FAILED: Fashion-MNIST not installed (Debian package dataset-fashion-mnist; scripts/setup.sh installs it)"
+  exit 1
+fi
+out=$(mktemp -d "${TMPDIR:-/tmp}/kiln_train_ddp.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+fail() { echo "FAILED: $*"; exit 1; }
+steps() { grep '"event":"step"' "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\),"epoch":[0-9]*,"loss":\([^,]*\),.*/\1 \2/'; }
+field() { grep "\"event\":\"$1\"" "$2" | tail -n 1 | sed "s/.*\"$3\":\([^,}]*\).*/\1/"; }
+args="--limit 256 --epochs 1 --log-every 1 --deterministic --workers 0 --threads 1"
+np2() { timeout -k 5 120 $mpirun -np 2 "$kiln" train "$@"; }
+
+# 1, 2. One process against two ranks, the same global batch.
+for batch in 64 63; do
+  "$kiln" train $args --batch $batch --out "$out/one$batch" > /dev/null 2> "$out/one$batch.err" ||
+    { cat "$out/one$batch.err"; fail "one process, batch $batch"; }
+  np2 $args --batch $batch --out "$out/two$batch" > "$out/two$batch.out" 2> "$out/two$batch.err" ||
+    { cat "$out/two$batch.err"; fail "mpirun -np 2, batch $batch"; }
+  steps "$out/one$batch" > "$out/a"
+  steps "$out/two$batch" > "$out/b"
+  n=$(wc -l < "$out/a")
+  test "$n" -ge 4 || fail "batch $batch: only $n step records from one process"
+  test "$(wc -l < "$out/b")" -eq "$n" || fail "batch $batch: $(wc -l < "$out/b") step records from 2 ranks, $n from one process (rank 1 wrote too, or steps are missing)"
+  paste "$out/a" "$out/b" | awk -v b=$batch '{
+      d = $2 - $4; if (d < 0) d = -d; s = $2 < 0 ? -$2 : $2; if (s < 1) s = 1
+      if ($1 != $3 || d > 1e-5 * s) { print "FAILED: batch " b ", step " $1 ": loss " $2 " (one process) vs " $4 " (2 ranks)"; bad = 1 }
+      if (d / s > worst) worst = d / s }
+    END { if (bad) exit 1; printf "batch %d: %d step losses of 2 ranks within %.1e relative of one process\n", b, NR, worst }'
+  test "$(grep -c '"event":"summary"' "$out/two$batch/metrics.jsonl")" -eq 1 || fail "batch $batch: not one summary record"
+  test "$(grep -c '"event":"epoch"' "$out/two$batch/metrics.jsonl")" -eq 1 || fail "batch $batch: not one epoch record"
+  test "$(grep -c '^kiln train: model' "$out/two$batch.err")" -eq 1 || fail "batch $batch: the start line is not printed once"
+  test "$(grep -c '^epoch 1/1:' "$out/two$batch.err")" -eq 1 || fail "batch $batch: the epoch line is not printed once"
+  if grep -q "rank 1" "$out/two$batch.err"; then cat "$out/two$batch.err"; fail "rank 1 printed"; fi
+  test "$(grep -c '"event":"summary"' "$out/two$batch.out")" -eq 1 || fail "batch $batch: not one summary line on stdout"
+done
+grep -q "2 ranks (DDP over MPI): global batch 64 = 32 per rank.*effective learning rate is --lr 0.003" "$out/two64.err" ||
+  { cat "$out/two64.err"; fail "the start does not state the per-rank batch and the effective learning rate"; }
+grep -q "global batch 63 = 32 on rank 0, 31 on the others" "$out/two63.err" || fail "the uneven shares are not stated"
+
+# 3. The test accuracy is the whole test set's: kiln eval of the checkpoint.
+eval_acc() { "$kiln" eval --checkpoint "$1/checkpoint.safetensors" --limit 256 --threads 1 | tail -n 1 | sed 's/.*"test_acc":\([^,]*\),.*/\1/'; }
+acc=$(field summary "$out/two64/metrics.jsonl" test_acc)
+test "$acc" = "$(eval_acc "$out/two64")" || fail "test accuracy $acc of 2 ranks, kiln eval says $(eval_acc "$out/two64")"
+cat > "$out/bn.txt" <<'SPEC'
+conv 8 k3 p1 nobias
+batchnorm
+relu
+maxpool 4
+flatten
+linear 10
+SPEC
+np2 $args --batch 64 --model "$out/bn.txt" --out "$out/bn" > /dev/null 2> "$out/bn.err" || { cat "$out/bn.err"; fail "BatchNorm model under 2 ranks"; }
+bn_acc=$(field summary "$out/bn/metrics.jsonl" test_acc)
+test "$bn_acc" = "$(eval_acc "$out/bn")" || fail "BatchNorm: test accuracy $bn_acc of 2 ranks, kiln eval says $(eval_acc "$out/bn")"
+echo "test accuracy of 2 ranks = kiln eval's: $acc (tutorial CNN), $bn_acc (BatchNorm model)"
+
+# 4. Resume with 2 ranks: stop at step 2, resume, the uninterrupted losses bit for bit.
+np2 $args --batch 64 --out "$out/part" --max-steps 2 > /dev/null 2> "$out/part.err" || { cat "$out/part.err"; fail "stopping at step 2"; }
+grep -q "stopped (--max-steps) at step 2" "$out/part.err" || fail "no stop at step 2"
+np2 --resume "$out/part" --out "$out/part" > /dev/null 2> "$out/resumed.err" || { cat "$out/resumed.err"; fail "resume with 2 ranks"; }
+steps "$out/two64" > "$out/a"
+steps "$out/part" > "$out/b"
+cmp -s "$out/a" "$out/b" || { diff "$out/a" "$out/b"; fail "the resumed 2-rank losses differ from the uninterrupted 2-rank run"; }
+rc=0
+"$kiln" train --resume "$out/part" --out "$out/other" > /dev/null 2> "$out/other.err" || rc=$?
+test $rc -eq 2 || fail "resuming a 2-rank checkpoint in one process exited $rc, not 2"
+grep -q "written by a run of 2 processes, this run has 1.*mpirun -np 2" "$out/other.err" || { cat "$out/other.err"; fail "the refusal does not name both counts"; }
+echo "resume with 2 ranks: $(wc -l < "$out/a") losses bit-identical; one process refused"
+
+# 5. --world 2 without mpirun, or under another count.
+rc=0
+"$kiln" train --world 2 --limit 256 --out "$out/w" > /dev/null 2> "$out/w.err" || rc=$?
+test $rc -eq 2 || fail "--world 2 without mpirun exited $rc, not 2"
+grep -q "start it as: mpirun -np 2 .*kiln train --world 2 --limit 256" "$out/w.err" || { cat "$out/w.err"; fail "--world 2 does not say how to launch"; }
+test ! -e "$out/w" || fail "--world 2 without mpirun created its output directory"
+rc=0
+timeout -k 5 120 $mpirun -np 2 "$kiln" train --world 3 --limit 256 --out "$out/w3" > /dev/null 2> "$out/w3.err" || rc=$?
+test $rc -ne 0 || fail "--world 3 under mpirun -np 2 succeeded"
+grep -q "the launcher started 2; start it as: mpirun -np 3" "$out/w3.err" || { cat "$out/w3.err"; fail "--world 3 under 2 ranks does not say how to launch"; }
+echo "--world: says how to launch"
+
+# 6. Rank 1 alone runs out of memory (an allocator limit only it has).
+start=$(date +%s)
+rc=0
+timeout -k 5 90 $mpirun -np 1 "$kiln" train $args --batch 64 --out "$out/oom" : \
+  -np 1 env KILN_ALLOC_CONF=limit_mb:10 "$kiln" train $args --batch 64 --out "$out/oom" > /dev/null 2> "$out/oom.err" || rc=$?
+took=$(( $(date +%s) - start ))
+test $rc -ne 0 || fail "rank 1 out of memory: the job exited 0"
+test $rc -ne 124 && test $rc -ne 137 || { cat "$out/oom.err"; fail "rank 1 out of memory: the job hung until timeout"; }
+test $took -le 60 || fail "rank 1 out of memory: the job took $took s"
+grep -q "rank 1 of 2 failed" "$out/oom.err" && grep -q "rank 1: kiln train: training: cpu out of memory" "$out/oom.err" ||
+  { cat "$out/oom.err"; fail "rank 1's out-of-memory error is not printed naming the rank"; }
+grep -q "out-of-memory recovery is off with 2 ranks" "$out/oom.err" || fail "the recovery being off is not said"
+echo "rank 1 out of memory: the job ended with status $rc in $took s, naming rank 1"
+echo PASS
