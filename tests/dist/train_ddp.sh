@@ -36,7 +36,9 @@ trap 'rm -rf "$out"' EXIT
 fail() { echo "FAILED: $*"; exit 1; }
 steps() { grep '"event":"step"' "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\),"epoch":[0-9]*,"loss":\([^,]*\),.*/\1 \2/'; }
 field() { grep "\"event\":\"$1\"" "$2" | tail -n 1 | sed "s/.*\"$3\":\([^,}]*\).*/\1/"; }
-args="--limit 256 --epochs 1 --log-every 1 --deterministic --workers 0 --threads 1"
+# --device cpu: DDP runs on the CPU, and so must the one process it is held
+# to (the emulation build's default device is an emulated GPU).
+args="--limit 256 --epochs 1 --log-every 1 --deterministic --workers 0 --threads 1 --device cpu"
 np2() { timeout -k 5 120 $mpirun -np 2 "$kiln" train "$@"; }
 
 # 1, 2. One process against two ranks, the same global batch.
@@ -69,7 +71,7 @@ grep -q "global batch 63 = 32 on rank 0, 31 on the others" "$out/two63.err" || f
 # 3. The test accuracy is the whole test set's: kiln eval of the checkpoint.
 # The test loss too, within 1e-5 relative (the sum's order differs; measured
 # ~1e-7): a rank evaluating with its own BatchNorm statistics moves it.
-eval_line() { "$kiln" eval --checkpoint "$1/checkpoint.safetensors" --limit 256 --threads 1 | tail -n 1; }
+eval_line() { "$kiln" eval --checkpoint "$1/checkpoint.safetensors" --limit 256 --threads 1 --device cpu | tail -n 1; }
 same_eval() { # RUN: accuracy equal, loss within 1e-5 relative
   line=$(eval_line "$out/$1")
   acc=$(field summary "$out/$1/metrics.jsonl" test_acc)
