@@ -254,6 +254,18 @@ static void name_misplaced_state(kiln_module *m, kiln_tensor *x) {
     char original[sizeof e->message];
     snprintf(original, sizeof original, "%s", e->message);
     kiln_error_clear();
+    /* A model that spans devices by design (placed in stages, pipelined,
+     * DataParallel): the input's device says nothing; a layer is off its
+     * stage's device. */
+    if (m->cfg.place_stages > 0 || (m->kind && (!strcmp(m->kind, "Pipeline") || !strcmp(m->kind, "DataParallel")))) {
+        KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                   "every layer of a stage must be on the stage's device: check the placement "
+                   "(kiln_nn_sequential_place, kiln_nn_pipeline) and any kiln_module_to since",
+                   "kiln_module_forward: the %s spans devices and one of its layers is on another device than its "
+                   "input (%s)",
+                   m->kind, original);
+        return;
+    }
     if (kiln_module_state_dict(m, &items, &n) != KILN_OK) {
         kiln_error_clear();
         KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "move them to one device with kiln_to", "%s", original);

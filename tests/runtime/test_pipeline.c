@@ -287,6 +287,24 @@ int main(void) {
 #ifdef KILN_CUDA_EMULATION
         check_overlap();
 #endif
+        /* A wrong placement: fc1 (layer 10, stage 1 on cuda:1) moved to
+         * cuda:0 by hand. The op's device error comes back saying the model
+         * spans devices and pointing at the placement. */
+        kiln_module *wl[13];
+        make_layers(wl);
+        kiln_module *wrong = kiln_nn_sequential(13, wl);
+        int first[2] = {0, 6};
+        CHECK_OK(kiln_nn_sequential_place(wrong, 2, first, devs, 2));
+        CHECK_OK(kiln_module_to(kiln_module_child_at(wrong, 10, NULL), devs[0]));
+        kiln_scope_begin();
+        kiln_error_clear();
+        CHECK(kiln_module_forward(wrong, kiln_zeros(KILN_SHAPE(4, 1, 28, 28), KILN_F32, KILN_CPU)) == NULL);
+        CHECK_MSG(strstr(kiln_error_message(), "the Sequential spans devices and one of its layers is on another device"),
+                  "%s", kiln_error_message());
+        CHECK_MSG(strstr(kiln_error_message(), "is on cuda:1 but input 1 is on cuda:0"), "%s", kiln_error_message());
+        CHECK_MSG(strstr(kiln_error_last()->hint, "check the placement"), "%s", kiln_error_last()->hint);
+        kiln_scope_end();
+        kiln_module_free(wrong);
     }
     kiln_shutdown();
     return kt_finish();
