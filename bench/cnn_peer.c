@@ -1,6 +1,7 @@
-/* Runs the PyTorch peer of `kiln bench cnn` with posix_spawn (no shell, so
- * paths need no quoting), its stdout and stderr on one pipe, and reads the
- * JSON object on the line starting "RESULT " with cJSON. */
+/* Runs the PyTorch peers of `kiln bench cnn` and `kiln bench main-job`
+ * with posix_spawn (no shell, so paths need no quoting), their stdout and
+ * stderr on one pipe, and reads the JSON object on the line starting
+ * "RESULT " (with cJSON, here for the CNN peer, in main_job.c for its). */
 #include "cnn_peer.h"
 
 #include <errno.h>
@@ -16,8 +17,6 @@
 
 extern char **environ;
 
-#define PEER_REL_PATH "bench/peer/torch_cnn_bench.py"
-
 static bool readable(const char *path) { return access(path, R_OK) == 0; }
 
 /* dir of `path` (up to its last '/') + suffix into buf; false if it does not fit. */
@@ -28,28 +27,37 @@ static bool beside(const char *path, const char *suffix, char *buf, size_t n) {
     return len > 0 && (size_t)len < n;
 }
 
-const char *bench_cnn_peer_find(const char *explicit_path, char *buf, size_t n, char *why, size_t why_n) {
+const char *bench_peer_find(const char *name, const char *explicit_path, char *buf, size_t n, char *why,
+                            size_t why_n) {
     if (explicit_path) {
         snprintf(buf, n, "%s", explicit_path);
         if (readable(buf)) return buf;
         snprintf(why, why_n, "--peer-script %s is not readable", explicit_path);
         return NULL;
     }
-    snprintf(buf, n, "%s", PEER_REL_PATH);
+    char rel[256], here[300];
+    snprintf(rel, sizeof rel, "bench/peer/%s", name);
+    snprintf(buf, n, "%s", rel);
     if (readable(buf)) return buf;
     /* CMake compiles with absolute source paths: the checkout's copy. */
-    if (beside(__FILE__, "peer/torch_cnn_bench.py", buf, n) && readable(buf)) return buf;
+    snprintf(here, sizeof here, "peer/%s", name);
+    if (beside(__FILE__, here, buf, n) && readable(buf)) return buf;
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len > 0) {
         exe[len] = '\0';
-        if (beside(exe, "../../" PEER_REL_PATH, buf, n) && readable(buf)) return buf;
+        snprintf(here, sizeof here, "../../%s", rel);
+        if (beside(exe, here, buf, n) && readable(buf)) return buf;
     }
     snprintf(why, why_n,
              "%s not found (tried the working directory, the source tree and the binary's build tree; "
              "run from the checkout or pass --peer-script PATH)",
-             PEER_REL_PATH);
+             rel);
     return NULL;
+}
+
+const char *bench_cnn_peer_find(const char *explicit_path, char *buf, size_t n, char *why, size_t why_n) {
+    return bench_peer_find("torch_cnn_bench.py", explicit_path, buf, n, why, why_n);
 }
 
 /* The figures of the peer's RESULT object: img_s_median (> 0), threads
@@ -102,34 +110,11 @@ static void read_output(int fd, char *result, size_t result_n, char *last, size_
     fclose(f);
 }
 
-void bench_cnn_peer_run(const char *python, const char *script, const char *mode, int batch, int steps,
-                        int warmup, int threads, bench_cnn_peer_result *out) {
-    memset(out, 0, sizeof *out);
-    char b[16], s[16], w[16], t[16];
-    snprintf(t, sizeof t, "%d", threads);
-    snprintf(b, sizeof b, "%d", batch);
-    snprintf(s, sizeof s, "%d", steps);
-    snprintf(w, sizeof w, "%d", warmup);
-    char *const argv[] = {(char *)python,
-                          (char *)script,
-                          "--mode",
-                          (char *)mode,
-                          "--batch",
-                          b,
-                          "--steps",
-                          s,
-                          "--repeats",
-                          "1",
-                          "--warmup",
-                          w,
-                          "--threads",
-                          t,
-                          NULL};
+int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *last, size_t last_n, int *code) {
+    result[0] = last[0] = '\0';
+    *code = -1;
     int fds[2];
-    if (pipe(fds) != 0) {
-        snprintf(out->reason, sizeof out->reason, "pipe: %s", strerror(errno));
-        return;
-    }
+    if (pipe(fds) != 0) return errno;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
@@ -137,21 +122,41 @@ void bench_cnn_peer_run(const char *python, const char *script, const char *mode
     posix_spawn_file_actions_addclose(&fa, fds[0]);
     posix_spawn_file_actions_addclose(&fa, fds[1]);
     pid_t pid;
-    int err = posix_spawn(&pid, python, &fa, NULL, argv, environ);
+    int err = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     close(fds[1]);
     if (err) {
         close(fds[0]);
+        return err;
+    }
+    read_output(fds[0], result, result_n, last, last_n);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return 0;
+}
+
+void bench_cnn_peer_run(const char *python, const char *script, const char *mode, const char *setup, bool bf16,
+                        bool allow_emulated, int batch, int steps, int warmup, int threads,
+                        bench_cnn_peer_result *out) {
+    memset(out, 0, sizeof *out);
+    char b[16], s[16], w[16], t[16];
+    snprintf(t, sizeof t, "%d", threads);
+    snprintf(b, sizeof b, "%d", batch);
+    snprintf(s, sizeof s, "%d", steps);
+    snprintf(w, sizeof w, "%d", warmup);
+    char *const argv[] = {(char *)python, (char *)script, "--mode", (char *)mode, "--setup", (char *)setup,
+                          "--batch", b, "--steps", s, "--repeats", "1", "--warmup", w, "--threads", t,
+                          bf16 ? "--bf16" : NULL, allow_emulated ? "--allow-emulated-bf16" : NULL, NULL};
+    char result[2048], last[400];
+    int code;
+    int err = bench_peer_spawn(argv, result, sizeof result, last, sizeof last, &code);
+    if (err) {
         snprintf(out->reason, sizeof out->reason,
                  "cannot run %s: %s (install python3-torch, or pass --python PATH)", python, strerror(err));
         return;
     }
-    char result[2048] = "", last[400] = "";
-    read_output(fds[0], result, sizeof result, last, sizeof last);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     char why[160] = "no RESULT line";
     if (code == 0 && result[0] && parse_result(result, out, why, sizeof why)) {
         if (out->threads == threads) {
@@ -159,6 +164,11 @@ void bench_cnn_peer_run(const char *python, const char *script, const char *mode
             return;
         }
         snprintf(why, sizeof why, "it ran on %d threads, not the %d asked for", out->threads, threads);
+    }
+    if (code == BENCH_PEER_EXIT_SKIPPED) {
+        out->skipped = true;
+        snprintf(out->reason, sizeof out->reason, "%s", last[0] ? last : "the peer skipped this setup");
+        return;
     }
     if (code == 0) {
         snprintf(out->reason, sizeof out->reason, "%s %s: %s%s%s", python, script, why, last[0] ? ": " : "", last);

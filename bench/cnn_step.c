@@ -9,15 +9,21 @@
  * no_grad. Inputs: one fixed randn batch and random labels, as the peer's;
  * with --data, batches come from a kiln_loader instead (below).
  *
- * Measurement: `warmup` untimed steps of each mode once, then `repeats`
- * rounds; each round times `steps` Kiln steps, then runs the peer for the
- * same mode and step count (a fresh python process: it pays its own
- * import and warm-up, untimed), so both see the same minutes of a shared
- * machine. Reported: median [min-max] images/s over the rounds, GFLOP/s
- * from 8.51 GFLOP per training step and 2.91 per forward at batch 128
- * (scaled by batch / 128), and kiln/peer ratios of the medians. Then one
- * training step under the profiler, its top rows by self CPU time, and a
- * last stdout line of JSON.
+ * Measurement: `warmup` untimed steps of each precision and mode once,
+ * then `repeats` rounds; each round, per precision (f32; bf16 where the CPU
+ * has native bf16, or when --precision asks) and mode, times `steps` Kiln
+ * steps, then runs the peer for the same precision, mode and step count
+ * twice: PyTorch eager and PyTorch's best setup (a fresh python process
+ * each: it pays its own import and warm-up, untimed), so all three see the
+ * same minutes of a shared machine. Kiln's bf16 is autocast around the
+ * forward (kiln_autocast_begin), as the peer's torch.autocast. Reported
+ * (cnn_report.c): the machine (CPU model, flags, threads) and the f32 FMA
+ * peak measured on the benchmark's threads (cpu_peak.c), median [min-max]
+ * images/s over the rounds, GFLOP/s in direct-convolution FLOP
+ * equivalents counted from the model's layer shapes (cnn_flops), the
+ * kiln/eager and kiln/best ratios of the medians against the issue's bars,
+ * and the f32 share of the peak. Then one training step under the
+ * profiler, its top rows by self CPU time, and a last stdout line of JSON.
  *
  * --data [host|device] trains from a kiln_loader over a synthetic
  * CIFAR-sized u8 dataset (reflect-pad-4 crop, flip, normalise): `host` (the
@@ -32,6 +38,7 @@
  *                  [--mode train|infer|both] [--no-peer] [--data [host|device]]
  *                  [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]
  *                  [--device cpu|cuda:N]   (cuda:N: bench/gpu.c, autotuning off and on)
+ *                  [--precision auto|f32|bf16|both]
  *
  * Threads: Kiln computes on kiln_num_threads() (kiln --threads N,
  * KILN_NUM_THREADS) and the peer is given the same count; a peer that
@@ -44,25 +51,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bench.h"
+#include "cnn_bench.h"
 #include "cnn_peer.h"
 #include "kiln/data.h"
 #include "kiln/kiln.h"
 
 #define CNN_FLAT        (128 * 4 * 4)
-#define GFLOP_TRAIN_128 8.51 /* one training step at batch 128 */
-#define GFLOP_FWD_128   2.91 /* one forward at batch 128 */
-#define MAX_REPEATS     64
 #define DATA_BATCHES    16 /* batches per epoch of the synthetic dataset */
-
-enum { DATA_NONE = 0, DATA_HOST, DATA_DEVICE };
-
-typedef struct cnn_config {
-    int batch, steps, repeats, warmup, workers, profile_rows;
-    int data; /* DATA_* */
-    bool train, infer, peer;
-    const char *python, *peer_script;
-} cnn_config;
 
 typedef struct cnn_bench {
     kiln_module *model;
@@ -72,15 +67,9 @@ typedef struct cnn_bench {
     kiln_loader *loader;
     int64_t epoch;
     bool from_loader; /* training steps take loader batches (else the fixed batch) */
+    bool bf16;        /* forwards under kiln_autocast_begin(CPU, bf16), as torch.autocast('cpu') */
     double wait_s;    /* time spent in kiln_loader_next */
 } cnn_bench;
-
-/* Images/s of each round, for one mode and one side. */
-typedef struct cnn_series {
-    double v[MAX_REPEATS];
-    int n;
-    bool missing; /* the peer gave no figure (reason printed) */
-} cnn_series;
 
 /* ---- The model ----------------------------------------------------------------------- */
 
@@ -137,9 +126,9 @@ static kiln_tensor *cnn_forward(kiln_module *m, kiln_tensor *x, void *user) {
 kiln_module *kiln_bench_cnn_model(void) {
     kiln_module *m = kiln_nn_custom("OptimizedCNN", cnn_forward, NULL);
     if (!m) return NULL;
-    kiln_status st = kiln_module_add_child(m, "conv1", kiln_nn_conv2d(3, 32, 3, 1, 1, 1, 1, true));
-    if (!st) st = kiln_module_add_child(m, "conv2", kiln_nn_conv2d(32, 64, 3, 1, 1, 1, 1, true));
-    if (!st) st = kiln_module_add_child(m, "conv3", kiln_nn_conv2d(64, 128, 3, 1, 1, 1, 1, true));
+    kiln_status st = kiln_module_add_child(m, "conv1", kiln_nn_conv2d(3, 32, 3, 1, CNN_PAD, 1, 1, true));
+    if (!st) st = kiln_module_add_child(m, "conv2", kiln_nn_conv2d(32, 64, 3, 1, CNN_PAD, 1, 1, true));
+    if (!st) st = kiln_module_add_child(m, "conv3", kiln_nn_conv2d(64, 128, 3, 1, CNN_PAD, 1, 1, true));
     if (!st) st = kiln_module_add_child(m, "pool", kiln_nn_max_pool2d(2, 2, 0));
     if (!st) st = kiln_module_add_child(m, "fc1", kiln_nn_linear(CNN_FLAT, 512, true));
     if (!st) st = kiln_module_add_child(m, "fc2", kiln_nn_linear(512, 10, true));
@@ -164,7 +153,7 @@ static kiln_status open_loader(cnn_bench *b, const cnn_config *cfg) {
     o.drop_last = true;
     o.num_workers = cfg->workers;
     o.pin_memory = true;
-    if (cfg->data == DATA_DEVICE) {
+    if (cfg->data == CNN_DATA_DEVICE) {
         o.on_device = KILN_DATA_ON_DEVICE_ON;
         o.num_workers = 0;
         o.pin_memory = false;
@@ -202,7 +191,7 @@ static kiln_status cnn_setup(cnn_bench *b, const cnn_config *cfg) {
     if (!st) b->opt = kiln_adam(params, n, NULL);
     free(params);
     if (st || !b->opt) return st ? st : kiln_error_last()->status;
-    b->x = kiln_randn(KILN_SHAPE(cfg->batch, 3, 32, 32), KILN_F32, KILN_CPU);
+    b->x = kiln_randn(KILN_SHAPE(cfg->batch, 3, CNN_SIDE, CNN_SIDE), KILN_F32, KILN_CPU);
     b->y = kiln_empty(KILN_SHAPE(cfg->batch), KILN_I64, KILN_CPU);
     if (!b->x || !b->y) return kiln_error_last()->status;
     int64_t *labels = kiln_data_ptr(b->y);
@@ -225,14 +214,22 @@ static void cnn_teardown(cnn_bench *b) {
 
 /* ---- Steps --------------------------------------------------------------------------- */
 
+/* With b->bf16 the forward and the loss run in an autocast region and
+ * backward outside it, as PyTorch's bf16 recipe does (no loss scaling:
+ * bf16 has f32's range). */
 static kiln_status train_step(cnn_bench *b) {
     kiln_scope_begin();
     kiln_tensor *x = b->x, *y = b->y;
     kiln_status st = b->from_loader ? next_batch(b, &x, &y) : KILN_OK;
+    if (!st && b->bf16) st = kiln_autocast_begin(KILN_DEVICE_CPU, KILN_BF16);
     kiln_tensor *logits = st ? NULL : kiln_module_forward(b->model, x);
     kiln_loss_opts lo = kiln_loss_defaults();
     kiln_tensor *loss = logits ? kiln_cross_entropy(logits, y, &lo) : NULL;
     if (!st && !loss) st = kiln_error_last()->status;
+    if (b->bf16 && kiln_autocast_enabled(KILN_DEVICE_CPU)) {
+        kiln_status end = kiln_autocast_end();
+        if (!st) st = end;
+    }
     if (!st) st = kiln_optimizer_zero_grad(b->opt, true);
     if (!st) st = kiln_backward(loss, NULL, false);
     if (!st) st = kiln_optimizer_step(b->opt);
@@ -243,8 +240,13 @@ static kiln_status train_step(cnn_bench *b) {
 static kiln_status infer_step(cnn_bench *b) {
     kiln_scope_begin();
     kiln_no_grad_begin();
-    kiln_tensor *out = kiln_module_forward(b->model, b->x);
-    kiln_status st = out ? KILN_OK : kiln_error_last()->status;
+    kiln_status st = b->bf16 ? kiln_autocast_begin(KILN_DEVICE_CPU, KILN_BF16) : KILN_OK;
+    kiln_tensor *out = st ? NULL : kiln_module_forward(b->model, b->x);
+    if (!st && !out) st = kiln_error_last()->status;
+    if (b->bf16 && kiln_autocast_enabled(KILN_DEVICE_CPU)) {
+        kiln_status end = kiln_autocast_end();
+        if (!st) st = end;
+    }
     kiln_status mode = kiln_grad_mode_end();
     kiln_status end = kiln_scope_end();
     return st ? st : mode ? mode : end;
@@ -278,164 +280,29 @@ static kiln_status profile_step(cnn_bench *b, int rows) {
     return KILN_OK;
 }
 
-/* ---- Statistics and output --------------------------------------------------------------- */
-
-static double median(const cnn_series *s) {
-    double v[MAX_REPEATS];
-    memcpy(v, s->v, sizeof(double) * (size_t)s->n);
-    return tool_median(v, s->n);
-}
-
-static double series_min(const cnn_series *s) {
-    double m = s->v[0];
-    for (int i = 1; i < s->n; i++) m = s->v[i] < m ? s->v[i] : m;
-    return m;
-}
-
-static double series_max(const cnn_series *s) {
-    double m = s->v[0];
-    for (int i = 1; i < s->n; i++) m = s->v[i] > m ? s->v[i] : m;
-    return m;
-}
-
-static bool has_figures(const cnn_series *s) { return s->n > 0 && !s->missing; }
-
-static void print_row(const char *mode, const char *who, const cnn_series *s, double gflop_per_img,
-                      const cnn_series *peer) {
-    if (!has_figures(s)) {
-        printf("%-6s %-6s %34s\n", mode, who, "-");
-        return;
-    }
-    double med = median(s);
-    char range[64];
-    snprintf(range, sizeof range, "%.1f [%.1f-%.1f]", med, series_min(s), series_max(s));
-    printf("%-6s %-6s %34s %10.1f %9.2f", mode, who, range, 1e3 / med, med * gflop_per_img);
-    if (peer && has_figures(peer)) printf(" %8.2fx", med / median(peer));
-    printf("\n");
-}
-
-/* The figure, or null. */
-static void json_figure(const char *key, const cnn_series *s, bool comma) {
-    if (has_figures(s))
-        printf("\"%s\":%.2f", key, median(s));
-    else
-        printf("\"%s\":null", key);
-    if (comma) printf(",");
-}
-
-static void json_ratio(const char *key, const cnn_series *k, const cnn_series *p, bool comma) {
-    if (has_figures(k) && has_figures(p))
-        printf("\"%s\":%.3f", key, median(k) / median(p));
-    else
-        printf("\"%s\":null", key);
-    if (comma) printf(",");
-}
-
-static void json_escaped(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", *s);
-        else
-            putchar(*s);
-    }
-    putchar('"');
-}
-
-typedef struct cnn_results {
-    cnn_series train, infer, peer_train, peer_infer;
-    cnn_series train_pre; /* --data: the same steps on the preloaded batch */
-    double wait_frac; /* --data: wait / timed training time; < 0 without --data */
-    char peer_reason[600];
-    char torch_version[32];
-    double load_before, load_after;
-    double foreign_cores; /* CPU used by other processes during the rounds / wall time; < 0: unknown */
-} cnn_results;
-
-static void print_json(const cnn_config *cfg, const cnn_results *r) {
-    double gt = GFLOP_TRAIN_128 / 128.0, gf = GFLOP_FWD_128 / 128.0;
-    printf("{\"bench\":\"cnn\",\"threads\":%d,", kiln_num_threads());
-    json_figure("train_img_s", &r->train, true);
-    json_figure("infer_img_s", &r->infer, true);
-    json_figure("peer_train_img_s", &r->peer_train, true);
-    json_figure("peer_infer_img_s", &r->peer_infer, true);
-    printf("\"train_gflop_s\":");
-    if (has_figures(&r->train))
-        printf("%.2f,", median(&r->train) * gt);
-    else
-        printf("null,");
-    printf("\"infer_gflop_s\":");
-    if (has_figures(&r->infer))
-        printf("%.2f,", median(&r->infer) * gf);
-    else
-        printf("null,");
-    printf("\"ratios\":{");
-    json_ratio("train", &r->train, &r->peer_train, true);
-    json_ratio("infer", &r->infer, &r->peer_infer, false);
-    printf("},\"ranges\":{");
-    const cnn_series *all[4] = {&r->train, &r->infer, &r->peer_train, &r->peer_infer};
-    const char *names[4] = {"train", "infer", "peer_train", "peer_infer"};
-    bool first = true;
-    for (int i = 0; i < 4; i++) {
-        if (!has_figures(all[i])) continue;
-        printf("%s\"%s\":[%.2f,%.2f]", first ? "" : ",", names[i], series_min(all[i]), series_max(all[i]));
-        first = false;
-    }
-    printf("},\"train_preloaded_img_s\":");
-    if (has_figures(&r->train_pre))
-        printf("%.2f,\"loader_vs_preloaded\":%.4f,", median(&r->train_pre), median(&r->train) / median(&r->train_pre));
-    else
-        printf("null,\"loader_vs_preloaded\":null,");
-    printf("\"data_wait_frac\":");
-    if (r->wait_frac >= 0)
-        printf("%.4f,", r->wait_frac);
-    else
-        printf("null,");
-    printf("\"peer_reason\":");
-    if (r->peer_reason[0])
-        json_escaped(r->peer_reason);
-    else
-        printf("null");
-    printf(",\"config\":{\"batch\":%d,\"steps\":%d,\"repeats\":%d,\"warmup\":%d,\"mode\":\"%s\",\"data\":%s,"
-           "\"workers\":%d,\"peer\":%s,\"peer_threads\":%d,\"torch\":",
-           cfg->batch, cfg->steps, cfg->repeats, cfg->warmup,
-           cfg->train && cfg->infer ? "both"
-           : cfg->train             ? "train"
-                                    : "infer",
-           cfg->data == DATA_HOST ? "\"host\"" : cfg->data == DATA_DEVICE ? "\"device\"" : "null",
-           cfg->data == DATA_HOST ? cfg->workers : 0, cfg->peer ? "true" : "false", kiln_num_threads());
-    if (r->torch_version[0])
-        json_escaped(r->torch_version);
-    else
-        printf("null");
-    printf(",\"gflop_train_step_b128\":%.2f,\"gflop_forward_b128\":%.2f,\"loadavg_before\":%.2f,"
-           "\"loadavg_after\":%.2f,\"foreign_cores\":%.3f}}\n",
-           GFLOP_TRAIN_128, GFLOP_FWD_128, r->load_before, r->load_after, r->foreign_cores);
-}
-
 /* ---- Driver -------------------------------------------------------------------------------- */
 
 static void usage(void) {
     fprintf(stderr, "usage: kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]\n"
                     "                      [--mode train|infer|both] [--no-peer] [--data [host|device]]\n"
                     "                      [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]\n"
-                    "                      [--device cpu|cuda:N] [--threads N]\n"
+                    "                      [--device cpu|cuda:N] [--threads N] [--precision auto|f32|bf16|both]\n"
                     "--threads N: Kiln's compute threads, and the PyTorch peer's (default: KILN_NUM_THREADS,\n"
-                    "else the cores less one)\n");
+                    "else the cores less one)\n"
+                    "--precision: auto (default) runs f32, and bf16 too where the CPU has native bf16\n"
+                    "(avx512_bf16 or amx_bf16); bf16 or both on another CPU time emulated bf16 (a test of the path)\n");
 }
 
-/* 0 on success, 2 on a usage error. */
-static int parse_args(int argc, char **argv, cnn_config *c) {
+/* 0 on success, 2 on a usage error. *precision: --precision's value. */
+static int parse_args(int argc, char **argv, cnn_config *c, const char **precision) {
+    *precision = "auto";
     *c = (cnn_config){.batch = 128,
                       .steps = 5,
                       .repeats = 3,
                       .warmup = 3,
                       .workers = kiln_num_loader_workers(),
                       .profile_rows = 15,
-                      .train = true,
-                      .infer = true,
+                      .mode = {true, true},
                       .peer = true,
                       .python = "/usr/bin/python3"};
     for (int i = 1; i < argc; i++) {
@@ -459,20 +326,22 @@ static int parse_args(int argc, char **argv, cnn_config *c) {
             c->peer_script = argv[++i];
         else if (strcmp(a, "--device") == 0 && has_value)
             i++; /* cpu: any other device went to kiln_bench_cnn_device */
+        else if (strcmp(a, "--precision") == 0 && has_value)
+            *precision = argv[++i];
         else if (strcmp(a, "--no-peer") == 0)
             c->peer = false;
         else if (strcmp(a, "--data") == 0) {
-            c->data = DATA_HOST;
+            c->data = CNN_DATA_HOST;
             if (has_value && strcmp(argv[i + 1], "host") == 0)
                 i++;
             else if (has_value && strcmp(argv[i + 1], "device") == 0)
-                c->data = DATA_DEVICE, i++;
+                c->data = CNN_DATA_DEVICE, i++;
         }
         else if (strcmp(a, "--mode") == 0 && has_value) {
             const char *m = argv[++i];
-            c->train = strcmp(m, "train") == 0 || strcmp(m, "both") == 0;
-            c->infer = strcmp(m, "infer") == 0 || strcmp(m, "both") == 0;
-            if (!c->train && !c->infer) {
+            c->mode[CNN_TRAIN] = strcmp(m, "train") == 0 || strcmp(m, "both") == 0;
+            c->mode[CNN_INFER] = strcmp(m, "infer") == 0 || strcmp(m, "both") == 0;
+            if (!c->mode[CNN_TRAIN] && !c->mode[CNN_INFER]) {
                 fprintf(stderr, "kiln bench cnn: --mode %s: use train, infer or both\n", m);
                 return 2;
             }
@@ -481,12 +350,17 @@ static int parse_args(int argc, char **argv, cnn_config *c) {
             return 2;
         }
     }
-    if (c->steps < 1 || c->repeats < 1 || c->repeats > MAX_REPEATS || c->warmup < 0 || c->batch < 1 ||
+    if (c->steps < 1 || c->repeats < 1 || c->repeats > CNN_MAX_REPEATS || c->warmup < 0 || c->batch < 1 ||
         c->workers < 0 || c->profile_rows < 0) {
         fprintf(stderr,
                 "kiln bench cnn: need --steps >= 1, 1 <= --repeats <= %d, --warmup >= 0, --batch >= 1, "
                 "--workers >= 0, --profile-rows >= 0\n",
-                MAX_REPEATS);
+                CNN_MAX_REPEATS);
+        return 2;
+    }
+    if (strcmp(*precision, "auto") && strcmp(*precision, "f32") && strcmp(*precision, "bf16") &&
+        strcmp(*precision, "both")) {
+        fprintf(stderr, "kiln bench cnn: --precision %s: use auto, f32, bf16 or both\n", *precision);
         return 2;
     }
     return 0;
@@ -523,10 +397,9 @@ static double own_cpu_s(void) {
     return s;
 }
 
-/* One round of one mode: Kiln's timed steps, then the peer's. */
-/* --data: the round's training steps from the loader and on the preloaded
- * batch, loader first on even rounds; the loader steps' time goes to
- * *train_secs (the denominator of the wait fraction). */
+/* --data: the round's f32 training steps from the loader and on the
+ * preloaded batch, loader first on even rounds; the loader steps' time
+ * goes to *train_secs (the denominator of the wait fraction). */
 static kiln_status data_round(cnn_bench *b, const cnn_config *cfg, int round, cnn_series *k, cnn_results *r,
                               double *train_secs) {
     kiln_status st = KILN_OK;
@@ -544,47 +417,72 @@ static kiln_status data_round(cnn_bench *b, const cnn_config *cfg, int round, cn
     return st;
 }
 
-static kiln_status run_round(cnn_bench *b, const cnn_config *cfg, int round, bool train, const char *script,
-                             cnn_series *k, cnn_series *p, cnn_results *r, double *train_secs) {
-    double secs;
-    kiln_status st;
-    if (train && cfg->data) {
-        st = data_round(b, cfg, round, k, r, train_secs);
-    } else {
-        st = run_steps(b, train, cfg->steps, &secs);
-        if (!st) k->v[k->n++] = (double)cfg->batch * cfg->steps / secs;
-    }
-    if (st) return st;
-    if (!script) return KILN_OK;
+/* One peer run into series p; a failure or a skip marks it missing with the reason. */
+static void peer_round(const cnn_config *cfg, const char *script, int prec, int mode, int who, cnn_results *r) {
+    cnn_series *p = &r->s[prec][mode][who];
     bench_cnn_peer_result pr;
-    bench_cnn_peer_run(cfg->python, script, train ? "train" : "infer", cfg->batch, cfg->steps, cfg->warmup,
-                       kiln_num_threads(), &pr);
+    bench_cnn_peer_run(cfg->python, script, mode == CNN_TRAIN ? "train" : "infer", who == CNN_BEST ? "best" : "eager",
+                       prec == CNN_BF16, cfg->bf16_emulated, cfg->batch, cfg->steps, cfg->warmup, kiln_num_threads(),
+                       &pr);
     if (!pr.ok) {
         p->missing = true;
-        if (!r->peer_reason[0]) snprintf(r->peer_reason, sizeof r->peer_reason, "%s", pr.reason);
-        return KILN_OK;
+        char *why = pr.skipped ? r->bf16_reason : r->peer_reason;
+        size_t n = pr.skipped ? sizeof r->bf16_reason : sizeof r->peer_reason;
+        if (!why[0]) snprintf(why, n, "%s", pr.reason);
+        return;
     }
     p->v[p->n++] = pr.img_s;
     snprintf(r->torch_version, sizeof r->torch_version, "%s", pr.torch_version);
+}
+
+/* One round of one precision and mode: Kiln's timed steps, then PyTorch
+ * eager's and PyTorch best's (each a fresh process). */
+static kiln_status run_round(cnn_bench *b, const cnn_config *cfg, int round, int prec, int mode, const char *script,
+                             cnn_results *r, double *train_secs) {
+    cnn_series *k = &r->s[prec][mode][CNN_KILN];
+    double secs;
+    kiln_status st;
+    b->bf16 = prec == CNN_BF16;
+    if (mode == CNN_TRAIN && prec == CNN_F32 && cfg->data) {
+        st = data_round(b, cfg, round, k, r, train_secs);
+    } else {
+        st = run_steps(b, mode == CNN_TRAIN, cfg->steps, &secs);
+        if (!st) k->v[k->n++] = (double)cfg->batch * cfg->steps / secs;
+    }
+    b->bf16 = false;
+    if (st || !script) return st;
+    peer_round(cfg, script, prec, mode, CNN_EAGER, r);
+    peer_round(cfg, script, prec, mode, CNN_BEST, r);
     return KILN_OK;
 }
 
-static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *script, cnn_results *r) {
-    double secs, train_secs = 0;
+static kiln_status warm_up(cnn_bench *b, const cnn_config *cfg) {
+    double secs;
     kiln_status st = KILN_OK;
-    if (cfg->train && cfg->warmup) st = run_steps(b, true, cfg->warmup, &secs);
-    if (!st && cfg->train && cfg->data && cfg->warmup) {
+    for (int p = 0; p < CNN_PRECISIONS && !st && cfg->warmup; p++) {
+        if (!cfg->precision[p]) continue;
+        b->bf16 = p == CNN_BF16;
+        for (int m = 0; m < CNN_MODES && !st; m++)
+            if (cfg->mode[m]) st = run_steps(b, m == CNN_TRAIN, cfg->warmup, &secs);
+    }
+    b->bf16 = false;
+    if (!st && cfg->mode[CNN_TRAIN] && cfg->precision[CNN_F32] && cfg->data && cfg->warmup) {
         b->from_loader = true;
         st = run_steps(b, true, cfg->warmup, &secs);
         b->from_loader = false;
     }
-    if (!st && cfg->infer && cfg->warmup) st = run_steps(b, false, cfg->warmup, &secs);
+    return st;
+}
+
+static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *script, cnn_results *r) {
+    double train_secs = 0;
+    kiln_status st = warm_up(b, cfg);
     b->wait_s = 0;
     double busy0 = busy_cpu_s(), own0 = own_cpu_s(), t0 = tool_now_s();
     for (int i = 0; i < cfg->repeats && !st; i++) {
-        if (cfg->train) st = run_round(b, cfg, i, true, script, &r->train, &r->peer_train, r, &train_secs);
-        if (!st && cfg->infer)
-            st = run_round(b, cfg, i, false, script, &r->infer, &r->peer_infer, r, &train_secs);
+        for (int p = 0; p < CNN_PRECISIONS && !st; p++)
+            for (int m = 0; m < CNN_MODES && !st; m++)
+                if (cfg->precision[p] && cfg->mode[m]) st = run_round(b, cfg, i, p, m, script, r, &train_secs);
         fprintf(stderr, "round %d/%d done\n", i + 1, cfg->repeats);
     }
     r->wait_frac = cfg->data && train_secs > 0 ? b->wait_s / train_secs : -1;
@@ -595,34 +493,23 @@ static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *scri
     return st;
 }
 
-static void print_table(const cnn_config *cfg, const cnn_results *r) {
-    double gt = GFLOP_TRAIN_128 / 128.0, gf = GFLOP_FWD_128 / 128.0;
-    printf("\n%-6s %-6s %34s %10s %9s %9s\n", "mode", "who", "img/s median [min-max]", "ms/step", "GFLOP/s",
-           "kiln/peer");
-    if (cfg->train) {
-        print_row("train", cfg->data ? "loader" : "kiln", &r->train, gt, &r->peer_train);
-        if (cfg->data) print_row("train", "preld", &r->train_pre, gt, &r->peer_train);
-        if (cfg->peer) print_row("train", "torch", &r->peer_train, gt, NULL);
-    }
-    if (cfg->infer) {
-        print_row("infer", "kiln", &r->infer, gf, &r->peer_infer);
-        if (cfg->peer) print_row("infer", "torch", &r->peer_infer, gf, NULL);
-    }
-    if (r->wait_frac >= 0 && cfg->data == DATA_HOST)
-        printf("--data host: loader steps (%d worker%s, pinned batches) ran at %.1f%% of the preloaded steps' "
-               "images/s and waited for batches %.1f%% of their time\n",
-               cfg->workers, cfg->workers == 1 ? "" : "s",
-               has_figures(&r->train_pre) ? 100.0 * median(&r->train) / median(&r->train_pre) : 0.0,
-               100.0 * r->wait_frac);
-    else if (r->wait_frac >= 0)
-        printf("--data device: loader steps (dataset on the device, batches made by ops) ran at %.1f%% of the "
-               "preloaded steps' images/s; making the batches took %.1f%% of their time\n",
-               has_figures(&r->train_pre) ? 100.0 * median(&r->train) / median(&r->train_pre) : 0.0,
-               100.0 * r->wait_frac);
-    if (r->peer_reason[0]) printf("peer figures missing: %s\n", r->peer_reason);
-    printf("load average (1 min): %.2f before, %.2f after; other processes used %.2f cores meanwhile%s\n",
-           r->load_before, r->load_after, r->foreign_cores,
-           r->foreign_cores > 0.1 ? " (above 0.1: the figures are disturbed, run again)" : "");
+/* Which precisions run (--precision), and why bf16 does not or runs emulated. */
+static void choose_precisions(cnn_config *cfg, const char *precision, cnn_results *r) {
+    bool f32 = strcmp(precision, "bf16") != 0, bf16 = strcmp(precision, "f32") != 0;
+    bool native = r->cpu.native_bf16, asked = strcmp(precision, "auto") != 0;
+    cfg->precision[CNN_F32] = f32;
+    cfg->precision[CNN_BF16] = bf16 && (native || asked);
+    cfg->bf16_emulated = cfg->precision[CNN_BF16] && !native;
+    if (bf16 && !native)
+        snprintf(r->bf16_reason, sizeof r->bf16_reason,
+                 "this CPU has no native bf16 (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo): %s",
+                 asked ? "--precision asked for it, so both sides time emulated bf16, a test of the path and not "
+                         "a measure of speed"
+                       : "bf16 skipped on both sides (--precision bf16 or both times the emulation anyway)");
+    else if (cfg->precision[CNN_BF16] && !r->kiln_bf16_fast)
+        snprintf(r->bf16_reason, sizeof r->bf16_reason,
+                 "the CPU has native bf16, but Kiln's fast CPU kernels are f32-only: Kiln's bf16 takes the "
+                 "reference kernels");
 }
 
 int kiln_bench_cnn(int argc, char **argv) {
@@ -631,7 +518,8 @@ int kiln_bench_cnn(int argc, char **argv) {
         if (strcmp(argv[i], "--device") == 0 && strcmp(argv[i + 1], "cpu") != 0)
             return kiln_bench_cnn_device(argc, argv);
     cnn_config cfg;
-    int rc = parse_args(argc, argv, &cfg);
+    const char *precision;
+    int rc = parse_args(argc, argv, &cfg, &precision);
     if (rc) return rc;
     if (kiln_init()) {
         fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
@@ -640,35 +528,45 @@ int kiln_bench_cnn(int argc, char **argv) {
     cnn_results r;
     memset(&r, 0, sizeof r);
     r.wait_frac = -1;
+    bench_cpu_info_get(&r.cpu);
+    r.kiln_bf16_fast = kiln_kernels_fast_covers(KILN_DEVICE_CPU, "conv2d", KILN_BF16) &&
+                       kiln_kernels_fast_covers(KILN_DEVICE_CPU, "mm", KILN_BF16);
+    choose_precisions(&cfg, precision, &r);
     char script_buf[4096];
     const char *script = NULL;
     if (cfg.peer)
         script = bench_cnn_peer_find(cfg.peer_script, script_buf, sizeof script_buf, r.peer_reason,
                                      sizeof r.peer_reason);
-    if (cfg.peer && !script)
-        r.peer_train.missing = r.peer_infer.missing = true;
-    else if (!cfg.peer)
+    if (cfg.peer && !script) {
+        for (int p = 0; p < CNN_PRECISIONS; p++)
+            for (int m = 0; m < CNN_MODES; m++) r.s[p][m][CNN_EAGER].missing = r.s[p][m][CNN_BEST].missing = true;
+    } else if (!cfg.peer) {
         snprintf(r.peer_reason, sizeof r.peer_reason, "--no-peer");
+    }
     r.load_before = load_1m();
     printf("kiln bench cnn: OptimizedCNN 3x32x32, batch %d, Adam 1e-3, cross-entropy; %d warm-up, %d rounds "
-           "of %d steps; %d threads (kiln and peer); inputs %s; peer %s\n",
-           cfg.batch, cfg.warmup, cfg.repeats, cfg.steps, kiln_num_threads(),
-           cfg.data == DATA_HOST     ? "from the loader (synthetic CIFAR, host path) and fixed randn"
-           : cfg.data == DATA_DEVICE ? "from the loader (synthetic CIFAR, dataset on the device) and fixed randn"
-                                     : "fixed randn",
+           "of %d steps; %d threads (kiln and peer); precisions %s%s; inputs %s; peer %s (eager and best setups)\n",
+           cfg.batch, cfg.warmup, cfg.repeats, cfg.steps, kiln_num_threads(), cfg.precision[CNN_F32] ? "f32" : "",
+           cfg.precision[CNN_BF16] ? (cfg.precision[CNN_F32] ? " bf16" : "bf16") : "",
+           cfg.data == CNN_DATA_HOST     ? "from the loader (synthetic CIFAR, host path) and fixed randn"
+           : cfg.data == CNN_DATA_DEVICE ? "from the loader (synthetic CIFAR, dataset on the device) and fixed randn"
+                                         : "fixed randn",
            script ? script : "off");
     fflush(stdout);
+    /* The peak first, on the benchmark's own thread count, before anything else runs. */
+    bench_fma_peak_measure(kiln_num_threads(), 0.5, &r.peak);
     cnn_bench b;
     memset(&b, 0, sizeof b);
     kiln_status st = cnn_setup(&b, &cfg);
+    if (!st) st = cnn_flops(b.model, cfg.batch, &r.gflop_fwd, &r.gflop_train);
     if (!st) st = run_all(&b, &cfg, script, &r);
     r.load_after = load_1m();
-    if (!st) print_table(&cfg, &r);
+    if (!st) cnn_print_table(&cfg, &r);
     if (!st && cfg.profile_rows > 0) st = profile_step(&b, cfg.profile_rows);
     if (st)
         fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
     else
-        print_json(&cfg, &r);
+        cnn_print_json(&cfg, &r);
     cnn_teardown(&b);
     return st ? 1 : 0;
 }
