@@ -13,6 +13,8 @@ int kiln_bench_cnn(int argc, char **argv);
 int kiln_bench_loader(int argc, char **argv);
 int kiln_bench_profiler(int argc, char **argv);
 int kiln_bench_checkpoint(int argc, char **argv);
+/* plan.c: kiln plan's predicted peaks against measured ones, the whole matrix. */
+int kiln_bench_plan(int argc, char **argv);
 /* data_parallel.c: DataParallel's load per device (exit 77 without two
  * CUDA devices). */
 int kiln_bench_dataparallel(int argc, char **argv);
@@ -21,6 +23,10 @@ int kiln_bench_dataparallel(int argc, char **argv);
  * hidden behind backward (exit 77 without mpirun or MPI). `--worker` is
  * one rank of the measured job, started by the benchmark itself. */
 int kiln_bench_ddp(int argc, char **argv);
+/* main_job.c: Kiln's default `kiln train` against the same recipe in
+ * PyTorch (bench/peer/fmnist_train.py), interleaved: training-loop seconds
+ * per epoch and final test accuracy. */
+int kiln_bench_main_job(int argc, char **argv);
 /* gpu.c: GPU benchmarks (exit 77 with the reason without a CUDA device).
  * kiln_bench_cnn runs kiln_bench_cnn_device for --device cuda:N. */
 int kiln_bench_cnn_device(int argc, char **argv);

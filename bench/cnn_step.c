@@ -47,7 +47,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -371,32 +370,6 @@ static double load_1m(void) {
     return getloadavg(l, 1) == 1 ? l[0] : -1;
 }
 
-/* CPU seconds all processes have been busy (from /proc/stat's "cpu" line:
- * user, nice, system, irq, softirq, steal), or a negative value. */
-static double busy_cpu_s(void) {
-    FILE *f = fopen("/proc/stat", "r");
-    if (!f) return -1;
-    unsigned long long v[8] = {0};
-    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
-                   &v[6], &v[7]);
-    fclose(f);
-    if (n != 8) return -1;
-    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)sysconf(_SC_CLK_TCK);
-}
-
-/* CPU seconds of this process and its waited-for children (the peers). */
-static double own_cpu_s(void) {
-    struct rusage self, kids;
-    getrusage(RUSAGE_SELF, &self);
-    getrusage(RUSAGE_CHILDREN, &kids);
-    double s = 0;
-    const struct rusage *u[2] = {&self, &kids};
-    for (int i = 0; i < 2; i++)
-        s += (double)u[i]->ru_utime.tv_sec + 1e-6 * (double)u[i]->ru_utime.tv_usec +
-             (double)u[i]->ru_stime.tv_sec + 1e-6 * (double)u[i]->ru_stime.tv_usec;
-    return s;
-}
-
 /* --data: the round's f32 training steps from the loader and on the
  * preloaded batch, loader first on even rounds; the loader steps' time
  * goes to *train_secs (the denominator of the wait fraction). */
@@ -478,7 +451,7 @@ static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *scri
     double train_secs = 0;
     kiln_status st = warm_up(b, cfg);
     b->wait_s = 0;
-    double busy0 = busy_cpu_s(), own0 = own_cpu_s(), t0 = tool_now_s();
+    double busy0 = bench_cpu_busy_s(), own0 = bench_cpu_own_s(), t0 = tool_now_s();
     for (int i = 0; i < cfg->repeats && !st; i++) {
         for (int p = 0; p < CNN_PRECISIONS && !st; p++)
             for (int m = 0; m < CNN_MODES && !st; m++)
@@ -486,9 +459,9 @@ static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *scri
         fprintf(stderr, "round %d/%d done\n", i + 1, cfg->repeats);
     }
     r->wait_frac = cfg->data && train_secs > 0 ? b->wait_s / train_secs : -1;
-    double busy1 = busy_cpu_s(), wall = tool_now_s() - t0;
+    double busy1 = bench_cpu_busy_s(), wall = tool_now_s() - t0;
     r->foreign_cores =
-        busy0 >= 0 && busy1 >= 0 && wall > 0 ? (busy1 - busy0 - (own_cpu_s() - own0)) / wall : -1;
+        busy0 >= 0 && busy1 >= 0 && wall > 0 ? (busy1 - busy0 - (bench_cpu_own_s() - own0)) / wall : -1;
     if (r->foreign_cores < 0 && busy0 >= 0 && busy1 >= 0) r->foreign_cores = 0; /* clock-tick rounding */
     return st;
 }
@@ -545,13 +518,13 @@ int kiln_bench_cnn(int argc, char **argv) {
     }
     r.load_before = load_1m();
     printf("kiln bench cnn: OptimizedCNN 3x32x32, batch %d, Adam 1e-3, cross-entropy; %d warm-up, %d rounds "
-           "of %d steps; %d threads (kiln and peer); precisions %s%s; inputs %s; peer %s (eager and best setups)\n",
+           "of %d steps; %d threads (kiln and peer); precisions %s%s; inputs %s; peer %s%s\n",
            cfg.batch, cfg.warmup, cfg.repeats, cfg.steps, kiln_num_threads(), cfg.precision[CNN_F32] ? "f32" : "",
            cfg.precision[CNN_BF16] ? (cfg.precision[CNN_F32] ? " bf16" : "bf16") : "",
            cfg.data == CNN_DATA_HOST     ? "from the loader (synthetic CIFAR, host path) and fixed randn"
            : cfg.data == CNN_DATA_DEVICE ? "from the loader (synthetic CIFAR, dataset on the device) and fixed randn"
                                          : "fixed randn",
-           script ? script : "off");
+           script ? script : "off", script ? " (eager and best setups)" : "");
     fflush(stdout);
     /* The peak first, on the benchmark's own thread count, before anything else runs. */
     bench_fma_peak_measure(kiln_num_threads(), 0.5, &r.peak);

@@ -8,6 +8,8 @@
 #include "cpu_peak.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,4 +203,32 @@ void bench_fma_peak_measure(int threads, double seconds, bench_fma_peak *out) {
         out->isa = zmm ? "zmm (AVX-512F)" : "ymm (AVX2+FMA)";
     }
     free(t), free(ids), free(rates);
+}
+
+/* ---- CPU time ------------------------------------------------------------------------------ */
+
+/* CPU seconds all processes have been busy (from /proc/stat's "cpu" line:
+ * user, nice, system, irq, softirq, steal), or a negative value. */
+double bench_cpu_busy_s(void) {
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f) return -1;
+    unsigned long long v[8] = {0};
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                   &v[6], &v[7]);
+    fclose(f);
+    if (n != 8) return -1;
+    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* CPU seconds of this process and its waited-for children (the peers). */
+double bench_cpu_own_s(void) {
+    struct rusage self, kids;
+    getrusage(RUSAGE_SELF, &self);
+    getrusage(RUSAGE_CHILDREN, &kids);
+    double s = 0;
+    const struct rusage *u[2] = {&self, &kids};
+    for (int i = 0; i < 2; i++)
+        s += (double)u[i]->ru_utime.tv_sec + 1e-6 * (double)u[i]->ru_utime.tv_usec +
+             (double)u[i]->ru_stime.tv_sec + 1e-6 * (double)u[i]->ru_stime.tv_usec;
+    return s;
 }

@@ -32,4 +32,11 @@ typedef struct bench_fma_peak {
  * long. gflop_s is 0 with isa "none" on a CPU without FMA (or not x86-64),
  * or when a thread cannot be started. */
 void bench_fma_peak_measure(int threads, double seconds, bench_fma_peak *out);
+
+/* CPU seconds all processes have been busy since boot (/proc/stat's "cpu"
+ * line: user, nice, system, irq, softirq, steal), or -1 when unreadable;
+ * with bench_cpu_own_s (this process and its waited-for children) the
+ * difference over a run is the CPU other processes used meanwhile. */
+double bench_cpu_busy_s(void);
+double bench_cpu_own_s(void);
 #endif
