@@ -116,6 +116,9 @@ static const bench_entry benches[] = {
      "it runs on the list given by --devices (default cuda:0,cuda:1)"},
     {"ddp", kiln_bench_ddp, "DDP over mpirun processes vs PyTorch DDP (gloo): img/s, scaling, all-reduce hidden",
      "it trains on CPU tensors over MPI, and NCCL is not built"},
+    {"main-job", kiln_bench_main_job,
+     "kiln train's default recipe vs the same in PyTorch (interleaved): s/epoch, test accuracy",
+     "it runs kiln train on the CPU with its default device choice"},
 };
 
 /* --device given to a benchmark that has no device choice: 2, said. */
