@@ -289,11 +289,13 @@ static kiln_status make_room(fused_batch *b, const kiln_optim_kernels *k, kiln_d
 }
 
 /* torch.optim.sgd._single_tensor_sgd for one parameter; g consumed. */
-static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_batch *b) {
+/* fresh: prepare() made the momentum buffer for this step (its first):
+ * PyTorch then sets it to the gradient instead of blending. */
+static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_batch *b, bool fresh) {
     const kiln_sgd_opts *s = &o->sgd;
     kiln_tensor *p = o->params[i];
     kiln_tensor **buf0 = &o->state[0][i];
-    bool first = s->momentum != 0 && !*buf0;
+    bool first = s->momentum != 0 && (fresh || !*buf0);
     if (first && fused_for((kiln_tensor *[]){p, g}, 2) && !set_state(buf0, kiln_new_zeros(p, kiln_shape_of(p)))) {
         kiln_tensor_drop(g);
         return kiln_error_last()->status;
@@ -343,13 +345,13 @@ static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_b
     const kiln_adam_opts *a = &o->adam;
     kiln_tensor *p = o->params[i];
     kiln_tensor **m = &o->state[0][i], **v = &o->state[1][i], **vmax = &o->state[2][i];
-    if (a->maximize) g = c_neg(g);
-    if (!g) return kiln_error_last()->status;
     if (!*m && !set_state(m, kiln_new_zeros(p, kiln_shape_of(p)))) goto fail;
     if (!*v && !set_state(v, kiln_new_zeros(p, kiln_shape_of(p)))) goto fail;
     if (a->amsgrad && !*vmax && !set_state(vmax, kiln_new_zeros(p, kiln_shape_of(p)))) goto fail;
-    int64_t step = ++o->steps[i];
     const kiln_optim_kernels *fk = fused_for((kiln_tensor *[]){p, g, *m, *v, a->amsgrad ? *vmax : NULL}, 5);
+    /* The fused kernel negates the gradient itself: nothing to allocate. */
+    if (!fk && a->maximize && !(g = c_neg(g))) return kiln_error_last()->status;
+    int64_t step = ++o->steps[i];
     if (fk) {
         double bc1 = 1.0 - pow(a->beta1, (double)step), bc2 = 1.0 - pow(a->beta2, (double)step);
         kiln_status rc = make_room(b, fk, kiln_get_device(p), true);
@@ -359,7 +361,7 @@ static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_b
                                          .g = data_of(g), .m = data_of(*m), .v = data_of(*v),
                                          .vmax = a->amsgrad ? data_of(*vmax) : NULL,
                                          .adamw = o->kind == KILN_OPTIM_ADAMW, .amsgrad = a->amsgrad,
-                                         .maximize = false /* g was negated above */, .lr = o->lr,
+                                         .maximize = a->maximize, .lr = o->lr,
                                          .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps,
                                          .weight_decay = a->weight_decay, .step_size = o->lr / bc1,
                                          .bc2_sqrt = sqrt(bc2)};
@@ -411,9 +413,56 @@ fail:
     return kiln_error_last()->status ? kiln_error_last()->status : KILN_ERR_INTERNAL;
 }
 
+/* Before any parameter moves: every state the fused updates need is made
+ * and every tensor they read is in a strided layout, so the updates
+ * themselves allocate nothing and an out-of-memory leaves the optimizer
+ * and the parameters as they were (states made here are dropped again).
+ * Parameters the op-by-op path updates (no fused kernel for their device
+ * and dtype) make their state and temporaries as they go: a failure there
+ * can leave earlier parameters updated (docs/memory.md). */
+static kiln_status prepare(kiln_optimizer *o, bool adam, bool **fresh_out) {
+    kiln_status st = KILN_OK;
+    int i = 0;
+    bool *fresh = KILN_CALLOC((size_t)o->n * KILN_OPTIM_STATES + 1, sizeof *fresh);
+    *fresh_out = fresh;
+    if (!fresh) return KILN_ERR_OUT_OF_MEMORY;
+    for (; i < o->n && !st; i++) {
+        kiln_tensor *p = o->params[i], *g = kiln_grad(p);
+        kiln_error_clear();
+        if (!g) continue;
+        bool needs[KILN_OPTIM_STATES] = {adam || o->sgd.momentum != 0, adam, adam && o->adam.amsgrad};
+        if (fused_for((kiln_tensor *[]){p, g}, 2)) {
+            for (int k = 0; k < KILN_OPTIM_STATES && !st; k++) {
+                if (!needs[k] || o->state[k][i]) continue;
+                if (!set_state(&o->state[k][i], kiln_new_zeros(p, kiln_shape_of(p))))
+                    st = kiln_error_last()->status ? kiln_error_last()->status : KILN_ERR_OUT_OF_MEMORY;
+                else
+                    fresh[(size_t)i * KILN_OPTIM_STATES + k] = true;
+            }
+            kiln_tensor *all[2 + KILN_OPTIM_STATES] = {p, g};
+            for (int k = 0; k < KILN_OPTIM_STATES; k++) all[2 + k] = needs[k] ? o->state[k][i] : NULL;
+            if (!st) st = strided_all(all, 2 + KILN_OPTIM_STATES);
+        }
+        kiln_tensor_drop(g);
+    }
+    if (st) {
+        for (int j = 0; j < o->n; j++)
+            for (int k = 0; k < KILN_OPTIM_STATES; k++)
+                if (fresh[(size_t)j * KILN_OPTIM_STATES + k]) {
+                    kiln_tensor_drop(o->state[k][j]);
+                    o->state[k][j] = NULL;
+                }
+        free(fresh);
+        *fresh_out = NULL;
+    }
+    return st;
+}
+
 static kiln_status step_body(kiln_optimizer *o) {
     fused_batch b = {.n = 0};
     bool adam = o->kind != KILN_OPTIM_SGD;
+    bool *fresh = NULL;
+    KILN_TRY(prepare(o, adam, &fresh));
     kiln_status st = KILN_OK;
     for (int i = 0; i < o->n && !st; i++) {
         kiln_error_clear();
@@ -424,12 +473,13 @@ static kiln_status step_body(kiln_optimizer *o) {
         }
         if (!adam) {
             o->steps[i]++;
-            st = sgd_update(o, i, g, &b);
+            st = sgd_update(o, i, g, &b, fresh[(size_t)i * KILN_OPTIM_STATES]);
         } else {
             st = adam_update(o, i, g, &b);
         }
     }
     kiln_status fs = flush(&b, adam);
+    free(fresh);
     if (st || fs) return st ? st : fs;
     o->step_count++;
     return KILN_OK;

@@ -12,7 +12,8 @@
  * with the injected message (never a crash, an abort or another status),
  * or be absorbed by a fallback that still succeeds; the library must stay
  * usable (the next step, with allocation restored, succeeds and its loss
- * is finite) and every byte the caching allocator handed out must come
+ * is finite; after a first step that failed, it is the clean run's first
+ * or second loss: nothing was half applied) and every byte the caching allocator handed out must come
  * back (allocated bytes return to the baseline; LeakSanitizer checks the
  * host side in the ASan tier). Prints the number of injection points. */
 #include <math.h>
@@ -122,16 +123,34 @@ static int check_outcome(kiln_status st, const char *what, int64_t at) {
 
 /* One injection: allocation i of a step fails; the outcome is checked and
  * the next step, with allocation restored, must succeed with a finite
- * loss. Returns 1 when the failure came back as an error. */
-static int fail_then_recover(net *n, kiln_tensor *x, kiln_tensor *y, const char *phase, int64_t i) {
+ * loss. A failed step is undone as kiln train undoes it (the model's
+ * snapshot put back: BatchNorm's running statistics). With clean[0] and
+ * clean[1] given (the first walk: the losses of a clean run's first two
+ * steps), the next step's loss must be one of them: the failed step took
+ * no effect, or took all of it (a failure after the optimizer step), never
+ * part (the optimizer's step is all or nothing). Returns 1 when the failure
+ * came back as an error. */
+static int fail_then_recover(net *n, kiln_tensor *x, kiln_tensor *y, const char *phase, int64_t i,
+                             const double *clean) {
     double loss = 0, after = NAN;
+    kiln_step_snapshot *snap = kiln_step_snapshot_take(n->model);
+    CHECK_MSG(snap != NULL, "snapshot: %s", kiln_error_message());
     kiln_memory_fail_nth(i);
     kiln_status st = step(n, x, y, &loss);
     kiln_memory_fail_nth(-1);
     int error = check_outcome(st, n->cfg->name, i);
+    if (st && snap) CHECK_OK(kiln_step_snapshot_restore(snap));
+    kiln_step_snapshot_free(snap);
     CHECK_MSG(step(n, x, y, &after) == KILN_OK, "%s %s, allocation %lld: the next step failed: %s", n->cfg->name,
               phase, (long long)i, kiln_error_message());
     CHECK_MSG(isfinite(after), "%s %s, allocation %lld: next loss %g", n->cfg->name, phase, (long long)i, after);
+    if (clean) {
+        bool none = fabs(after - clean[0]) <= 1e-5 * fabs(clean[0]), all = fabs(after - clean[1]) <= 1e-5 * fabs(clean[1]);
+        CHECK_MSG(st ? (none || all) : all,
+                  "%s %s, allocation %lld (%s): the next loss %.9g is neither the clean first step's %.9g nor its "
+                  "second's %.9g: the failed step was half applied",
+                  n->cfg->name, phase, (long long)i, st ? "failed" : "absorbed", after, clean[0], clean[1]);
+    }
     return error;
 }
 
@@ -139,10 +158,11 @@ static void test_first_step(const config *cfg, kiln_tensor *x, kiln_tensor *y) {
     size_t base = kiln_memory_allocated(cfg->device);
     net n;
     CHECK(net_make(&n, cfg));
-    double clean_loss = 0;
+    double clean[2] = {0, 0};
     kiln_memory_fail_nth(-1);
-    CHECK_OK(step(&n, x, y, &clean_loss));
+    CHECK_OK(step(&n, x, y, &clean[0]));
     int64_t count = kiln_memory_alloc_count();
+    CHECK_OK(step(&n, x, y, &clean[1]));
     net_free(&n);
     CHECK_MSG(count > 10, "a first step made only %lld allocations", (long long)count);
     int errors = 0;
@@ -152,7 +172,7 @@ static void test_first_step(const config *cfg, kiln_tensor *x, kiln_tensor *y) {
             CHECK_MSG(false, "model setup failed: %s", kiln_error_message());
             break;
         }
-        errors += fail_then_recover(&m, x, y, "first step", i);
+        errors += fail_then_recover(&m, x, y, "first step", i, clean);
         net_free(&m);
         CHECK_MSG(kiln_memory_allocated(cfg->device) == base,
                   "%s first step, allocation %lld: %zu bytes still allocated after freeing everything (base %zu)",
@@ -175,7 +195,7 @@ static void test_steady_state(const config *cfg, kiln_tensor *x, kiln_tensor *y)
     int64_t count = kiln_memory_alloc_count();
     int errors = 0;
     for (int64_t i = 0; i < count; i++) {
-        errors += fail_then_recover(&n, x, y, "steady step", i);
+        errors += fail_then_recover(&n, x, y, "steady step", i, NULL);
         CHECK_MSG(kiln_memory_allocated(cfg->device) == trained,
                   "%s steady step, allocation %lld: %zu bytes allocated between steps, %zu before", cfg->name,
                   (long long)i, kiln_memory_allocated(cfg->device), trained);
