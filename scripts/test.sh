@@ -155,7 +155,7 @@ tier_emu() {
   configure_build "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_CUDA_EMULATION=ON -DKILN_WITH_CUDA=OFF \
     -DKILN_WERROR=ON || return 1
   grep -q "cuda=emulated" "$d/generated/kiln_config.h" || { echo "tier emu: the emulation build was not enabled"; return 1; }
-  run_ctest --test-dir "$d" -L "emu|runtime|tensor|ops|data|diag|optim" -LE slow --no-tests=error "${ctest_args[@]}" || return 1
+  run_ctest --test-dir "$d" -L "emu|runtime|tensor|ops|data|diag|optim|plan" -LE slow --no-tests=error "${ctest_args[@]}" || return 1
   # The tutorial CNN with f16 autocast and the grad scaler on emulated
   # cuda:0 (the nn layer's one device test; the others are CPU-only).
   run_ctest --test-dir "$d" -R '^nn/test_amp_cnn$' --no-tests=error "${ctest_args[@]}" || return 1

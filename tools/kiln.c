@@ -109,6 +109,8 @@ static const bench_entry benches[] = {
      "it measures the profiler's host-side cost on CPU ops"},
     {"copy", kiln_bench_copy, "host-to-device copy GB/s, pageable vs pinned (--device cuda:N)", NULL},
     {"gemm", kiln_bench_gemm, "cuBLASLt mm TFLOP/s in f32/tf32/f16/bf16 vs the GPU's peak (--device cuda:N)", NULL},
+    {"plan", kiln_bench_plan, "kiln plan's predicted step peaks vs measured, every model/batch/amp/checkpoint case",
+     NULL},
     {"checkpoint", kiln_bench_checkpoint,
      "gradient checkpointing: activation memory saved, step time cost; --device D", NULL},
     {"dataparallel", kiln_bench_dataparallel,

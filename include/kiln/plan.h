@@ -7,11 +7,11 @@
  * device or host memory is touched beyond the planner's bookkeeping.
  *
  * The step is the first one of a run, as `kiln train` takes it:
- *   1. the loader's batch: pinned host buffers (kiln train pins them on
- *      every device); on CUDA also the device copies, made on the
- *      loader's copy stream, of this batch and of the next one, which the
- *      prefetcher stages while this one trains (loader with 0 workers: each
- *      worker adds up to prefetch_factor more pinned batches);
+ *   1. the loader's batch, as a loader with 0 workers makes it: pinned
+ *      host buffers (kiln train pins them on every device), and on CUDA the
+ *      device copy made on the loader's copy stream (with N workers, up to
+ *      N * prefetch_factor more pinned batches and one more device batch
+ *      can be alive, depending on timing: not planned);
  *   2. zero_grad (set to none), then kiln_accumulate_backward_scaled over
  *      `accum` micro-batches (autocast and the grad scaler with --amp;
  *      checkpoint segments placed by kiln_nn_sequential_checkpoint_by_memory
@@ -102,9 +102,12 @@ kiln_status kiln_plan_step(const kiln_plan_opts *opts, kiln_plan *out);
  * the device is done. parts, phase and op stay empty. */
 kiln_status kiln_plan_measure(const kiln_plan_opts *opts, kiln_plan *out);
 
-/* With a budget of `budget` bytes reserved on the device:
- * the largest batch (>= 1) whose planned step fits, in *batch (0: not even
- * batch 1 fits); at most `max_batch` (0: 1 << 20). */
+/* With a budget of `budget` bytes reserved on the device: the largest
+ * batch whose planned step fits, in *batch (0: not even batch 1 fits), at
+ * most `max_batch` (0: 1 << 20). Found by doubling, then bisection, so the
+ * answer fits and the batch above it does not; the reserved peak steps
+ * with segment sizes and is not strictly monotonic in the batch, so a
+ * larger batch elsewhere may fit too. */
 kiln_status kiln_plan_max_batch(const kiln_plan_opts *opts, int64_t budget, int64_t max_batch, int64_t *batch);
 /* The fewest checkpoint segments (2 and up, at most the Sequential's
  * layers) that make opts' step fit, in *segments: 0 when it fits without

@@ -67,7 +67,7 @@ static kiln_status make_loader(step_ctx *c) {
     const kiln_plan_opts *o = c->o;
     int64_t *ctx = KILN_MALLOC(2 * sizeof *ctx);
     if (!ctx) return KILN_ERR_OUT_OF_MEMORY;
-    /* Two batches: the loader stages the next while the step runs. */
+    /* Two batches, as in an epoch whose step is not its last. */
     ctx[0] = 2 * o->batch, ctx[1] = o->channels * o->height * o->width;
     kiln_sample_info info = {KILN_U8, (int)o->channels, (int)o->height, (int)o->width, 10};
     static const kiln_dataset_ops ops = {zeros_length, zeros_get, zeros_free};
@@ -145,12 +145,13 @@ static kiln_status meta_batch(step_ctx *c, kiln_stream *stream, kiln_tensor **x,
 
 /* What kiln train's loader allocates for a batch (src/data/loader.c,
  * prefetch.c), 0 workers: one pinned buffer pair (x f32, y i64); on CUDA
- * the device copies of this batch and of the next, staged on the copy
- * stream. On the CPU the step reads the pinned buffer itself: a batch on
+ * the device copy of the batch, made on the copy stream. (With 0 workers
+ * the prefetcher stages the next batch only when it is already made, which
+ * it never is: making it would block. With workers it may be: up to one
+ * more device batch.) On the CPU the step reads the pinned buffer itself: a batch on
  * a meta stream of its own stands for it (its blocks never share the
  * device's pools and are left out of the device's numbers). */
-static kiln_status plan_batch(step_ctx *c, plan_sets *sets, kiln_tensor **x, kiln_tensor **y, kiln_tensor **next_x,
-                              kiln_tensor **next_y) {
+static kiln_status plan_batch(step_ctx *c, plan_sets *sets, kiln_tensor **x, kiln_tensor **y) {
     const kiln_plan_opts *o = c->o;
     size_t xb = (size_t)(o->batch * o->channels * o->height * o->width) * sizeof(float);
     size_t yb = (size_t)o->batch * sizeof(int64_t);
@@ -159,12 +160,9 @@ static kiln_status plan_batch(step_ctx *c, plan_sets *sets, kiln_tensor **x, kil
     KILN_TRY(kiln_caching_allocator_malloc(c->pinned, xb, host, &px));
     KILN_TRY(kiln_caching_allocator_malloc(c->pinned, yb, host, &py));
     KILN_TRY(meta_batch(c, c->side_stream, x, y));
-    if (o->device.type == KILN_DEVICE_CUDA) KILN_TRY(meta_batch(c, c->side_stream, next_x, next_y));
     if (o->device.type == KILN_DEVICE_CPU) sets->batch_stream = kiln_stream_id(c->side_stream);
     KILN_TRY(plan_addrs_add(&sets->batch, *x));
-    KILN_TRY(plan_addrs_add(&sets->batch, *y));
-    KILN_TRY(plan_addrs_add(&sets->batch, *next_x));
-    return plan_addrs_add(&sets->batch, *next_y);
+    return plan_addrs_add(&sets->batch, *y);
 }
 
 /* zero_grad, forward and backward over the micro-batches, the optimizer
@@ -191,6 +189,14 @@ static kiln_status train_step(step_ctx *c, kiln_tensor *x, kiln_tensor *y) {
     bool stepped = false;
     if (!st && c->scaler) st = kiln_grad_scaler_step(c->scaler, c->opt, &stepped);
     if (!st && c->scaler && kiln_grad_scaler_options(c->scaler)->enabled) st = kiln_grad_scaler_update(c->scaler);
+    /* The scaler's step reads its inf flag with kiln_item, which on a CUDA
+     * device stages the value through a 16-byte pinned block. */
+    if (!st && !c->measure && c->scaler && kiln_grad_scaler_options(c->scaler)->enabled &&
+        o->device.type == KILN_DEVICE_CUDA) {
+        void *flag = NULL;
+        st = kiln_caching_allocator_malloc(c->pinned, 16, 0, &flag);
+        if (!st) st = kiln_caching_allocator_free(c->pinned, flag);
+    }
     if (!st && c->scaler && !stepped)
         st = KILN_RAISE(KILN_ERR_STATE, "report it: the measured step's zeros should give finite gradients",
                         "kiln_plan_measure: the grad scaler skipped the step (inf/NaN gradients), so Adam's "
@@ -232,8 +238,8 @@ static kiln_status run_step(step_ctx *c, plan_sets *sets, kiln_plan *out) {
     kiln_caching_allocator_reset_peak(pinned);
     kiln_scope_begin();
     plan_phase_set(PLAN_PHASE_BATCH);
-    kiln_tensor *x = NULL, *y = NULL, *nx = NULL, *ny = NULL;
-    kiln_status st = c->measure ? kiln_loader_next(c->loader, &x, &y) : plan_batch(c, sets, &x, &y, &nx, &ny);
+    kiln_tensor *x = NULL, *y = NULL;
+    kiln_status st = c->measure ? kiln_loader_next(c->loader, &x, &y) : plan_batch(c, sets, &x, &y);
     if (!st) st = train_step(c, x, y);
     if (!st) st = kiln_device_synchronize(c->dev);
     if (!st && !c->measure) st = collect_sets(c, sets);
@@ -245,8 +251,6 @@ static kiln_status run_step(step_ctx *c, plan_sets *sets, kiln_plan *out) {
     if (!st && !c->measure) st = plan_breakdown_read(sets, sets->batch_stream, &out->memory[0]);
     kiln_release(x);
     kiln_release(y);
-    kiln_release(nx);
-    kiln_release(ny);
     kiln_scope_end();
     plan_phase_set(PLAN_PHASE_SETUP);
     return st;

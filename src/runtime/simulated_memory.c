@@ -1,8 +1,9 @@
 /* Simulated raw memory for the meta device: a private address range handed
  * out top-down (the highest free range that fits, from its top end, as
- * Linux's mmap places the large host allocations a CPU segment is), so the caching allocator above it sees the same sizes,
- * pools, splits and segment counts as on a real device, while no byte is
- * ever touched. The addresses are never dereferenced (host_accessible is
+ * Linux's mmap places the large host allocations a CPU segment is), so the
+ * caching allocator above it sees the same sizes, pools, splits, segment
+ * counts and segment order as on a real device, while no byte is ever
+ * touched. The addresses are never dereferenced (host_accessible is
  * false). */
 #include <stdio.h>
 #include <stdlib.h>
