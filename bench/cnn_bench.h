@@ -22,10 +22,10 @@ enum { CNN_DATA_NONE = 0, CNN_DATA_HOST, CNN_DATA_DEVICE };
 
 typedef struct cnn_config {
     int batch, steps, repeats, warmup, workers, profile_rows;
-    int data;                         /* CNN_DATA_* */
-    bool mode[CNN_MODES];             /* --mode */
-    bool precision[CNN_PRECISIONS];   /* --precision: which precisions run */
-    bool bf16_emulated;               /* bf16 asked for on a CPU without native bf16 */
+    int data;                       /* CNN_DATA_* */
+    bool mode[CNN_MODES];           /* --mode */
+    bool precision[CNN_PRECISIONS]; /* --precision: which precisions run */
+    bool bf16_emulated;             /* bf16 asked for on a CPU without native bf16 */
     bool peer;
     const char *python, *peer_script;
 } cnn_config;

@@ -78,7 +78,8 @@ static bool parse_result(const char *json, bench_cnn_peer_result *out, char *why
     if (ok) {
         out->img_s = img_s->valuedouble;
         out->threads = (int)threads->valuedouble;
-        if (cJSON_IsString(torch)) snprintf(out->torch_version, sizeof out->torch_version, "%s", torch->valuestring);
+        if (cJSON_IsString(torch))
+            snprintf(out->torch_version, sizeof out->torch_version, "%s", torch->valuestring);
     } else {
         snprintf(why, why_n, "its RESULT line lacks a positive img_s_median or a threads count");
     }
@@ -110,7 +111,8 @@ static void read_output(int fd, char *result, size_t result_n, char *last, size_
     fclose(f);
 }
 
-int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *last, size_t last_n, int *code) {
+int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *last, size_t last_n,
+                     int *code) {
     result[0] = last[0] = '\0';
     *code = -1;
     int fds[2];
@@ -137,8 +139,8 @@ int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *la
     return 0;
 }
 
-void bench_cnn_peer_run(const char *python, const char *script, const char *mode, const char *setup, bool bf16,
-                        bool allow_emulated, int batch, int steps, int warmup, int threads,
+void bench_cnn_peer_run(const char *python, const char *script, const char *mode, const char *setup,
+                        bool bf16, bool allow_emulated, int batch, int steps, int warmup, int threads,
                         bench_cnn_peer_result *out) {
     memset(out, 0, sizeof *out);
     char b[16], s[16], w[16], t[16];
@@ -146,9 +148,25 @@ void bench_cnn_peer_run(const char *python, const char *script, const char *mode
     snprintf(b, sizeof b, "%d", batch);
     snprintf(s, sizeof s, "%d", steps);
     snprintf(w, sizeof w, "%d", warmup);
-    char *const argv[] = {(char *)python, (char *)script, "--mode", (char *)mode, "--setup", (char *)setup,
-                          "--batch", b, "--steps", s, "--repeats", "1", "--warmup", w, "--threads", t,
-                          bf16 ? "--bf16" : NULL, allow_emulated ? "--allow-emulated-bf16" : NULL, NULL};
+    char *const argv[] = {(char *)python,
+                          (char *)script,
+                          "--mode",
+                          (char *)mode,
+                          "--setup",
+                          (char *)setup,
+                          "--batch",
+                          b,
+                          "--steps",
+                          s,
+                          "--repeats",
+                          "1",
+                          "--warmup",
+                          w,
+                          "--threads",
+                          t,
+                          bf16 ? "--bf16" : NULL,
+                          allow_emulated ? "--allow-emulated-bf16" : NULL,
+                          NULL};
     char result[2048], last[400];
     int code;
     int err = bench_peer_spawn(argv, result, sizeof result, last, sizeof last, &code);
@@ -171,7 +189,8 @@ void bench_cnn_peer_run(const char *python, const char *script, const char *mode
         return;
     }
     if (code == 0) {
-        snprintf(out->reason, sizeof out->reason, "%s %s: %s%s%s", python, script, why, last[0] ? ": " : "", last);
+        snprintf(out->reason, sizeof out->reason, "%s %s: %s%s%s", python, script, why, last[0] ? ": " : "",
+                 last);
         return;
     }
     snprintf(out->reason, sizeof out->reason, "%s %s exited with status %d%s%s", python, script, code,

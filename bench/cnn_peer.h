@@ -10,8 +10,8 @@ typedef struct bench_cnn_peer_result {
     double img_s;           /* images/s of the timed steps */
     int threads;            /* torch.get_num_threads() in the peer */
     char torch_version[32]; /* torch.__version__ as the peer reports it */
-    bool skipped;           /* the peer declined the setup (exit 3: bf16 on a CPU without it); reason says why */
-    char reason[512];       /* why there is no result (python or torch missing, a crash) */
+    bool skipped;     /* the peer declined the setup (exit 3: bf16 on a CPU without it); reason says why */
+    char reason[512]; /* why there is no result (python or torch missing, a crash) */
 } bench_cnn_peer_result;
 
 /* A peer's exit status for "this setup does not apply here" (bf16 on a
@@ -32,10 +32,10 @@ const char *bench_peer_find(const char *name, const char *explicit_path, char *b
  * died of a signal). Returns 0, or the errno that kept it from starting. */
 int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *last, size_t last_n, int *code);
 
-/* The CNN peer script (bench_peer_find for torch_cnn_bench.py): `explicit_path` when given (it must be readable), else
- * bench/peer/torch_cnn_bench.py under the working directory, beside this
- * source file, or two levels above the kiln binary. Writes the path into
- * buf and returns buf, or returns NULL with the places tried in `why`. */
+/* The CNN peer script (bench_peer_find for torch_cnn_bench.py): `explicit_path` when given (it must be
+ * readable), else bench/peer/torch_cnn_bench.py under the working directory, beside this source file, or two
+ * levels above the kiln binary. Writes the path into buf and returns buf, or returns NULL with the places
+ * tried in `why`. */
 const char *bench_cnn_peer_find(const char *explicit_path, char *buf, size_t n, char *why, size_t why_n);
 
 /* Run `python script --mode mode --setup setup [--bf16 [--allow-emulated-bf16]] --batch B --steps S
@@ -43,11 +43,10 @@ const char *bench_cnn_peer_find(const char *explicit_path, char *buf, size_t n, 
  * script; T: Kiln's compute threads, so both sides get the same cores)
  * and wait for it (blocks for the child's whole run: import, warm-up and
  * the timed steps). A peer that declines the setup (exit 3: bf16 on a CPU
- * without it) leaves out->skipped true with its reason. Never fails outright: a missing interpreter, a missing
- * torch or a crash leave out->ok false with the reason (the child's last
- * line of output and its exit status); so does a peer whose RESULT does not
- * parse or that ran on another thread count than `threads`. */
-void bench_cnn_peer_run(const char *python, const char *script, const char *mode, const char *setup, bool bf16,
-                        bool allow_emulated, int batch, int steps, int warmup, int threads,
+ * without it) leaves out->skipped true with its reason. Never fails outright: a missing interpreter, a
+ * missing torch or a crash leave out->ok false with the reason (the child's last line of output and its exit
+ * status); so does a peer whose RESULT does not parse or that ran on another thread count than `threads`. */
+void bench_cnn_peer_run(const char *python, const char *script, const char *mode, const char *setup,
+                        bool bf16, bool allow_emulated, int batch, int steps, int warmup, int threads,
                         bench_cnn_peer_result *out);
 #endif

@@ -40,7 +40,8 @@ kiln_status cnn_flops(kiln_module *model, int batch, double *gflop_fwd, double *
     int64_t side = CNN_SIDE, w[4];
     for (int i = 0; i < 3; i++) {
         if (!weight_shape(model, convs[i], w))
-            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "build the benchmark's model with kiln_bench_cnn_model",
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                              "build the benchmark's model with kiln_bench_cnn_model",
                               "the CNN has no 4-d %s to count FLOPs from", convs[i]);
         int64_t out = side + 2 * CNN_PAD - w[2] + 1; /* (B, Cout, out, out), stride 1 */
         double f = 2.0 * b * (double)w[0] * (double)(out * out) * (double)w[1] * (double)(w[2] * w[3]);
@@ -50,7 +51,8 @@ kiln_status cnn_flops(kiln_module *model, int batch, double *gflop_fwd, double *
     }
     for (int i = 0; i < 2; i++) {
         if (!weight_shape(model, fcs[i], w))
-            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "build the benchmark's model with kiln_bench_cnn_model",
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                              "build the benchmark's model with kiln_bench_cnn_model",
                               "the CNN has no 2-d %s to count FLOPs from", fcs[i]);
         fwd += 2.0 * b * (double)w[0] * (double)w[1]; /* (out, in) */
     }
@@ -83,8 +85,9 @@ static double series_max(const cnn_series *s) {
 
 /* Kiln's median over the peer's, or 0 when either has no figures. */
 static double ratio(const cnn_series *k, const cnn_series *p) {
-    return cnn_series_has_figures(k) && cnn_series_has_figures(p) ? cnn_series_median(k) / cnn_series_median(p)
-                                                                    : 0;
+    return cnn_series_has_figures(k) && cnn_series_has_figures(p)
+               ? cnn_series_median(k) / cnn_series_median(p)
+               : 0;
 }
 
 /* ---- Table ------------------------------------------------------------------------------- */
@@ -98,18 +101,25 @@ static void print_row(const char *prec, const char *mode, const char *who, const
     double med = cnn_series_median(s);
     char range[64];
     snprintf(range, sizeof range, "%.1f [%.1f-%.1f]", med, series_min(s), series_max(s));
-    printf("%-5s %-6s %-12s %30s %9.1f %8.2f", prec, mode, who, range, 1e3 * batch / med, med * gflop / batch);
+    printf("%-5s %-6s %-12s %30s %9.1f %8.2f", prec, mode, who, range, 1e3 * batch / med,
+           med * gflop / batch);
     if (eager || best) {
         double re = eager ? ratio(s, eager) : 0, rb = best ? ratio(s, best) : 0;
-        if (re > 0) printf(" %9.2fx", re); else printf(" %10s", "-");
-        if (rb > 0) printf(" %9.2fx", rb); else printf(" %10s", "-");
+        if (re > 0)
+            printf(" %9.2fx", re);
+        else
+            printf(" %10s", "-");
+        if (rb > 0)
+            printf(" %9.2fx", rb);
+        else
+            printf(" %10s", "-");
     }
     printf("\n");
 }
 
 static void print_machine(const cnn_results *r) {
-    printf("machine: %s; flags: %s; %ld cores online; %d threads (kiln and peer)\n", r->cpu.model, r->cpu.flags,
-           sysconf(_SC_NPROCESSORS_ONLN), kiln_num_threads());
+    printf("machine: %s; flags: %s; %ld cores online; %d threads (kiln and peer)\n", r->cpu.model,
+           r->cpu.flags, sysconf(_SC_NPROCESSORS_ONLN), kiln_num_threads());
     if (r->peak.gflop_s > 0)
         printf("measured f32 FMA peak: %.1f GFLOP/s on %d thread%s (%s, %.1f per thread)\n", r->peak.gflop_s,
                r->peak.threads, r->peak.threads == 1 ? "" : "s", r->peak.isa, r->peak.per_thread);
@@ -125,8 +135,8 @@ static void print_bars(const cnn_config *cfg, const cnn_results *r) {
             if (!cfg->precision[p] || !cfg->mode[m]) continue;
             double rb = ratio(&r->s[p][m][CNN_KILN], &r->s[p][m][CNN_BEST]);
             if (rb > 0)
-                printf("bar: %s %s kiln / torch best %.2fx, bar >= %.1fx: %s\n", PRECISION_NAME[p], MODE_NAME[m], rb,
-                       BAR_VS_BEST[p], rb >= BAR_VS_BEST[p] ? "met" : "not met");
+                printf("bar: %s %s kiln / torch best %.2fx, bar >= %.1fx: %s\n", PRECISION_NAME[p],
+                       MODE_NAME[m], rb, BAR_VS_BEST[p], rb >= BAR_VS_BEST[p] ? "met" : "not met");
         }
     for (int m = 0; m < CNN_MODES; m++) {
         const cnn_series *k = &r->s[CNN_F32][m][CNN_KILN];
@@ -143,8 +153,8 @@ static void print_bars(const cnn_config *cfg, const cnn_results *r) {
 void cnn_print_table(const cnn_config *cfg, const cnn_results *r) {
     printf("\n");
     print_machine(r);
-    printf("%-5s %-6s %-12s %30s %9s %8s %10s %10s\n", "prec", "mode", "who", "img/s median [min-max]", "ms/step",
-           "GFLOP/s", "vs eager", "vs best");
+    printf("%-5s %-6s %-12s %30s %9s %8s %10s %10s\n", "prec", "mode", "who", "img/s median [min-max]",
+           "ms/step", "GFLOP/s", "vs eager", "vs best");
     for (int p = 0; p < CNN_PRECISIONS; p++) {
         if (!cfg->precision[p]) continue;
         for (int m = 0; m < CNN_MODES; m++) {
@@ -158,10 +168,10 @@ void cnn_print_table(const cnn_config *cfg, const cnn_results *r) {
                 print_row(PRECISION_NAME[p], MODE_NAME[m], "kiln preld", &r->train_pre, g, cfg->batch,
                           &row[CNN_EAGER], &row[CNN_BEST]);
             if (!cfg->peer) continue;
-            print_row(PRECISION_NAME[p], MODE_NAME[m], WHO_NAME[CNN_EAGER], &row[CNN_EAGER], g, cfg->batch, NULL,
-                      NULL);
-            print_row(PRECISION_NAME[p], MODE_NAME[m], WHO_NAME[CNN_BEST], &row[CNN_BEST], g, cfg->batch, NULL,
-                      NULL);
+            print_row(PRECISION_NAME[p], MODE_NAME[m], WHO_NAME[CNN_EAGER], &row[CNN_EAGER], g, cfg->batch,
+                      NULL, NULL);
+            print_row(PRECISION_NAME[p], MODE_NAME[m], WHO_NAME[CNN_BEST], &row[CNN_BEST], g, cfg->batch,
+                      NULL, NULL);
         }
     }
     if (r->bf16_reason[0]) printf("bf16: %s\n", r->bf16_reason);
@@ -172,11 +182,13 @@ void cnn_print_table(const cnn_config *cfg, const cnn_results *r) {
                                cnn_series_median(&r->train_pre)
                          : 0.0;
         if (cfg->data == CNN_DATA_HOST)
-            printf("--data host: loader steps (%d worker%s, pinned batches) ran at %.1f%% of the preloaded steps' "
+            printf("--data host: loader steps (%d worker%s, pinned batches) ran at %.1f%% of the preloaded "
+                   "steps' "
                    "images/s and waited for batches %.1f%% of their time\n",
                    cfg->workers, cfg->workers == 1 ? "" : "s", rel, 100.0 * r->wait_frac);
         else
-            printf("--data device: loader steps (dataset on the device, batches made by ops) ran at %.1f%% of the "
+            printf("--data device: loader steps (dataset on the device, batches made by ops) ran at %.1f%% "
+                   "of the "
                    "preloaded steps' images/s; making the batches took %.1f%% of their time\n",
                    rel, 100.0 * r->wait_frac);
     }
@@ -242,12 +254,14 @@ static void json_precision(const cnn_config *cfg, const cnn_results *r, int p) {
         bool k = cnn_series_has_figures(&row[CNN_KILN]);
         double gs = k ? cnn_series_median(&row[CNN_KILN]) * g / cfg->batch : 0;
         json_number("kiln_gflop_s", gs, k, true);
-        json_number("peak_share", r->peak.gflop_s > 0 ? gs / r->peak.gflop_s : 0, k && r->peak.gflop_s > 0, true);
+        json_number("peak_share", r->peak.gflop_s > 0 ? gs / r->peak.gflop_s : 0, k && r->peak.gflop_s > 0,
+                    true);
         printf("\"ranges\":{");
         bool first = true;
         for (int w = 0; w < CNN_WHO; w++) {
             if (!cnn_series_has_figures(&row[w])) continue;
-            printf("%s\"%s\":[%.2f,%.2f]", first ? "" : ",", WHO_KEY[w], series_min(&row[w]), series_max(&row[w]));
+            printf("%s\"%s\":[%.2f,%.2f]", first ? "" : ",", WHO_KEY[w], series_min(&row[w]),
+                   series_max(&row[w]));
             first = false;
         }
         printf("}}");
@@ -283,8 +297,9 @@ void cnn_print_json(const cnn_config *cfg, const cnn_results *r) {
     printf(",\"cpu\":{");
     json_string_or_null("model", r->cpu.model);
     printf(",\"avx2\":%s,\"avx512f\":%s,\"avx512_bf16\":%s,\"amx_bf16\":%s,\"native_bf16\":%s,\"cores\":%ld,",
-           r->cpu.avx2 ? "true" : "false", r->cpu.avx512f ? "true" : "false", r->cpu.avx512_bf16 ? "true" : "false",
-           r->cpu.amx_bf16 ? "true" : "false", r->cpu.native_bf16 ? "true" : "false", sysconf(_SC_NPROCESSORS_ONLN));
+           r->cpu.avx2 ? "true" : "false", r->cpu.avx512f ? "true" : "false",
+           r->cpu.avx512_bf16 ? "true" : "false", r->cpu.amx_bf16 ? "true" : "false",
+           r->cpu.native_bf16 ? "true" : "false", sysconf(_SC_NPROCESSORS_ONLN));
     json_number("fma_peak_gflop_s", r->peak.gflop_s, r->peak.gflop_s > 0, true);
     printf("\"fma_peak_threads\":%d,\"fma_isa\":\"%s\",\"kiln_bf16_fast_kernels\":%s},", r->peak.threads,
            r->peak.isa, r->kiln_bf16_fast ? "true" : "false");
@@ -302,7 +317,9 @@ void cnn_print_json(const cnn_config *cfg, const cnn_results *r) {
            cfg->mode[CNN_TRAIN] && cfg->mode[CNN_INFER] ? "both"
            : cfg->mode[CNN_TRAIN]                       ? "train"
                                                         : "infer",
-           cfg->data == CNN_DATA_HOST ? "\"host\"" : cfg->data == CNN_DATA_DEVICE ? "\"device\"" : "null",
+           cfg->data == CNN_DATA_HOST     ? "\"host\""
+           : cfg->data == CNN_DATA_DEVICE ? "\"device\""
+                                          : "null",
            cfg->data == CNN_DATA_HOST ? cfg->workers : 0, cfg->peer ? "true" : "false", kiln_num_threads());
     json_string_or_null("torch", r->torch_version);
     printf(",\"gflop_train_step\":%.3f,\"gflop_forward\":%.3f,\"loadavg_before\":%.2f,"

@@ -55,8 +55,8 @@
 #include "kiln/data.h"
 #include "kiln/kiln.h"
 
-#define CNN_FLAT        (128 * 4 * 4)
-#define DATA_BATCHES    16 /* batches per epoch of the synthetic dataset */
+#define CNN_FLAT     (128 * 4 * 4)
+#define DATA_BATCHES 16 /* batches per epoch of the synthetic dataset */
 
 typedef struct cnn_bench {
     kiln_module *model;
@@ -282,14 +282,16 @@ static kiln_status profile_step(cnn_bench *b, int rows) {
 /* ---- Driver -------------------------------------------------------------------------------- */
 
 static void usage(void) {
-    fprintf(stderr, "usage: kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]\n"
-                    "                      [--mode train|infer|both] [--no-peer] [--data [host|device]]\n"
-                    "                      [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]\n"
-                    "                      [--device cpu|cuda:N] [--threads N] [--precision auto|f32|bf16|both]\n"
-                    "--threads N: Kiln's compute threads, and the PyTorch peer's (default: KILN_NUM_THREADS,\n"
-                    "else the cores less one)\n"
-                    "--precision: auto (default) runs f32, and bf16 too where the CPU has native bf16\n"
-                    "(avx512_bf16 or amx_bf16); bf16 or both on another CPU time emulated bf16 (a test of the path)\n");
+    fprintf(
+        stderr,
+        "usage: kiln bench cnn [--steps N] [--repeats N] [--warmup N] [--batch N]\n"
+        "                      [--mode train|infer|both] [--no-peer] [--data [host|device]]\n"
+        "                      [--workers N] [--profile-rows N] [--python PATH] [--peer-script PATH]\n"
+        "                      [--device cpu|cuda:N] [--threads N] [--precision auto|f32|bf16|both]\n"
+        "--threads N: Kiln's compute threads, and the PyTorch peer's (default: KILN_NUM_THREADS,\n"
+        "else the cores less one)\n"
+        "--precision: auto (default) runs f32, and bf16 too where the CPU has native bf16\n"
+        "(avx512_bf16 or amx_bf16); bf16 or both on another CPU time emulated bf16 (a test of the path)\n");
 }
 
 /* 0 on success, 2 on a usage error. *precision: --precision's value. */
@@ -335,8 +337,7 @@ static int parse_args(int argc, char **argv, cnn_config *c, const char **precisi
                 i++;
             else if (has_value && strcmp(argv[i + 1], "device") == 0)
                 c->data = CNN_DATA_DEVICE, i++;
-        }
-        else if (strcmp(a, "--mode") == 0 && has_value) {
+        } else if (strcmp(a, "--mode") == 0 && has_value) {
             const char *m = argv[++i];
             c->mode[CNN_TRAIN] = strcmp(m, "train") == 0 || strcmp(m, "both") == 0;
             c->mode[CNN_INFER] = strcmp(m, "infer") == 0 || strcmp(m, "both") == 0;
@@ -391,12 +392,13 @@ static kiln_status data_round(cnn_bench *b, const cnn_config *cfg, int round, cn
 }
 
 /* One peer run into series p; a failure or a skip marks it missing with the reason. */
-static void peer_round(const cnn_config *cfg, const char *script, int prec, int mode, int who, cnn_results *r) {
+static void peer_round(const cnn_config *cfg, const char *script, int prec, int mode, int who,
+                       cnn_results *r) {
     cnn_series *p = &r->s[prec][mode][who];
     bench_cnn_peer_result pr;
-    bench_cnn_peer_run(cfg->python, script, mode == CNN_TRAIN ? "train" : "infer", who == CNN_BEST ? "best" : "eager",
-                       prec == CNN_BF16, cfg->bf16_emulated, cfg->batch, cfg->steps, cfg->warmup, kiln_num_threads(),
-                       &pr);
+    bench_cnn_peer_run(cfg->python, script, mode == CNN_TRAIN ? "train" : "infer",
+                       who == CNN_BEST ? "best" : "eager", prec == CNN_BF16, cfg->bf16_emulated, cfg->batch,
+                       cfg->steps, cfg->warmup, kiln_num_threads(), &pr);
     if (!pr.ok) {
         p->missing = true;
         char *why = pr.skipped ? r->bf16_reason : r->peer_reason;
@@ -410,8 +412,8 @@ static void peer_round(const cnn_config *cfg, const char *script, int prec, int 
 
 /* One round of one precision and mode: Kiln's timed steps, then PyTorch
  * eager's and PyTorch best's (each a fresh process). */
-static kiln_status run_round(cnn_bench *b, const cnn_config *cfg, int round, int prec, int mode, const char *script,
-                             cnn_results *r, double *train_secs) {
+static kiln_status run_round(cnn_bench *b, const cnn_config *cfg, int round, int prec, int mode,
+                             const char *script, cnn_results *r, double *train_secs) {
     cnn_series *k = &r->s[prec][mode][CNN_KILN];
     double secs;
     kiln_status st;
@@ -455,7 +457,8 @@ static kiln_status run_all(cnn_bench *b, const cnn_config *cfg, const char *scri
     for (int i = 0; i < cfg->repeats && !st; i++) {
         for (int p = 0; p < CNN_PRECISIONS && !st; p++)
             for (int m = 0; m < CNN_MODES && !st; m++)
-                if (cfg->precision[p] && cfg->mode[m]) st = run_round(b, cfg, i, p, m, script, r, &train_secs);
+                if (cfg->precision[p] && cfg->mode[m])
+                    st = run_round(b, cfg, i, p, m, script, r, &train_secs);
         fprintf(stderr, "round %d/%d done\n", i + 1, cfg->repeats);
     }
     r->wait_frac = cfg->data && train_secs > 0 ? b->wait_s / train_secs : -1;
@@ -474,11 +477,12 @@ static void choose_precisions(cnn_config *cfg, const char *precision, cnn_result
     cfg->precision[CNN_BF16] = bf16 && (native || asked);
     cfg->bf16_emulated = cfg->precision[CNN_BF16] && !native;
     if (bf16 && !native)
-        snprintf(r->bf16_reason, sizeof r->bf16_reason,
-                 "this CPU has no native bf16 (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo): %s",
-                 asked ? "--precision asked for it, so both sides time emulated bf16, a test of the path and not "
-                         "a measure of speed"
-                       : "bf16 skipped on both sides (--precision bf16 or both times the emulation anyway)");
+        snprintf(
+            r->bf16_reason, sizeof r->bf16_reason,
+            "this CPU has no native bf16 (neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo): %s",
+            asked ? "--precision asked for it, so both sides time emulated bf16, a test of the path and not "
+                    "a measure of speed"
+                  : "bf16 skipped on both sides (--precision bf16 or both times the emulation anyway)");
     else if (cfg->precision[CNN_BF16] && !r->kiln_bf16_fast)
         snprintf(r->bf16_reason, sizeof r->bf16_reason,
                  "the CPU has native bf16, but Kiln's fast CPU kernels are f32-only: Kiln's bf16 takes the "
@@ -512,18 +516,21 @@ int kiln_bench_cnn(int argc, char **argv) {
                                      sizeof r.peer_reason);
     if (cfg.peer && !script) {
         for (int p = 0; p < CNN_PRECISIONS; p++)
-            for (int m = 0; m < CNN_MODES; m++) r.s[p][m][CNN_EAGER].missing = r.s[p][m][CNN_BEST].missing = true;
+            for (int m = 0; m < CNN_MODES; m++)
+                r.s[p][m][CNN_EAGER].missing = r.s[p][m][CNN_BEST].missing = true;
     } else if (!cfg.peer) {
         snprintf(r.peer_reason, sizeof r.peer_reason, "--no-peer");
     }
     r.load_before = load_1m();
     printf("kiln bench cnn: OptimizedCNN 3x32x32, batch %d, Adam 1e-3, cross-entropy; %d warm-up, %d rounds "
            "of %d steps; %d threads (kiln and peer); precisions %s%s; inputs %s; peer %s%s\n",
-           cfg.batch, cfg.warmup, cfg.repeats, cfg.steps, kiln_num_threads(), cfg.precision[CNN_F32] ? "f32" : "",
+           cfg.batch, cfg.warmup, cfg.repeats, cfg.steps, kiln_num_threads(),
+           cfg.precision[CNN_F32] ? "f32" : "",
            cfg.precision[CNN_BF16] ? (cfg.precision[CNN_F32] ? " bf16" : "bf16") : "",
-           cfg.data == CNN_DATA_HOST     ? "from the loader (synthetic CIFAR, host path) and fixed randn"
-           : cfg.data == CNN_DATA_DEVICE ? "from the loader (synthetic CIFAR, dataset on the device) and fixed randn"
-                                         : "fixed randn",
+           cfg.data == CNN_DATA_HOST ? "from the loader (synthetic CIFAR, host path) and fixed randn"
+           : cfg.data == CNN_DATA_DEVICE
+               ? "from the loader (synthetic CIFAR, dataset on the device) and fixed randn"
+               : "fixed randn",
            script ? script : "off", script ? " (eager and best setups)" : "");
     fflush(stdout);
     /* The peak first, on the benchmark's own thread count, before anything else runs. */

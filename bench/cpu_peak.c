@@ -8,12 +8,12 @@
 #include "cpu_peak.h"
 
 #include <pthread.h>
-#include <sys/resource.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -67,7 +67,9 @@ void bench_cpu_info_get(bench_cpu_info *out) {
     bool on[5] = {out->avx2, out->fma, out->avx512f, out->avx512_bf16, out->amx_bf16};
     size_t len = 0;
     for (int i = 0; i < 5; i++)
-        if (on[i]) len += (size_t)snprintf(out->flags + len, sizeof out->flags - len, "%s%s", len ? " " : "", names[i]);
+        if (on[i])
+            len +=
+                (size_t)snprintf(out->flags + len, sizeof out->flags - len, "%s%s", len ? " " : "", names[i]);
     if (!len) snprintf(out->flags, sizeof out->flags, "none of avx2 fma avx512f avx512_bf16 amx_bf16");
 }
 
@@ -79,20 +81,21 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#define FMA_CHAINS 12  /* independent accumulators: 2 pipes x 4-5 cycles latency, with room */
+#define FMA_CHAINS 12   /* independent accumulators: 2 pipes x 4-5 cycles latency, with room */
 #define FMA_BLOCK  4096 /* iterations between clock reads */
 
 #if defined(__x86_64__)
 /* One FMA on each of the 12 chains; the empty asm makes the compiler keep
  * every chain in a register and every FMA in the loop (it cannot see that
  * the values are never used). */
-#define FMA_ROUND(fma)                                                                                              \
-    do {                                                                                                            \
-        c0 = fma(a, c0, b), c1 = fma(a, c1, b), c2 = fma(a, c2, b), c3 = fma(a, c3, b);                             \
-        c4 = fma(a, c4, b), c5 = fma(a, c5, b), c6 = fma(a, c6, b), c7 = fma(a, c7, b);                             \
-        c8 = fma(a, c8, b), c9 = fma(a, c9, b), c10 = fma(a, c10, b), c11 = fma(a, c11, b);                         \
-        __asm__ volatile("" : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5), "+x"(c6), "+x"(c7),       \
-                         "+x"(c8), "+x"(c9), "+x"(c10), "+x"(c11));                                                 \
+#define FMA_ROUND(fma)                                                                                       \
+    do {                                                                                                     \
+        c0 = fma(a, c0, b), c1 = fma(a, c1, b), c2 = fma(a, c2, b), c3 = fma(a, c3, b);                      \
+        c4 = fma(a, c4, b), c5 = fma(a, c5, b), c6 = fma(a, c6, b), c7 = fma(a, c7, b);                      \
+        c8 = fma(a, c8, b), c9 = fma(a, c9, b), c10 = fma(a, c10, b), c11 = fma(a, c11, b);                  \
+        __asm__ volatile(""                                                                                  \
+                         : "+x"(c0), "+x"(c1), "+x"(c2), "+x"(c3), "+x"(c4), "+x"(c5), "+x"(c6), "+x"(c7),   \
+                           "+x"(c8), "+x"(c9), "+x"(c10), "+x"(c11));                                        \
     } while (0)
 
 /* FMA_BLOCK-iteration blocks until `seconds` have passed; the FLOPs done
@@ -185,7 +188,8 @@ void bench_fma_peak_measure(int threads, double seconds, bench_fma_peak *out) {
     int started = 0;
     /* Thread 0 is this one. A thread that cannot start fails the
      * measurement; the started ones still run and are joined. */
-    for (int i = 0; ok && i < threads; i++) t[i] = (fma_thread){.start = &start, .seconds = seconds, .zmm = zmm};
+    for (int i = 0; ok && i < threads; i++)
+        t[i] = (fma_thread){.start = &start, .seconds = seconds, .zmm = zmm};
     for (int i = 1; ok && i < threads; i++, started++)
         if (pthread_create(&ids[i], NULL, fma_thread_main, &t[i]) != 0) ok = false;
     pthread_mutex_lock(&start.mu);

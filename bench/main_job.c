@@ -95,7 +95,8 @@ static bool read_kiln_metrics(const char *path, int epochs, mj_run *out, char *w
     }
     fclose(f);
     if (n != epochs || train <= 0) {
-        snprintf(why, why_n, "%.300s holds %d epoch records with train_s, epoch_s and test_acc, not the %d trained", path,
+        snprintf(why, why_n,
+                 "%.300s holds %d epoch records with train_s, epoch_s and test_acc, not the %d trained", path,
                  n, epochs);
         return false;
     }
@@ -116,7 +117,8 @@ static void run_kiln(const mj_config *cfg, mj_run *out, char *why, size_t why_n)
     char dir[PATH_MAX], run_dir[PATH_MAX + 8], metrics[PATH_MAX + 32];
     snprintf(dir, sizeof dir, "%s/kiln_main_job.XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir)) {
-        snprintf(why, why_n, "cannot create a temporary directory %.300s: %s (set TMPDIR to a writable directory)", dir,
+        snprintf(why, why_n,
+                 "cannot create a temporary directory %.300s: %s (set TMPDIR to a writable directory)", dir,
                  strerror(errno));
         return;
     }
@@ -126,8 +128,19 @@ static void run_kiln(const mj_config *cfg, mj_run *out, char *why, size_t why_n)
     snprintf(e, sizeof e, "%d", cfg->epochs);
     snprintf(t, sizeof t, "%d", kiln_num_threads());
     snprintf(l, sizeof l, "%lld", cfg->limit);
-    char *const argv[] = {exe, "train", "--out", run_dir, "--epochs", e, "--threads", t, "--progress", "lines",
-                          cfg->limit ? "--limit" : NULL, l, NULL};
+    char *const argv[] = {exe,
+                          "train",
+                          "--out",
+                          run_dir,
+                          "--epochs",
+                          e,
+                          "--threads",
+                          t,
+                          "--progress",
+                          "lines",
+                          cfg->limit ? "--limit" : NULL,
+                          l,
+                          NULL};
     char result[64], last[400];
     int code;
     int err = bench_peer_spawn(argv, result, sizeof result, last, sizeof last, &code);
@@ -169,7 +182,8 @@ static bool parse_peer(const char *json, int epochs, mj_run *out, char *why, siz
         train += t->valuedouble, eval += v->valuedouble, acc = a->valuedouble;
     }
     cJSON_Delete(root);
-    if (ok) *out = (mj_run){.ok = true, .s_per_epoch = train / epochs, .eval_s = eval / epochs, .test_acc = acc};
+    if (ok)
+        *out = (mj_run){.ok = true, .s_per_epoch = train / epochs, .eval_s = eval / epochs, .test_acc = acc};
     return ok;
 }
 
@@ -179,15 +193,24 @@ static void run_peer(const mj_config *cfg, const char *script, mj_run *out, char
     snprintf(e, sizeof e, "%d", cfg->epochs);
     snprintf(t, sizeof t, "%d", kiln_num_threads());
     snprintf(l, sizeof l, "%lld", cfg->limit);
-    char *const argv[] = {(char *)cfg->python, (char *)script, "--recipe", "onecycle", "--epochs", e, "--threads", t,
-                          cfg->limit ? "--limit" : NULL, l, NULL};
+    char *const argv[] = {(char *)cfg->python,
+                          (char *)script,
+                          "--recipe",
+                          "onecycle",
+                          "--epochs",
+                          e,
+                          "--threads",
+                          t,
+                          cfg->limit ? "--limit" : NULL,
+                          l,
+                          NULL};
     char result[16384], last[400];
     int code;
     int err = bench_peer_spawn(argv, result, sizeof result, last, sizeof last, &code);
     char detail[200] = "no RESULT line";
     if (err)
-        snprintf(why, why_n, "cannot run %.300s: %s (install python3-torch, or pass --python PATH)", cfg->python,
-                 strerror(err));
+        snprintf(why, why_n, "cannot run %.300s: %s (install python3-torch, or pass --python PATH)",
+                 cfg->python, strerror(err));
     else if (code != 0)
         snprintf(why, why_n, "%.200s %.300s exited with status %d: %s%s", cfg->python, script, code, last,
                  strstr(last, "No module named 'torch'") ? " (install python3-torch)" : "");
@@ -234,12 +257,14 @@ static void json_side(const char *key, const mj_side *s) {
     }
     side_stat(s, offsetof(mj_run, test_acc), &a, &al, &ah);
     side_stat(s, offsetof(mj_run, eval_s), &ev, &el, &eh);
-    printf("{\"s_per_epoch\":%.3f,\"s_per_epoch_range\":[%.3f,%.3f],\"eval_s_per_epoch\":%.3f,\"test_acc\":%.5f,"
-           "\"test_acc_range\":[%.5f,%.5f],\"rounds\":[",
-           t, tl, th, ev, a, al, ah);
+    printf(
+        "{\"s_per_epoch\":%.3f,\"s_per_epoch_range\":[%.3f,%.3f],\"eval_s_per_epoch\":%.3f,\"test_acc\":%.5f,"
+        "\"test_acc_range\":[%.5f,%.5f],\"rounds\":[",
+        t, tl, th, ev, a, al, ah);
     for (int i = 0; i < s->n; i++)
         if (s->r[i].ok)
-            printf("%s{\"s_per_epoch\":%.3f,\"test_acc\":%.5f}", i ? "," : "", s->r[i].s_per_epoch, s->r[i].test_acc);
+            printf("%s{\"s_per_epoch\":%.3f,\"test_acc\":%.5f}", i ? "," : "", s->r[i].s_per_epoch,
+                   s->r[i].test_acc);
         else
             printf("%snull", i ? "," : "");
     printf("]}");
@@ -272,22 +297,24 @@ static void report(const mj_config *cfg, const mj_side *k, const mj_side *p, dou
     if (have) {
         side_stat(k, offsetof(mj_run, test_acc), &ka, &lo, &hi);
         side_stat(p, offsetof(mj_run, test_acc), &pa, &lo, &hi);
-        printf("bar: training-loop time per epoch kiln / pytorch %.3fx, bar <= %.2fx: %s; test accuracy %+.2f "
-               "points (bar: equal or better): %s\n",
-               kt / pt, MJ_BAR_TIME, kt / pt <= MJ_BAR_TIME ? "met" : "not met", 100 * (ka - pa),
-               ka >= pa ? "met" : "not met");
+        printf(
+            "bar: training-loop time per epoch kiln / pytorch %.3fx, bar <= %.2fx: %s; test accuracy %+.2f "
+            "points (bar: equal or better): %s\n",
+            kt / pt, MJ_BAR_TIME, kt / pt <= MJ_BAR_TIME ? "met" : "not met", 100 * (ka - pa),
+            ka >= pa ? "met" : "not met");
     }
     if (k->reason[0]) printf("kiln figures missing: %s\n", k->reason);
     if (p->reason[0]) printf("peer figures missing: %s\n", p->reason);
     printf("other processes used %.2f cores meanwhile%s\n", foreign,
            foreign > 0.1 ? " (above 0.1: the figures are disturbed, run again)" : "");
-    printf("{\"bench\":\"main-job\",\"threads\":%d,\"epochs\":%d,\"rounds\":%d,\"limit\":%lld,", kiln_num_threads(),
-           cfg->epochs, cfg->rounds, cfg->limit);
+    printf("{\"bench\":\"main-job\",\"threads\":%d,\"epochs\":%d,\"rounds\":%d,\"limit\":%lld,",
+           kiln_num_threads(), cfg->epochs, cfg->rounds, cfg->limit);
     json_side("kiln", k);
     printf(",");
     json_side("peer", p);
     if (have)
-        printf(",\"ratio_s_per_epoch\":%.4f,\"bar_ratio\":%.2f,\"acc_delta\":%.5f", kt / pt, MJ_BAR_TIME, ka - pa);
+        printf(",\"ratio_s_per_epoch\":%.4f,\"bar_ratio\":%.2f,\"acc_delta\":%.5f", kt / pt, MJ_BAR_TIME,
+               ka - pa);
     else
         printf(",\"ratio_s_per_epoch\":null,\"bar_ratio\":%.2f,\"acc_delta\":null", MJ_BAR_TIME);
     printf(",");
@@ -300,10 +327,11 @@ static void report(const mj_config *cfg, const mj_side *k, const mj_side *p, dou
 /* ---- Driver ------------------------------------------------------------------------------ */
 
 static void usage(void) {
-    fprintf(stderr, "usage: kiln bench main-job [--epochs N] [--rounds N] [--limit N] [--threads N] [--no-peer]\n"
-                    "                           [--python PATH] [--peer-script PATH]\n"
-                    "--epochs N: epochs per run (default 3, the default recipe's); --rounds N: interleaved rounds\n"
-                    "(default 3); --limit N: train and test on the first N images (a quick run; default all)\n");
+    fprintf(stderr,
+            "usage: kiln bench main-job [--epochs N] [--rounds N] [--limit N] [--threads N] [--no-peer]\n"
+            "                           [--python PATH] [--peer-script PATH]\n"
+            "--epochs N: epochs per run (default 3, the default recipe's); --rounds N: interleaved rounds\n"
+            "(default 3); --limit N: train and test on the first N images (a quick run; default all)\n");
 }
 
 /* A whole number in [lo, hi] into *out, or false. */
@@ -344,10 +372,11 @@ static int parse_args(int argc, char **argv, mj_config *c) {
         }
         continue;
     bad:
-        fprintf(stderr,
-                "kiln bench main-job: %s %s: need --epochs from 1 to %d, --rounds from 1 to %d, --limit from 1 "
-                "to 1000000000\n",
-                a, argv[i], MJ_MAX_EPOCHS, MJ_MAX_ROUNDS);
+        fprintf(
+            stderr,
+            "kiln bench main-job: %s %s: need --epochs from 1 to %d, --rounds from 1 to %d, --limit from 1 "
+            "to 1000000000\n",
+            a, argv[i], MJ_MAX_EPOCHS, MJ_MAX_ROUNDS);
         return 2;
     }
     return 0;
@@ -369,11 +398,13 @@ int kiln_bench_main_job(int argc, char **argv) {
                                  sizeof p.reason);
     else
         snprintf(p.reason, sizeof p.reason, "--no-peer");
-    printf("kiln bench main-job: kiln train (default recipe: tutorial CNN, Fashion-MNIST, one-cycle Adam 3e-3, "
-           "label smoothing 0.1, batch 128) against %s --recipe onecycle; %d epoch%s, %d interleaved round%s, "
-           "%d threads (both), %s\n",
-           script ? script : "no peer", cfg.epochs, cfg.epochs == 1 ? "" : "s", cfg.rounds, cfg.rounds == 1 ? "" : "s",
-           kiln_num_threads(), cfg.limit ? "--limit (train and test on the first images)" : "the whole dataset");
+    printf(
+        "kiln bench main-job: kiln train (default recipe: tutorial CNN, Fashion-MNIST, one-cycle Adam 3e-3, "
+        "label smoothing 0.1, batch 128) against %s --recipe onecycle; %d epoch%s, %d interleaved round%s, "
+        "%d threads (both), %s\n",
+        script ? script : "no peer", cfg.epochs, cfg.epochs == 1 ? "" : "s", cfg.rounds,
+        cfg.rounds == 1 ? "" : "s", kiln_num_threads(),
+        cfg.limit ? "--limit (train and test on the first images)" : "the whole dataset");
     fflush(stdout);
     double busy0 = bench_cpu_busy_s(), own0 = bench_cpu_own_s(), t0 = tool_now_s();
     for (int i = 0; i < cfg.rounds; i++) {
@@ -390,7 +421,8 @@ int kiln_bench_main_job(int argc, char **argv) {
         fprintf(stderr, "round %d/%d done\n", i + 1, cfg.rounds);
     }
     double busy1 = bench_cpu_busy_s(), wall = tool_now_s() - t0;
-    double foreign = busy0 >= 0 && busy1 >= 0 && wall > 0 ? (busy1 - busy0 - (bench_cpu_own_s() - own0)) / wall : -1;
+    double foreign =
+        busy0 >= 0 && busy1 >= 0 && wall > 0 ? (busy1 - busy0 - (bench_cpu_own_s() - own0)) / wall : -1;
     if (foreign < 0 && busy0 >= 0 && busy1 >= 0) foreign = 0; /* clock-tick rounding */
     report(&cfg, &k, &p, foreign);
     int kiln_ok = 0;
