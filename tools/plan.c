@@ -119,10 +119,14 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         a->o.device = d;
     }
     if (!plan_parse_amp(a->amp, a->o.device, &a->o.amp)) return usage_error("--amp", a->amp, "give off, on, f16 or bf16");
-    if (a->o.accum > a->o.batch) return usage_error("--accum", argv[0] ? "" : "", "must not exceed --batch");
-    if (!a->o.channels) {
-        if (kiln_plan_input_from_name(a->o.model, &a->o.channels, &a->o.height, &a->o.width) != KILN_OK)
-            return usage_error("--model", a->o.model, kiln_error_message());
+    if (a->o.accum > a->o.batch) {
+        fprintf(stderr, "kiln plan: --accum %d: must not exceed --batch %lld (one sample per micro-batch at least)\n",
+                a->o.accum, (long long)a->o.batch);
+        return 2;
+    }
+    if (!a->o.channels && kiln_plan_input_from_name(a->o.model, &a->o.channels, &a->o.height, &a->o.width)) {
+        fprintf(stderr, "kiln plan: --model %s: %s (%s)\n", a->o.model, kiln_error_message(), kiln_error_last()->hint);
+        return 2;
     }
     FILE *fp = fopen(a->o.model, "r");
     if (!fp) return usage_error("--model", a->o.model, strerror(errno));
@@ -199,7 +203,9 @@ int kiln_cmd_plan(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
     kiln_plan p, m;
-    if (kiln_plan_step(&a.o, &p) != KILN_OK) return fail("plan");
+    char what[1200];
+    snprintf(what, sizeof what, "planning %s at batch %lld", a.o.model, (long long)a.o.batch);
+    if (kiln_plan_step(&a.o, &p) != KILN_OK) return fail(what);
     plan_print(&p);
     int64_t max_batch = -1;
     int segs = -2;

@@ -716,11 +716,48 @@ def metrics_cases():
                     [os.path.join(d, "metrics.jsonl"), "Permission denied"], "H3 report")
 
 
+def plan_cases():
+    """kiln plan's flags: each bad value refused with exit 2 (1 for a spec
+    that does not parse) and a message naming the flag or the file."""
+    model = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models",
+                         "tutorial_cnn_28x28x1.txt")
+    plan = [KILN, "plan", "--model", model]
+    for flag, value in (("--batch", "0"), ("--batch", "-5"), ("--batch", "x"), ("--batch", "99999999999"),
+                        ("--batch", "1e3"), ("--budget", "0"), ("--budget", "-1"), ("--budget", "12Q"),
+                        ("--budget", "nan"), ("--budget", "inf"), ("--budget", "1e30"), ("--checkpoint", "1"),
+                        ("--checkpoint", "65"), ("--accum", "0"), ("--amp", "fp8"), ("--input", "0x28x28"),
+                        ("--input", "1x28"), ("--device", "meta"), ("--device", "cuda:99"), ("--device", "gpu")):
+        case("plan %s %s" % (flag, value), plan + [flag, value], rc=(2,), names=[flag], owner="kiln plan")
+    case("plan --batch without a value", plan + ["--batch"], rc=(2,), names=["--batch"], owner="kiln plan")
+    case("plan --accum above --batch", plan + ["--batch", "4", "--accum", "8"], rc=(2,), names=["--accum"],
+         owner="kiln plan")
+    missing = path("plan", "missing_28x28x1.txt")
+    case("plan --model: a missing file", [KILN, "plan", "--model", missing], rc=(2,), names=[missing],
+         owner="kiln plan")
+    d = path("plan", "dir_28x28x1.txt")
+    os.makedirs(d, exist_ok=True)
+    case("plan --model: a directory", [KILN, "plan", "--model", d], rc=(1, 2), names=[d], owner="kiln plan")
+    case("plan --model: /dev/zero", [KILN, "plan", "--model", "/dev/zero"], rc=(1, 2), names=["/dev/zero"],
+         owner="kiln plan")
+    nosize = path("plan", "model.txt")
+    write(nosize, read(model))
+    case("plan --model: no input size in the name", [KILN, "plan", "--model", nosize], rc=(2,),
+         names=[nosize, "--input"], owner="kiln plan")
+    bad = path("plan", "garbage_28x28x1.txt")
+    write(bad, b"conv 32 k3 p1\nwarp 9\n")
+    case("plan --model: a spec that does not parse", [KILN, "plan", "--model", bad], rc=(1,), names=[bad],
+         owner="kiln plan")
+    huge = path("plan", "huge_28x28x1.txt")
+    write(huge, b"flatten\nlinear 1000000000\n")
+    case("plan --model: a spec too large to build", [KILN, "plan", "--model", huge], rc=(1,), names=[huge],
+         owner="kiln plan")
+
+
 def main():
     t0 = time.monotonic()
     try:
         setup()
-        for group in (idx_cases, spec_cases, checkpoint_cases, flag_cases, metrics_cases):
+        for group in (idx_cases, spec_cases, checkpoint_cases, flag_cases, metrics_cases, plan_cases):
             group()
     finally:
         for root, dirs, _ in os.walk(WORK):  # the locked directories, so rmtree can enter them
