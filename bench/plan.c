@@ -58,7 +58,7 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 
 int kiln_bench_plan(int argc, char **argv) {
     const char *devices = NULL, *dir = "models";
-    for (int i = 0; i < argc; i++) {
+    for (int i = 1; i < argc; i++) { /* argv[0] is "plan" */
         if (!strcmp(argv[i], "--devices") && i + 1 < argc) devices = argv[++i];
         else if (!strcmp(argv[i], "--models") && i + 1 < argc) dir = argv[++i];
         else {

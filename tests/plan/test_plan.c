@@ -12,7 +12,8 @@
  *     every model at batch 1 and 32 with all four AMP x checkpoint
  *     settings (the ResNet's bf16 at 32 only with 2 segments), and at batch
  *     128 the tutorial CNNs in all four and the ResNet in f32 (its bf16
- *     steps take 5-35 s each on a CPU without native bf16 arithmetic);
+ *     steps take 5-35 s each on a CPU without native bf16 arithmetic); in
+ *     the ASan tier only the cases below batch 128, the ResNet at batch 1;
  *   - on the emulation build (the emu tier), the cuda:0 cases only (the
  *     CPU's are the release tier's): the tutorial CNN 1x28x28 at batch 1,
  *     32 and 128 (f32 and f16, with and without 2 segments), the 3x32x32
@@ -30,6 +31,14 @@
 #include "test_util.h"
 
 #define TOLERANCE 0.05
+
+/* Under the sanitizers (the ASan tier) the large steps are left out: what
+ * ASan checks here is the planner's own code, which the small ones run. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
 
 typedef struct plan_case {
     const char *model;
@@ -211,6 +220,10 @@ int main(void) {
     size_t n = cuda ? sizeof cuda_cases / sizeof *cuda_cases : sizeof cpu_cases / sizeof *cpu_cases;
     fflush(stdout);
     CHECK(in_child(type, -1) == 0);
-    for (size_t i = 0; i < n; i++) CHECK_MSG(in_child(type, (int)i) == 0, "case %zu", i);
+    for (size_t i = 0; i < n; i++) {
+        const plan_case *c = cuda ? &cuda_cases[i] : &cpu_cases[i];
+        if (SANITIZED && (c->batch == 128 || (c->batch == 32 && strstr(c->model, "resnet")))) continue;
+        CHECK_MSG(in_child(type, (int)i) == 0, "case %zu", i);
+    }
     return kt_finish();
 }
