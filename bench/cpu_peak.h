@@ -28,9 +28,11 @@ typedef struct bench_fma_peak {
 /* Measure the f32 FMA peak: `threads` threads (1..256), started together,
  * each runs independent chains of vector FMAs (enough to hide the latency
  * of two FMA pipes) on the widest vectors the CPU has for `seconds` (0.05
- * to 5), and the FLOPs of all of them are added. Blocks for about that
- * long. gflop_s is 0 with isa "none" on a CPU without FMA (or not x86-64),
- * or when a thread cannot be started. */
+ * to 5) of its CPU time (CLOCK_THREAD_CPUTIME_ID: time other processes
+ * hold the core does not count) in 20 slices, and the best slice's FLOP/s
+ * of each thread are added: the rate of the cores while they compute, on
+ * a shared machine too. Blocks for at least that long. gflop_s is 0 with isa "none" on a CPU without FMA (or
+ * not x86-64), or when a thread cannot be started. */
 void bench_fma_peak_measure(int threads, double seconds, bench_fma_peak *out);
 
 /* CPU seconds all processes have been busy since boot (/proc/stat's "cpu"
