@@ -25,10 +25,8 @@ typedef struct plan_addrs {
 kiln_status plan_addrs_add(plan_addrs *s, const kiln_tensor *t);
 void plan_addrs_free(plan_addrs *s);
 
-/* The step run on `run_on` (meta for a plan, the real device for a
- * measurement). For a plan, `batch_stream` is the meta stream the CPU's
- * pinned batch is simulated on (so it never shares the device's pools) and
- * pinned[2] the batch's pinned sizes; the sets are filled after the step. */
+/* Where the gradients, Adam's state and the batch are at the end of a
+ * planned step (filled by plan_step.c, read by the breakdown). */
 typedef struct plan_sets {
     plan_addrs grads, optimizer_state, batch;
     uint64_t batch_stream; /* the CPU plan's pinned batch's meta stream (kiln_stream_id), else 0 */
@@ -42,7 +40,9 @@ void plan_breakdown_end(void);
  * batch; 0: none) is left out of the device's numbers. */
 kiln_status plan_breakdown_read(const plan_sets *sets, uint64_t excluded_stream, kiln_plan_memory *mem);
 
-/* Run the step (the real one when measure is true). */
+/* Set up and run the step on meta (a plan: peaks, phase, op and parts) or,
+ * when measure is true, on opts->device (the peaks only); *out's memories
+ * are filled, their names by the caller. */
 kiln_status plan_run(const kiln_plan_opts *o, bool measure, kiln_plan *out);
 
 #endif
