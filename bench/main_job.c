@@ -410,13 +410,23 @@ int kiln_bench_main_job(int argc, char **argv) {
     for (int i = 0; i < cfg.rounds; i++) {
         for (int j = 0; j < 2; j++) {
             bool kiln_turn = (j == 0) == (i % 2 == 0);
-            if (kiln_turn) {
-                run_kiln(&cfg, &k.r[k.n], k.reason, sizeof k.reason);
-                k.n++;
-            } else if (script) {
-                run_peer(&cfg, script, &p.r[p.n], p.reason, sizeof p.reason);
-                p.n++;
-            }
+            if (!kiln_turn && !script) continue;
+            mj_side *side = kiln_turn ? &k : &p;
+            mj_run *run = &side->r[side->n++];
+            if (kiln_turn)
+                run_kiln(&cfg, run, k.reason, sizeof k.reason);
+            else
+                run_peer(&cfg, script, run, p.reason, sizeof p.reason);
+            /* A run takes minutes: say each as it ends. */
+            if (run->ok)
+                fprintf(
+                    stderr,
+                    "round %d: %s %.2f s/epoch (training loop), %.2f s evaluation, test accuracy %.2f%%\n",
+                    i + 1, kiln_turn ? "kiln" : "pytorch", run->s_per_epoch, run->eval_s,
+                    100 * run->test_acc);
+            else
+                fprintf(stderr, "round %d: %s gave no figures: %s\n", i + 1, kiln_turn ? "kiln" : "pytorch",
+                        side->reason);
         }
         fprintf(stderr, "round %d/%d done\n", i + 1, cfg.rounds);
     }
