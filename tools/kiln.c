@@ -81,6 +81,9 @@ static int take_threads_flag(const char *cmd, int *argc, char **argv) {
             fprintf(stderr, "kiln %s: %s (%s)\n", cmd, e->message, e->hint);
             return 2;
         }
+        /* The flag is the variable (runtime.h): a command can tell a count
+         * the user chose from the default (kiln train under mpirun). */
+        setenv("KILN_NUM_THREADS", argv[i + 1], 1);
         for (int k = i; k + 2 <= *argc; k++) argv[k] = argv[k + 2];
         *argc -= 2;
         i--;

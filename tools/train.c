@@ -457,8 +457,9 @@ static kiln_status run_steps(train_run *r, epoch_state *e, epoch_end *how, bool 
         if ((st = train_step(r, e, &b)) != KILN_OK || !b) break;
         e->i++, r->step++, e->win_n++, e->win_img += b, e->images += b, e->hits_img += b;
         if ((st = train_diag_step(r, leak_reported)) != KILN_OK) break;
-        bool stop = interrupted || (r->a.max_steps && r->step >= r->a.max_steps);
-        if ((st = train_dist_agree_stop(r, &stop)) != KILN_OK) break; /* one rank's Ctrl-C stops all */
+        bool max = r->a.max_steps && r->step >= r->a.max_steps, stop = interrupted || max;
+        if ((st = train_dist_agree_stop(r, &stop)) != KILN_OK) break;
+        if (stop && !max) interrupted = 1; /* another rank's SIGINT: every rank stops here, exits 130 */
         /* A stop mid-window leaves the window open: its sums go into the
          * checkpoint, and the resumed run closes it where the
          * uninterrupted run would have (>=: --log-every may be lower now). */

@@ -20,7 +20,9 @@
 #     both;
 #  5. --world 2 without mpirun (or with another count) says how to launch;
 #  6. one rank out of memory: the job ends non-zero within 60 s, the
-#     failed rank's error naming it (the recovery is off under DDP).
+#     failed rank's error naming it (the recovery is off under DDP);
+#  7. SIGINT to one rank: every rank stops at the same step, rank 0 writes
+#     the checkpoint, the job exits 130.
 # usage: train_ddp.sh KILN_BINARY MPIRUN. Needs the Debian package
 # dataset-fashion-mnist (scripts/setup.sh installs it).
 set -eu
@@ -74,8 +76,8 @@ grep -q "global batch 63 = 32 on rank 0, 31 on the others" "$out/two63.err" || f
 eval_line() { "$kiln" eval --checkpoint "$1/checkpoint.safetensors" --limit 256 --threads 1 --device cpu | tail -n 1; }
 same_eval() { # RUN: accuracy equal, loss within 1e-5 relative
   line=$(eval_line "$out/$1")
-  acc=$(field summary "$out/$1/metrics.jsonl" test_acc)
-  test "$acc" = "$(echo "$line" | sed 's/.*"test_acc":\([^,]*\),.*/\1/')" || fail "$1: test accuracy $acc of 2 ranks, kiln eval: $line"
+  run_acc=$(field summary "$out/$1/metrics.jsonl" test_acc)
+  test "$run_acc" = "$(echo "$line" | sed 's/.*"test_acc":\([^,]*\),.*/\1/')" || fail "$1: test accuracy $run_acc of 2 ranks, kiln eval: $line"
   loss=$(field epoch "$out/$1/metrics.jsonl" test_loss)
   awk -v a="$loss" -v b="$(echo "$line" | sed 's/.*"test_loss":\([^,]*\),.*/\1/')" -v run="$1" 'BEGIN {
       d = a - b; if (d < 0) d = -d
@@ -133,4 +135,32 @@ grep -q "rank 1 of 2 failed" "$out/oom.err" && grep -q "rank 1: kiln train: trai
   { cat "$out/oom.err"; fail "rank 1's out-of-memory error is not printed naming the rank"; }
 grep -q "out-of-memory recovery is off with 2 ranks" "$out/oom.err" || fail "the recovery being off is not said"
 echo "rank 1 out of memory: the job ended with status $rc in $took s, naming rank 1"
+
+# 7. SIGINT to rank 1 alone (kill -INT its pid): the stop is all-reduced after
+# each step, so both ranks stop at one step, rank 0 writes the checkpoint
+# there and says so, and the job exits 130.
+timeout -k 5 120 $mpirun -np 2 "$kiln" train $args --limit 2048 --batch 16 --out "$out/int" > /dev/null 2> "$out/int.err" &
+job=$!
+n=0
+while [ "$n" -lt 3 ]; do
+  kill -0 $job 2> /dev/null || { cat "$out/int.err"; fail "the run to interrupt ended before 3 steps"; }
+  n=$(grep -c '"event":"step"' "$out/int/metrics.jsonl" 2> /dev/null || true)
+  n=${n:-0}
+  sleep 0.1
+done
+rank1=
+for d in /proc/[0-9]*; do
+  tr '\0' ' ' < "$d/cmdline" 2> /dev/null | grep -q "train .*--out $out/int" || continue
+  tr '\0' '\n' < "$d/environ" 2> /dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && rank1=${d#/proc/}
+done
+test -n "$rank1" || fail "rank 1's process not found"
+kill -INT "$rank1"
+rc=0
+wait $job || rc=$?
+test $rc -eq 130 || { cat "$out/int.err"; fail "SIGINT to rank 1: the job exited $rc, not 130"; }
+at=$(sed -n 's/^kiln train: interrupted at step \([0-9]*\); checkpoint.*/\1/p' "$out/int.err")
+test -n "$at" || { cat "$out/int.err"; fail "rank 0 does not say it was interrupted"; }
+test "$(field checkpoint "$out/int/metrics.jsonl" step)" = "$at" || fail "the checkpoint is not at step $at"
+test "$(grep -c '"event":"step"' "$out/int/metrics.jsonl")" -eq "$at" || fail "step records past the interrupt at $at"
+echo "SIGINT to rank 1: both ranks stopped at step $at, checkpoint written, exit 130"
 echo PASS
