@@ -400,10 +400,10 @@ int kiln_bench_main_job(int argc, char **argv) {
         snprintf(p.reason, sizeof p.reason, "--no-peer");
     printf(
         "kiln bench main-job: kiln train (default recipe: tutorial CNN, Fashion-MNIST, one-cycle Adam 3e-3, "
-        "label smoothing 0.1, batch 128) against %s --recipe onecycle; %d epoch%s, %d interleaved round%s, "
+        "label smoothing 0.1, batch 128) against %s%s; %d epoch%s, %d interleaved round%s, "
         "%d threads (both), %s\n",
-        script ? script : "no peer", cfg.epochs, cfg.epochs == 1 ? "" : "s", cfg.rounds,
-        cfg.rounds == 1 ? "" : "s", kiln_num_threads(),
+        script ? script : "no peer", script ? " --recipe onecycle" : "", cfg.epochs,
+        cfg.epochs == 1 ? "" : "s", cfg.rounds, cfg.rounds == 1 ? "" : "s", kiln_num_threads(),
         cfg.limit ? "--limit (train and test on the first images)" : "the whole dataset");
     fflush(stdout);
     double busy0 = bench_cpu_busy_s(), own0 = bench_cpu_own_s(), t0 = tool_now_s();
