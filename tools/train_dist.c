@@ -83,7 +83,7 @@ static void release_output(train_run *r, int rc) {
 
 /* Every rank's default is every core: N ranks on one host would run N
  * times the threads there are cores, and OpenMP's spinning threads then
- * crawl (measured: 20 img/s instead of 226, 2 ranks of 2 threads on 2
+ * crawl (measured: 17 img/s instead of 226, 2 ranks of 2 threads on 2
  * busy cores). Unless --threads or KILN_NUM_THREADS / OMP_NUM_THREADS
  * chose, a rank takes its share of the host's cores, as torchrun sets
  * OMP_NUM_THREADS=1. */

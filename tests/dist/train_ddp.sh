@@ -11,6 +11,7 @@
 #     4 = 2 + 2);
 #  2. only rank 0 wrote: one record per step, one summary; rank 1 printed
 #     nothing; the start says the per-rank batch and the effective lr;
+#     --checkpoint 2 gives the 2-rank losses bit for bit, --amp bf16 trains;
 #  3. the test accuracy (the test set split across the ranks, sums
 #     all-reduced) is kiln eval's of the checkpoint, to the image, and the
 #     test loss within 1e-5 relative; with a BatchNorm model too (the ranks
@@ -69,6 +70,16 @@ done
 grep -q "2 ranks (DDP over MPI): global batch 64 = 32 per rank.*effective learning rate is --lr 0.003" "$out/two64.err" ||
   { cat "$out/two64.err"; fail "the start does not state the per-rank batch and the effective learning rate"; }
 grep -q "global batch 63 = 32 on rank 0, 31 on the others" "$out/two63.err" || fail "the uneven shares are not stated"
+
+# 1b. Gradient checkpointing under DDP recomputes, the gradients are the
+# same: the plain 2-rank run's losses bit for bit. bf16 autocast trains.
+np2 $args --batch 64 --checkpoint 2 --out "$out/ckpt" > /dev/null 2> "$out/ckpt.err" || { cat "$out/ckpt.err"; fail "--checkpoint 2 under 2 ranks"; }
+steps "$out/two64" > "$out/a"
+steps "$out/ckpt" > "$out/b"
+cmp -s "$out/a" "$out/b" || { diff "$out/a" "$out/b"; fail "--checkpoint 2 under 2 ranks changed the losses"; }
+np2 $args --batch 64 --amp bf16 --out "$out/bf16" > /dev/null 2> "$out/bf16.err" || { cat "$out/bf16.err"; fail "--amp bf16 under 2 ranks"; }
+test "$(grep -c '"event":"step"' "$out/bf16/metrics.jsonl")" -eq 4 || fail "--amp bf16 under 2 ranks: not 4 step records"
+echo "--checkpoint 2: the 2-rank losses bit for bit; --amp bf16 trains"
 
 # 3. The test accuracy is the whole test set's: kiln eval of the checkpoint.
 # The test loss too, within 1e-5 relative (the sum's order differs; measured
