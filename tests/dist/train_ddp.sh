@@ -20,6 +20,7 @@
 #     2-rank run's losses bit for bit; another rank count is refused naming
 #     both;
 #  5. --world 2 without mpirun (or with another count) says how to launch;
+#     --accum under 2 ranks is refused with its reason;
 #  6. one rank out of memory: the job ends non-zero within 60 s, the
 #     failed rank's error naming it (the recovery is off under DDP);
 #  7. SIGINT to one rank: every rank stops at the same step, rank 0 writes
@@ -132,6 +133,10 @@ timeout -k 5 120 $mpirun -np 2 "$kiln" train --world 3 --limit 256 --out "$out/w
 test $rc -ne 0 || fail "--world 3 under mpirun -np 2 succeeded"
 grep -q "the launcher started 2; start it as: mpirun -np 3" "$out/w3.err" || { cat "$out/w3.err"; fail "--world 3 under 2 ranks does not say how to launch"; }
 echo "--world: says how to launch"
+rc=0
+np2 $args --batch 64 --accum 2 --out "$out/accum" > /dev/null 2> "$out/accum.err" || rc=$?
+test $rc -ne 0 && grep -q "kiln train: --accum with 2 ranks: accumulation under DDP" "$out/accum.err" ||
+  { cat "$out/accum.err"; fail "--accum 2 under 2 ranks is not refused with its reason"; }
 
 # 6. Rank 1 alone runs out of memory (an allocator limit only it has).
 start=$(date +%s)
