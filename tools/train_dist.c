@@ -146,9 +146,6 @@ int train_dist_check(train_run *r) {
     if (a->split)
         return refuse(r, "--split", "pipeline stages inside a rank are not combined with DDP across ranks; drop "
                                     "--split");
-    if (a->accum > 1)
-        return refuse(r, "--accum", "accumulation under DDP (no_sync over the micro-batches) is not wired into "
-                                    "kiln train; drop --accum, or use more ranks for the same global batch");
     if (r->dev.type != KILN_DEVICE_CPU) {
         char dev[32];
         kiln_device_str(r->dev, dev, sizeof dev);
@@ -238,6 +235,32 @@ int64_t train_dist_step_rows(const train_run *r, int64_t batch_index) {
     return left < r->a.batch ? left : r->a.batch;
 }
 
+/* --accum under DDP. The micro-batches accumulate locally (no_sync), then
+ * one backward of zero times the sum of every parameter fires each
+ * parameter's hook once, adding zeros to the accumulated gradient, and the
+ * hooks reduce it: PyTorch's "synchronise on the last micro-batch", without
+ * splitting kiln_accumulate_backward's loop (whose micro-batch weights,
+ * their share of the rank's batch, stay as they are). Costs one backward
+ * through a sum per parameter. */
+static kiln_status sync_accumulated(train_run *r) {
+    kiln_tensor **params = NULL;
+    int np = 0;
+    KILN_TRY(kiln_module_parameters(r->model, &params, &np));
+    kiln_scope_begin();
+    kiln_tensor *total = NULL;
+    kiln_status st = KILN_OK;
+    for (int i = 0; i < np && st == KILN_OK; i++) {
+        kiln_tensor *sum = kiln_sum(params[i], 0, NULL, false);
+        kiln_tensor *zero = sum ? kiln_mul_scalar(sum, 0.0) : NULL;
+        total = !zero ? NULL : total ? kiln_add(total, zero) : zero;
+        if (!total) st = kiln_error_last()->status;
+    }
+    if (st == KILN_OK && total) st = kiln_backward(total, NULL, false);
+    kiln_scope_end();
+    free(params);
+    return st;
+}
+
 kiln_status train_dist_backward(train_run *r, int64_t batch_index, kiln_tensor *x, kiln_tensor *y,
                                 kiln_tensor **loss, kiln_tensor **hits) {
     if (!r->ddp) return train_oom_backward(r, x, y, loss, hits);
@@ -246,7 +269,15 @@ kiln_status train_dist_backward(train_run *r, int64_t batch_index, kiln_tensor *
     /* BatchNorm's running statistics: rank 0's before each forward
      * (PyTorch's broadcast_buffers); nothing to send for a model without. */
     KILN_TRY(kiln_ddp_broadcast_buffers(r->ddp));
-    KILN_TRY(train_amp_backward(r, x, y, loss, hits));
+    bool accum = r->accum_live > 1;
+    if (accum) KILN_TRY(kiln_ddp_set_sync(r->ddp, false));
+    kiln_status st = train_amp_backward(r, x, y, loss, hits);
+    if (accum) {
+        kiln_status on = kiln_ddp_set_sync(r->ddp, true);
+        if (st == KILN_OK) st = on;
+        if (st == KILN_OK) st = sync_accumulated(r);
+    }
+    KILN_TRY(st);
     KILN_TRY(kiln_ddp_finish_grads(r->ddp));
     /* This rank's part of the global batch's mean loss. */
     kiln_tensor *part = kiln_mul_scalar(*loss, (double)rows / (double)total);
