@@ -43,7 +43,8 @@ static int capture_output(train_run *r) {
     fflush(stderr);
     int out = f ? dup(1) : -1, err = out >= 0 ? dup(2) : -1;
     if (!f || err < 0 || dup2(fileno(f), 1) < 0 || dup2(fileno(f), 2) < 0) {
-        fprintf(stderr, "kiln train: rank %d: cannot redirect its output to a temporary file (TMPDIR full?)\n",
+        fprintf(stderr,
+                "kiln train: rank %d: cannot redirect its output to a temporary file (TMPDIR full?)\n",
                 r->rank);
         if (f) fclose(f);
         if (out >= 0) close(out);
@@ -94,8 +95,9 @@ static void share_cores(train_run *r) {
     int n = cores / ranks > 0 ? (int)(cores / ranks) : 1;
     if (n >= kiln_num_threads() || kiln_set_num_threads(n) != KILN_OK) return;
     if (r->rank == 0)
-        fprintf(stderr, "kiln train: %ld ranks on this host of %ld cores: %d compute thread%s each (--threads N "
-                        "chooses)\n",
+        fprintf(stderr,
+                "kiln train: %ld ranks on this host of %ld cores: %d compute thread%s each (--threads N "
+                "chooses)\n",
                 ranks, cores, n, n == 1 ? "" : "s");
 }
 
@@ -141,16 +143,19 @@ int train_dist_check(train_run *r) {
     if (r->world == 1) return 0;
     train_args *a = &r->a;
     if (a->devices)
-        return refuse(r, "--devices", "DataParallel inside a rank is not combined with DDP across ranks; drop "
-                                      "--devices (one device per rank)");
+        return refuse(r, "--devices",
+                      "DataParallel inside a rank is not combined with DDP across ranks; drop "
+                      "--devices (one device per rank)");
     if (a->split)
-        return refuse(r, "--split", "pipeline stages inside a rank are not combined with DDP across ranks; drop "
-                                    "--split");
+        return refuse(r, "--split",
+                      "pipeline stages inside a rank are not combined with DDP across ranks; drop "
+                      "--split");
     if (r->dev.type != KILN_DEVICE_CPU) {
         char dev[32];
         kiln_device_str(r->dev, dev, sizeof dev);
         if (a->device)
-            return refuse(r, "--device", "DDP reduces CPU tensors only (NCCL is not built); pass --device cpu");
+            return refuse(r, "--device",
+                          "DDP reduces CPU tensors only (NCCL is not built); pass --device cpu");
         if (r->rank == 0)
             fprintf(stderr, "kiln train: %d ranks: training on cpu, not %s (DDP reduces CPU tensors only)\n",
                     r->world, dev);
@@ -161,8 +166,9 @@ int train_dist_check(train_run *r) {
          * others would go on into the gradient all-reduce with a step it
          * repeats. An out-of-memory ends the run on every rank instead. */
         if (r->rank == 0)
-            fprintf(stderr, "kiln train: the out-of-memory recovery is off with %d ranks: an out-of-memory ends the "
-                            "run (lower --batch, or add ranks)\n",
+            fprintf(stderr,
+                    "kiln train: the out-of-memory recovery is off with %d ranks: an out-of-memory ends the "
+                    "run (lower --batch, or add ranks)\n",
                     r->world);
         a->no_auto_batch = true;
     }
@@ -179,8 +185,8 @@ int64_t train_dist_rank_batch(const train_run *r) {
 kiln_status train_dist_epoch_begin(train_run *r, int epoch) {
     if (r->world == 1) return KILN_OK;
     int64_t *idx = NULL, count = 0;
-    KILN_TRY(kiln_dist_sampler_batch_indices(kiln_dataset_length(r->train_ds), r->world, r->rank, r->a.batch, epoch,
-                                             r->a.seed, true, &idx, &count, &r->padded));
+    KILN_TRY(kiln_dist_sampler_batch_indices(kiln_dataset_length(r->train_ds), r->world, r->rank, r->a.batch,
+                                             epoch, r->a.seed, true, &idx, &count, &r->padded));
     kiln_status st = kiln_loader_set_indices(r->train_ld, idx, count);
     free(idx);
     return st;
@@ -190,15 +196,18 @@ int train_dist_loaders(train_run *r) {
     if (r->world == 1) return 0;
     if (r->a.batch < r->world) {
         if (r->rank == 0)
-            fprintf(stderr, "kiln train: --batch %lld over %d ranks: every rank needs a sample in each step; give "
-                            "--batch %d or more\n",
+            fprintf(stderr,
+                    "kiln train: --batch %lld over %d ranks: every rank needs a sample in each step; give "
+                    "--batch %d or more\n",
                     (long long)r->a.batch, r->world, r->world);
         return 2;
     }
-    if (train_dist_epoch_begin(r, r->start_epoch) != KILN_OK) return train_fail("train", "distributed sampler");
+    if (train_dist_epoch_begin(r, r->start_epoch) != KILN_OK)
+        return train_fail("train", "distributed sampler");
     /* The test set split without padding (each image counted once): rank r
      * evaluates r, r + N, ... */
-    int64_t n = kiln_dataset_length(r->test_ds), mine = n > r->rank ? (n - r->rank + r->world - 1) / r->world : 0;
+    int64_t n = kiln_dataset_length(r->test_ds),
+            mine = n > r->rank ? (n - r->rank + r->world - 1) / r->world : 0;
     int64_t *idx = malloc(sizeof(int64_t) * (size_t)(mine > 0 ? mine : 1));
     if (!idx) return train_fail("train", "test split");
     for (int64_t k = 0; k < mine; k++) idx[k] = r->rank + k * r->world;
@@ -208,16 +217,21 @@ int train_dist_loaders(train_run *r) {
     if (r->rank == 0) {
         int64_t b = r->a.batch / r->world, extra = r->a.batch % r->world;
         char shares[96];
-        if (extra == 1) snprintf(shares, sizeof shares, "%lld on rank 0, %lld on the others", (long long)b + 1, (long long)b);
+        if (extra == 1)
+            snprintf(shares, sizeof shares, "%lld on rank 0, %lld on the others", (long long)b + 1,
+                     (long long)b);
         else if (extra)
             snprintf(shares, sizeof shares, "%lld on ranks 0..%lld, %lld on the others", (long long)b + 1,
                      (long long)extra - 1, (long long)b);
-        else snprintf(shares, sizeof shares, "%lld per rank", (long long)b);
-        fprintf(stderr,
-                "kiln train: %d ranks (DDP over MPI): global batch %lld = %s; the gradient is the global batch's "
-                "(sample-weighted average), so the effective learning rate is --lr %g, as one process with batch "
-                "%lld (not scaled by the ranks); the epoch's order is padded to %lld samples (docs/distributed.md)\n",
-                r->world, (long long)r->a.batch, shares, r->a.lr, (long long)r->a.batch, (long long)r->padded);
+        else
+            snprintf(shares, sizeof shares, "%lld per rank", (long long)b);
+        fprintf(
+            stderr,
+            "kiln train: %d ranks (DDP over MPI): global batch %lld = %s; the gradient is the global batch's "
+            "(sample-weighted average), so the effective learning rate is --lr %g, as one process with batch "
+            "%lld (not scaled by the ranks); the epoch's order is padded to %lld samples "
+            "(docs/distributed.md)\n",
+            r->world, (long long)r->a.batch, shares, r->a.lr, (long long)r->a.batch, (long long)r->padded);
     }
     return 0;
 }
@@ -297,7 +311,8 @@ kiln_status train_dist_agree_stop(train_run *r, bool *stop) {
     if (!r->ddp) return KILN_OK;
     kiln_scope_begin();
     kiln_tensor *flag = kiln_full(KILN_SHAPE(1), *stop ? 1.0 : 0.0, KILN_I32, KILN_CPU);
-    kiln_status st = flag ? kiln_dist_all_reduce(r->group, flag, KILN_DIST_SUM, NULL) : kiln_error_last()->status;
+    kiln_status st =
+        flag ? kiln_dist_all_reduce(r->group, flag, KILN_DIST_SUM, NULL) : kiln_error_last()->status;
     double any = 0;
     if (st == KILN_OK) st = kiln_item(flag, &any);
     kiln_scope_end();

@@ -11,7 +11,8 @@
 
 static kiln_status check_args(const char *fn, int64_t n, int world, int rank) {
     if (world < 1 || rank < 0 || rank >= world)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass kiln_dist_rank and kiln_dist_world_size of the group",
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                          "pass kiln_dist_rank and kiln_dist_world_size of the group",
                           "%s: rank %d is not in a world of %d", fn, rank, world);
     if (n < 0 || n > ((int64_t)1 << 40))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give the dataset's length",
@@ -67,8 +68,8 @@ kiln_status kiln_dist_sampler_batch_indices(int64_t n, int world, int rank, int6
     KILN_TRY(check_args("kiln_dist_sampler_batch_indices", n, world, rank));
     if (batch < world || batch > ((int64_t)1 << 40))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use a global batch of at least one sample per rank",
-                          "kiln_dist_sampler_batch_indices: global batch %lld over %d ranks", (long long)batch,
-                          world);
+                          "kiln_dist_sampler_batch_indices: global batch %lld over %d ranks",
+                          (long long)batch, world);
     if (n == 0) return KILN_OK;
     int64_t p = padded_length(n, world, batch);
     /* Rank r takes positions r, r + world, ... of each batch [k B, k B + len_k). */

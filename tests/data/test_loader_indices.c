@@ -45,7 +45,8 @@ static int64_t epoch_labels(kiln_loader *l, int64_t epoch, int64_t *out, int64_t
         int64_t b = kiln_size(y, 0);
         CHECK_EQ_I(kiln_size(x, 0), b);
         const int64_t *lab = kiln_data_ptr(y);
-        const float *px = kiln_data_ptr(x); /* (b, C, H, W): sample lab[i]'s first pixel is lab[i] * 7 / 255 */
+        const float *px =
+            kiln_data_ptr(x); /* (b, C, H, W): sample lab[i]'s first pixel is lab[i] * 7 / 255 */
         for (int64_t i = 0; i < b; i++) {
             CHECK(fabsf(px[i * CHW] - (float)((lab[i] * 7) & 255) / 255.0f) < 1e-6f);
             out[seen++] = lab[i];
@@ -91,8 +92,8 @@ static void check_list(kiln_data_on_device mode, int workers) {
     kiln_tensor *x = NULL, *y = NULL;
     CHECK_OK(kiln_loader_next(l, &x, &y));
     kiln_release(x), kiln_release(y);
-    const int64_t longer[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 0, 1,
-                              2, 3, 4};
+    const int64_t longer[] = {1,  2,  3,  4,  5,  6,  7,  8,  9, 10, 11, 12, 13, 14,
+                              15, 16, 17, 18, 19, 20, 21, 22, 0, 1,  2,  3,  4};
     CHECK_OK(kiln_loader_set_indices(l, longer, 27)); /* more entries than the dataset has */
     CHECK_OK(kiln_loader_next(l, &x, &y));
     CHECK(x == NULL && y == NULL);
@@ -109,7 +110,8 @@ static void check_list(kiln_data_on_device mode, int workers) {
     CHECK_EQ_I(kiln_loader_num_batches(l), 0);
     CHECK_EQ_I(epoch_labels(l, 0, got, sizes, &nb), 0);
     const int64_t bad[] = {0, 23};
-    CHECK_FAILS(kiln_loader_set_indices(l, bad, 2), KILN_ERR_INVALID_ARGUMENT, "entry 1 is 23, outside the dataset's [0, 23)");
+    CHECK_FAILS(kiln_loader_set_indices(l, bad, 2), KILN_ERR_INVALID_ARGUMENT,
+                "entry 1 is 23, outside the dataset's [0, 23)");
     CHECK_FAILS(kiln_loader_set_indices(l, NULL, 3), KILN_ERR_INVALID_ARGUMENT, "count 3 with indices NULL");
     kiln_loader_free(l);
     kiln_dataset_free(ds);
