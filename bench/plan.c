@@ -59,8 +59,10 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 int kiln_bench_plan(int argc, char **argv) {
     const char *devices = NULL, *dir = "models";
     for (int i = 1; i < argc; i++) { /* argv[0] is "plan" */
-        if (!strcmp(argv[i], "--devices") && i + 1 < argc) devices = argv[++i];
-        else if (!strcmp(argv[i], "--models") && i + 1 < argc) dir = argv[++i];
+        if (!strcmp(argv[i], "--devices") && i + 1 < argc)
+            devices = argv[++i];
+        else if (!strcmp(argv[i], "--models") && i + 1 < argc)
+            dir = argv[++i];
         else {
             fprintf(stderr, "usage: kiln bench plan [--devices cpu,cuda:0] [--models DIR]\n");
             return 2;
@@ -91,7 +93,8 @@ int kiln_bench_plan(int argc, char **argv) {
         snprintf(buf, sizeof buf, "%s", devices);
         for (char *tok = strtok(buf, ","); tok && n_devs < 2; tok = strtok(NULL, ","))
             if (kiln_device_parse(tok, &devs[n_devs]) != KILN_OK || !kiln_device_is_available(devs[n_devs])) {
-                fprintf(stderr, "kiln bench plan: --devices %s: %s is not a device kiln info lists\n", devices, tok);
+                fprintf(stderr, "kiln bench plan: --devices %s: %s is not a device kiln info lists\n",
+                        devices, tok);
                 return 2;
             } else {
                 n_devs++;
@@ -118,31 +121,32 @@ int kiln_bench_plan(int argc, char **argv) {
                         plan_row r = run_case(&o);
                         char dn[32];
                         kiln_device_str(devs[di], dn, sizeof dn);
-                        const char *base = strrchr(models[mi], '/') ? strrchr(models[mi], '/') + 1 : models[mi];
+                        const char *base =
+                            strrchr(models[mi], '/') ? strrchr(models[mi], '/') + 1 : models[mi];
                         if (!r.ok) {
-                            printf("%-28s %-7s %5lld %4s %4d   failed (see stderr)\n", base, dn, (long long)o.batch,
-                                   amp ? "on" : "off", ck);
+                            printf("%-28s %-7s %5lld %4s %4d   failed (see stderr)\n", base, dn,
+                                   (long long)o.batch, amp ? "on" : "off", ck);
                             failed++;
                             continue;
                         }
                         double ea = pct(r.pa, r.ma), er = pct(r.pr, r.mr);
                         worst = fmax(worst, fmax(fabs(ea), fabs(er)));
-                        printf("%-28s %-7s %5lld %4s %4d %9.2f M %9.2f M %+6.2f%% %9.2f M %9.2f M %+6.2f%%\n", base, dn,
-                               (long long)o.batch, amp ? "on" : "off", ck, r.pa / 1048576.0, r.ma / 1048576.0, ea,
-                               r.pr / 1048576.0, r.mr / 1048576.0, er);
+                        printf("%-28s %-7s %5lld %4s %4d %9.2f M %9.2f M %+6.2f%% %9.2f M %9.2f M %+6.2f%%\n",
+                               base, dn, (long long)o.batch, amp ? "on" : "off", ck, r.pa / 1048576.0,
+                               r.ma / 1048576.0, ea, r.pr / 1048576.0, r.mr / 1048576.0, er);
                         fflush(stdout);
                         if (at < sizeof json - 256)
-                            at += (size_t)snprintf(json + at, sizeof json - at,
-                                                   "%s{\"model\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"amp\":%s,"
-                                                   "\"checkpoint\":%d,\"allocated\":[%lld,%lld],\"reserved\":[%lld,%lld]}",
-                                                   n ? "," : "", base, dn, (long long)o.batch, amp ? "true" : "false",
-                                                   ck, (long long)r.pa, (long long)r.ma, (long long)r.pr,
-                                                   (long long)r.mr);
+                            at += (size_t)snprintf(
+                                json + at, sizeof json - at,
+                                "%s{\"model\":\"%s\",\"device\":\"%s\",\"batch\":%lld,\"amp\":%s,"
+                                "\"checkpoint\":%d,\"allocated\":[%lld,%lld],\"reserved\":[%lld,%lld]}",
+                                n ? "," : "", base, dn, (long long)o.batch, amp ? "true" : "false", ck,
+                                (long long)r.pa, (long long)r.ma, (long long)r.pr, (long long)r.mr);
                         n++;
                     }
     printf("%d cases, %d failed to run, worst error %.2f%%\n", n, failed, worst);
-    printf("{\"bench\":\"plan\",\"threads\":%d,\"worst_error_pct\":%.3f,\"cases\":[%s]}\n", kiln_num_threads(), worst,
-           json);
+    printf("{\"bench\":\"plan\",\"threads\":%d,\"worst_error_pct\":%.3f,\"cases\":[%s]}\n",
+           kiln_num_threads(), worst, json);
     for (int i = 0; i < n_models; i++) free(models[i]);
     return failed ? 1 : 0;
 }

@@ -39,11 +39,16 @@ static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
 }
 
 bool plan_parse_amp(const char *s, kiln_device dev, kiln_dtype *out) {
-    if (!strcmp(s, "off")) *out = KILN_F32;
-    else if (!strcmp(s, "f16")) *out = KILN_F16;
-    else if (!strcmp(s, "bf16")) *out = KILN_BF16;
-    else if (!strcmp(s, "on")) *out = dev.type == KILN_DEVICE_CUDA ? KILN_F16 : KILN_BF16;
-    else return false;
+    if (!strcmp(s, "off"))
+        *out = KILN_F32;
+    else if (!strcmp(s, "f16"))
+        *out = KILN_F16;
+    else if (!strcmp(s, "bf16"))
+        *out = KILN_BF16;
+    else if (!strcmp(s, "on"))
+        *out = dev.type == KILN_DEVICE_CUDA ? KILN_F16 : KILN_BF16;
+    else
+        return false;
     return true;
 }
 
@@ -65,11 +70,13 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n = 0;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("usage: kiln plan [--model FILE] [--input CxHxW] [--batch N] [--device D] [--amp off|on|f16|bf16]\n"
-                   "                 [--checkpoint N] [--accum N] [--budget SIZE] [--measure]\n"
-                   "One training step of kiln train on the meta device: its peak memory per device, when it\n"
-                   "happens and what it holds, then a JSON line (docs/memory.md). --amp on: bf16 on the CPU,\n"
-                   "f16 on CUDA. SIZE: bytes or K/M/G/T (KiB...) or KB/MB/GB. --measure: run the step too.\n");
+            printf(
+                "usage: kiln plan [--model FILE] [--input CxHxW] [--batch N] [--device D] [--amp "
+                "off|on|f16|bf16]\n"
+                "                 [--checkpoint N] [--accum N] [--budget SIZE] [--measure]\n"
+                "One training step of kiln train on the meta device: its peak memory per device, when it\n"
+                "happens and what it holds, then a JSON line (docs/memory.md). --amp on: bf16 on the CPU,\n"
+                "f16 on CUDA. SIZE: bytes or K/M/G/T (KiB...) or KB/MB/GB. --measure: run the step too.\n");
             return -1;
         }
         if (!strcmp(f, "--measure")) {
@@ -77,7 +84,8 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             continue;
         }
         if (!v) return usage_error(f, NULL, "needs a value (kiln plan --help)");
-        if (!strcmp(f, "--model")) a->o.model = v;
+        if (!strcmp(f, "--model"))
+            a->o.model = v;
         else if (!strcmp(f, "--input")) {
             long long c, h, w;
             int used = 0;
@@ -86,20 +94,25 @@ static int parse_args(int argc, char **argv, plan_args *a) {
                 return usage_error(f, v, "give CxHxW, each 1 to 65536 (e.g. 3x32x32)");
             a->o.channels = c, a->o.height = h, a->o.width = w;
         } else if (!strcmp(f, "--batch")) {
-            if (!parse_int(v, 1, (int64_t)1 << 20, &n)) return usage_error(f, v, "give a whole number of 1 to 1048576");
+            if (!parse_int(v, 1, (int64_t)1 << 20, &n))
+                return usage_error(f, v, "give a whole number of 1 to 1048576");
             a->o.batch = n;
-        } else if (!strcmp(f, "--device")) device = v;
-        else if (!strcmp(f, "--amp")) a->amp = v;
+        } else if (!strcmp(f, "--device"))
+            device = v;
+        else if (!strcmp(f, "--amp"))
+            a->amp = v;
         else if (!strcmp(f, "--checkpoint")) {
             if (!parse_int(v, 0, 64, &n) || n == 1)
                 return usage_error(f, v, "give 0 (off) or 2 to 64 segments");
             a->o.checkpoint = (int)n;
         } else if (!strcmp(f, "--accum")) {
-            if (!parse_int(v, 1, (int64_t)1 << 20, &n)) return usage_error(f, v, "give a whole number of 1 or more");
+            if (!parse_int(v, 1, (int64_t)1 << 20, &n))
+                return usage_error(f, v, "give a whole number of 1 or more");
             a->o.accum = (int)n;
         } else if (!strcmp(f, "--budget")) {
             if (!train_parse_size(v, &a->budget))
-                return usage_error(f, v, "give a size in bytes, or with K, M, G, T (KiB...) or KB, MB, GB (e.g. 512M)");
+                return usage_error(
+                    f, v, "give a size in bytes, or with K, M, G, T (KiB...) or KB, MB, GB (e.g. 512M)");
         } else {
             fprintf(stderr, "kiln plan: unknown option %s (kiln plan --help)\n", f);
             return 2;
@@ -111,21 +124,26 @@ static int parse_args(int argc, char **argv, plan_args *a) {
         if (kiln_device_parse(device, &d) != KILN_OK)
             return usage_error("--device", device, "give cpu, cuda or cuda:N as kiln info lists them");
         if (d.type == KILN_DEVICE_META)
-            return usage_error("--device", device, "meta is where the plan runs; give the device to plan for");
+            return usage_error("--device", device,
+                               "meta is where the plan runs; give the device to plan for");
         if (!kiln_device_is_available(d))
-            return usage_error("--device", device, kiln_device_absent_reason(d.type)[0]
-                                                       ? kiln_device_absent_reason(d.type)
-                                                       : "not available (kiln info lists the devices)");
+            return usage_error("--device", device,
+                               kiln_device_absent_reason(d.type)[0]
+                                   ? kiln_device_absent_reason(d.type)
+                                   : "not available (kiln info lists the devices)");
         a->o.device = d;
     }
-    if (!plan_parse_amp(a->amp, a->o.device, &a->o.amp)) return usage_error("--amp", a->amp, "give off, on, f16 or bf16");
+    if (!plan_parse_amp(a->amp, a->o.device, &a->o.amp))
+        return usage_error("--amp", a->amp, "give off, on, f16 or bf16");
     if (a->o.accum > a->o.batch) {
-        fprintf(stderr, "kiln plan: --accum %d: must not exceed --batch %lld (one sample per micro-batch at least)\n",
+        fprintf(stderr,
+                "kiln plan: --accum %d: must not exceed --batch %lld (one sample per micro-batch at least)\n",
                 a->o.accum, (long long)a->o.batch);
         return 2;
     }
     if (!a->o.channels && kiln_plan_input_from_name(a->o.model, &a->o.channels, &a->o.height, &a->o.width)) {
-        fprintf(stderr, "kiln plan: --model %s: %s (%s)\n", a->o.model, kiln_error_message(), kiln_error_last()->hint);
+        fprintf(stderr, "kiln plan: --model %s: %s (%s)\n", a->o.model, kiln_error_message(),
+                kiln_error_last()->hint);
         return 2;
     }
     FILE *fp = fopen(a->o.model, "r");
@@ -142,8 +160,12 @@ static void print_row(const char *what, const kiln_plan *p, int64_t (*get)(const
 
 static int64_t get_alloc(const kiln_plan_memory *m, int k) { return (void)k, m->allocated_peak; }
 static int64_t get_reserved(const kiln_plan_memory *m, int k) { return (void)k, m->reserved_peak; }
-static int64_t get_rounding(const kiln_plan_memory *m, int k) { return (void)k, m->allocated_peak - m->requested_at_peak; }
-static int64_t get_cache(const kiln_plan_memory *m, int k) { return (void)k, m->reserved_peak - m->allocated_peak; }
+static int64_t get_rounding(const kiln_plan_memory *m, int k) {
+    return (void)k, m->allocated_peak - m->requested_at_peak;
+}
+static int64_t get_cache(const kiln_plan_memory *m, int k) {
+    return (void)k, m->reserved_peak - m->allocated_peak;
+}
 
 void plan_print(const kiln_plan *p) {
     const kiln_plan_opts *o = &p->opts;
@@ -151,8 +173,10 @@ void plan_print(const kiln_plan *p) {
     printf("kiln plan: %s (input %lldx%lldx%lld, %lld parameters), batch %lld on %s, amp %s, ", o->model,
            (long long)o->channels, (long long)o->height, (long long)o->width, (long long)p->param_count,
            (long long)o->batch, kiln_device_str(o->device, dev, sizeof dev), plan_amp_name(o->amp));
-    if (o->checkpoint) printf("%d checkpoint segments, ", o->checkpoint);
-    else printf("no checkpointing, ");
+    if (o->checkpoint)
+        printf("%d checkpoint segments, ", o->checkpoint);
+    else
+        printf("no checkpointing, ");
     printf("%d micro-batch%s\n", o->accum > 1 ? o->accum : 1, o->accum > 1 ? "es" : "");
     printf("  %-44s", "MiB");
     for (int i = 0; i < p->n_memories; i++) printf(" %12s", p->memory[i].name);
@@ -162,10 +186,14 @@ void plan_print(const kiln_plan *p) {
     const kiln_plan_memory *d = &p->memory[0];
     printf("  %s's peak: in the %s%s%s\n", d->name, d->phase, d->op[0] ? ", allocating for " : "", d->op);
     printf("  at that peak:\n");
-    static const char *const what[KILN_PLAN_PARTS] = {
-        "parameters (and buffers, their step snapshot)", "gradients", "optimizer state (Adam's moments)",
-        "the loader's batches", "activations saved for backward", "transient buffers", "workspaces",
-        "kernels' copies of weights"};
+    static const char *const what[KILN_PLAN_PARTS] = {"parameters (and buffers, their step snapshot)",
+                                                      "gradients",
+                                                      "optimizer state (Adam's moments)",
+                                                      "the loader's batches",
+                                                      "activations saved for backward",
+                                                      "transient buffers",
+                                                      "workspaces",
+                                                      "kernels' copies of weights"};
     for (int k = 0; k < KILN_PLAN_PARTS; k++) {
         printf("    %-42s", what[k]);
         for (int i = 0; i < p->n_memories; i++) printf(" %12.2f", mib(p->memory[i].parts[k]));
@@ -181,7 +209,8 @@ void plan_print_json_memories(const kiln_plan *p) {
         const kiln_plan_memory *m = &p->memory[i];
         printf("%s{\"name\":\"%s\",\"allocated_peak\":%" PRId64 ",\"reserved_peak\":%" PRId64
                ",\"requested_at_peak\":%" PRId64 ",\"phase\":\"%s\",\"op\":\"%s\",\"parts\":{",
-               i ? "," : "", m->name, m->allocated_peak, m->reserved_peak, m->requested_at_peak, m->phase, m->op);
+               i ? "," : "", m->name, m->allocated_peak, m->reserved_peak, m->requested_at_peak, m->phase,
+               m->op);
         for (int k = 0; k < KILN_PLAN_PARTS; k++)
             printf("%s\"%s\":%" PRId64, k ? "," : "", kiln_plan_part_name((kiln_plan_part)k), m->parts[k]);
         printf("}}");
@@ -196,7 +225,9 @@ static int fail(const char *what) {
     return 1;
 }
 
-static double err_pct(int64_t pred, int64_t meas) { return meas ? 100.0 * (double)(pred - meas) / (double)meas : 0; }
+static double err_pct(int64_t pred, int64_t meas) {
+    return meas ? 100.0 * (double)(pred - meas) / (double)meas : 0;
+}
 
 int kiln_cmd_plan(int argc, char **argv) {
     plan_args a = {0};
@@ -213,30 +244,37 @@ int kiln_cmd_plan(int argc, char **argv) {
         if (kiln_plan_max_batch(&a.o, a.budget, 0, &max_batch) != KILN_OK) return fail("--budget");
         if (kiln_plan_min_checkpoint(&a.o, a.budget, &segs) != KILN_OK) return fail("--budget");
         printf("budget %.2f MiB reserved on %s: ", mib(a.budget), p.memory[0].name);
-        if (max_batch > 0) printf("the largest batch that fits is %lld", (long long)max_batch);
-        else printf("not even batch 1 fits");
-        if (segs == 0) printf("; batch %lld fits without checkpointing\n", (long long)a.o.batch);
-        else if (segs > 0) printf("; batch %lld fits with --checkpoint %d\n", (long long)a.o.batch, segs);
-        else printf("; no checkpoint setting makes batch %lld fit\n", (long long)a.o.batch);
+        if (max_batch > 0)
+            printf("the largest batch that fits is %lld", (long long)max_batch);
+        else
+            printf("not even batch 1 fits");
+        if (segs == 0)
+            printf("; batch %lld fits without checkpointing\n", (long long)a.o.batch);
+        else if (segs > 0)
+            printf("; batch %lld fits with --checkpoint %d\n", (long long)a.o.batch, segs);
+        else
+            printf("; no checkpoint setting makes batch %lld fit\n", (long long)a.o.batch);
     }
     if (a.measure) {
         if (kiln_plan_measure(&a.o, &m) != KILN_OK) return fail("--measure");
         for (int i = 0; i < m.n_memories; i++)
             printf("measured %-12s allocated %10.2f MiB (plan %+.2f%%), reserved %10.2f MiB (plan %+.2f%%)\n",
                    m.memory[i].name, mib(m.memory[i].allocated_peak),
-                   err_pct(p.memory[i].allocated_peak, m.memory[i].allocated_peak), mib(m.memory[i].reserved_peak),
+                   err_pct(p.memory[i].allocated_peak, m.memory[i].allocated_peak),
+                   mib(m.memory[i].reserved_peak),
                    err_pct(p.memory[i].reserved_peak, m.memory[i].reserved_peak));
     }
     char dev[32];
-    printf("{\"plan\":{\"model\":\"%s\",\"input\":[%lld,%lld,%lld],\"batch\":%lld,\"device\":\"%s\",\"amp\":\"%s\","
+    printf("{\"plan\":{\"model\":\"%s\",\"input\":[%lld,%lld,%lld],\"batch\":%lld,\"device\":\"%s\",\"amp\":"
+           "\"%s\","
            "\"checkpoint\":%d,\"accum\":%d,\"parameters\":%lld,",
            a.o.model, (long long)p.opts.channels, (long long)p.opts.height, (long long)p.opts.width,
-           (long long)a.o.batch, kiln_device_str(a.o.device, dev, sizeof dev), plan_amp_name(a.o.amp), a.o.checkpoint,
-           a.o.accum > 1 ? a.o.accum : 1, (long long)p.param_count);
+           (long long)a.o.batch, kiln_device_str(a.o.device, dev, sizeof dev), plan_amp_name(a.o.amp),
+           a.o.checkpoint, a.o.accum > 1 ? a.o.accum : 1, (long long)p.param_count);
     plan_print_json_memories(&p);
     if (a.budget)
-        printf(",\"budget\":%" PRId64 ",\"max_batch\":%lld,\"min_checkpoint\":%d", a.budget, (long long)max_batch,
-               segs);
+        printf(",\"budget\":%" PRId64 ",\"max_batch\":%lld,\"min_checkpoint\":%d", a.budget,
+               (long long)max_batch, segs);
     if (a.measure)
         printf(",\"measured\":[{\"allocated_peak\":%" PRId64 ",\"reserved_peak\":%" PRId64
                "},{\"allocated_peak\":%" PRId64 ",\"reserved_peak\":%" PRId64 "}]",

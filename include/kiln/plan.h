@@ -38,10 +38,10 @@ typedef enum kiln_plan_part {
     KILN_PLAN_GRADIENTS,       /* the parameters' .grad */
     KILN_PLAN_OPTIMIZER_STATE, /* Adam's moments */
     KILN_PLAN_BATCH,           /* the loader's batches (pinned host, device copies) */
-    KILN_PLAN_ACTIVATIONS,     /* forward results still alive (saved for backward), recomputed ones included */
-    KILN_PLAN_TRANSIENT,       /* everything else: gradients flowing back, the loss, the optimizer's temporaries */
-    KILN_PLAN_WORKSPACES,      /* kernels' scratch for the op running */
-    KILN_PLAN_WEIGHT_COPIES,   /* kernels' prepared copies of weights (e.g. oneDNN's blocked layouts) */
+    KILN_PLAN_ACTIVATIONS, /* forward results still alive (saved for backward), recomputed ones included */
+    KILN_PLAN_TRANSIENT,  /* everything else: gradients flowing back, the loss, the optimizer's temporaries */
+    KILN_PLAN_WORKSPACES, /* kernels' scratch for the op running */
+    KILN_PLAN_WEIGHT_COPIES, /* kernels' prepared copies of weights (e.g. oneDNN's blocked layouts) */
     KILN_PLAN_PARTS
 } kiln_plan_part;
 
@@ -49,13 +49,13 @@ typedef enum kiln_plan_part {
 const char *kiln_plan_part_name(kiln_plan_part part);
 
 typedef struct kiln_plan_opts {
-    const char *model;              /* a model spec file (kiln/nn.h) */
+    const char *model;               /* a model spec file (kiln/nn.h) */
     int64_t channels, height, width; /* the input; 0: from the file name (kiln_plan_input_from_name) */
-    int64_t batch;                  /* >= 1 */
-    kiln_device device;             /* cpu or cuda:N (needs a CUDA or emulated-CUDA build) */
-    kiln_dtype amp;                 /* KILN_F32: off; KILN_F16 (with the grad scaler) or KILN_BF16 */
-    int checkpoint;                 /* checkpoint segments; 0: off */
-    int accum;                      /* micro-batches per step; 0 or 1: none */
+    int64_t batch;                   /* >= 1 */
+    kiln_device device;              /* cpu or cuda:N (needs a CUDA or emulated-CUDA build) */
+    kiln_dtype amp;                  /* KILN_F32: off; KILN_F16 (with the grad scaler) or KILN_BF16 */
+    int checkpoint;                  /* checkpoint segments; 0: off */
+    int accum;                       /* micro-batches per step; 0 or 1: none */
 } kiln_plan_opts;
 
 /* kiln_plan_opts for the tutorial CNN at batch 128 on the CPU, f32. */
@@ -68,9 +68,9 @@ kiln_status kiln_plan_input_from_name(const char *path, int64_t *channels, int64
 
 /* One allocator's view of the step. */
 typedef struct kiln_plan_memory {
-    char name[32];            /* "cpu", "cuda:0", "pinned host" */
-    int64_t allocated_peak;   /* bytes, rounded sizes */
-    int64_t reserved_peak;    /* bytes in segments */
+    char name[32];             /* "cpu", "cuda:0", "pinned host" */
+    int64_t allocated_peak;    /* bytes, rounded sizes */
+    int64_t reserved_peak;     /* bytes in segments */
     int64_t requested_at_peak; /* what the live blocks asked for at the allocated peak */
     /* Where the allocated peak happens: the phase ("batch", "forward",
      * "backward", "backward (recompute)", "optimizer") and the op that was
@@ -81,9 +81,9 @@ typedef struct kiln_plan_memory {
 } kiln_plan_memory;
 
 typedef struct kiln_plan {
-    kiln_plan_opts opts;      /* as planned, the input size filled in (opts.model points to the caller's string) */
+    kiln_plan_opts opts; /* as planned, the input size filled in (opts.model points to the caller's string) */
     int64_t param_count;
-    int n_memories;           /* 1 on the CPU (its batch is pinned: [1]), 2 on CUDA */
+    int n_memories;             /* 1 on the CPU (its batch is pinned: [1]), 2 on CUDA */
     kiln_plan_memory memory[2]; /* [0]: the device; [1]: pinned host memory */
 } kiln_plan;
 
@@ -108,7 +108,8 @@ kiln_status kiln_plan_measure(const kiln_plan_opts *opts, kiln_plan *out);
  * answer fits and the batch above it does not; the reserved peak steps
  * with segment sizes and is not strictly monotonic in the batch, so a
  * larger batch elsewhere may fit too. */
-kiln_status kiln_plan_max_batch(const kiln_plan_opts *opts, int64_t budget, int64_t max_batch, int64_t *batch);
+kiln_status kiln_plan_max_batch(const kiln_plan_opts *opts, int64_t budget, int64_t max_batch,
+                                int64_t *batch);
 /* The fewest checkpoint segments (2 and up, at most the Sequential's
  * layers) that make opts' step fit, in *segments: 0 when it fits without
  * checkpointing, -1 when no count does. */

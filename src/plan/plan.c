@@ -8,12 +8,13 @@
 #include "base/error.h"
 #include "plan/plan_internal.h"
 
-#define PLAN_MAX_BATCH   ((int64_t)1 << 20)
-#define PLAN_MAX_SIDE    65536
+#define PLAN_MAX_BATCH    ((int64_t)1 << 20)
+#define PLAN_MAX_SIDE     65536
 #define PLAN_MAX_SEGMENTS 64
 
 static const char *const part_names[KILN_PLAN_PARTS] = {
-    "parameters", "gradients", "optimizer_state", "batch", "activations", "transient", "workspaces", "weight_copies",
+    "parameters",  "gradients", "optimizer_state", "batch",
+    "activations", "transient", "workspaces",      "weight_copies",
 };
 
 const char *kiln_plan_part_name(kiln_plan_part part) {
@@ -21,8 +22,11 @@ const char *kiln_plan_part_name(kiln_plan_part part) {
 }
 
 kiln_plan_opts kiln_plan_defaults(void) {
-    return (kiln_plan_opts){.model = "models/tutorial_cnn_28x28x1.txt", .batch = 128, .device = KILN_CPU,
-                            .amp = KILN_F32, .accum = 1};
+    return (kiln_plan_opts){.model = "models/tutorial_cnn_28x28x1.txt",
+                            .batch = 128,
+                            .device = KILN_CPU,
+                            .amp = KILN_F32,
+                            .accum = 1};
 }
 
 /* "_28x28x1" just before the extension: H x W x C. */
@@ -41,7 +45,8 @@ static bool dims_suffix(const char *base, int64_t *c, int64_t *h, int64_t *w) {
     memcpy(tail, us + 1, n);
     tail[n] = '\0';
     if (sscanf(tail, "%lldx%lldx%lld%n", &hh, &ww, &cc, &used) != 3 || (size_t)used != n) return false;
-    if (hh < 1 || ww < 1 || cc < 1 || hh > PLAN_MAX_SIDE || ww > PLAN_MAX_SIDE || cc > PLAN_MAX_SIDE) return false;
+    if (hh < 1 || ww < 1 || cc < 1 || hh > PLAN_MAX_SIDE || ww > PLAN_MAX_SIDE || cc > PLAN_MAX_SIDE)
+        return false;
     *h = hh, *w = ww, *c = cc;
     return true;
 }
@@ -66,7 +71,8 @@ kiln_status kiln_plan_input_from_name(const char *path, int64_t *channels, int64
     }
     return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
                       "give the input size (kiln plan --input CxHxW), or name the file ..._HxWxC.txt",
-                      "%s: the model's input size is not in its name (no _HxWxC suffix, no cifar or mnist)", path);
+                      "%s: the model's input size is not in its name (no _HxWxC suffix, no cifar or mnist)",
+                      path);
 }
 
 static kiln_status check_opts(const kiln_plan_opts *o, kiln_plan_opts *out, const char *fn) {
@@ -92,18 +98,19 @@ static kiln_status check_opts(const kiln_plan_opts *o, kiln_plan_opts *out, cons
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use KILN_F32 (off), KILN_F16 or KILN_BF16",
                           "%s: amp dtype %s", fn, kiln_dtype_name(o->amp));
     if (o->checkpoint < 0 || o->checkpoint == 1 || o->checkpoint > PLAN_MAX_SEGMENTS)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give 0 (off) or 2 to 64 segments", "%s: checkpoint %d", fn,
-                          o->checkpoint);
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give 0 (off) or 2 to 64 segments", "%s: checkpoint %d",
+                          fn, o->checkpoint);
     if (o->accum < 0 || o->accum > o->batch)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give 1 to the batch size micro-batches",
                           "%s: accum %d with batch %lld", fn, o->accum, (long long)o->batch);
     char dev[32];
     kiln_device_str(o->device, dev, sizeof dev);
     if (o->device.type != KILN_DEVICE_CPU && o->device.type != KILN_DEVICE_CUDA)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "plan for cpu or cuda:N", "%s: device %s: a step runs on cpu or cuda",
-                          fn, dev);
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "plan for cpu or cuda:N",
+                          "%s: device %s: a step runs on cpu or cuda", fn, dev);
     if (!kiln_device_is_available(o->device))
-        return KILN_RAISE(KILN_ERR_DEVICE, "plan for a device kiln info lists (a CUDA plan needs a CUDA build)",
+        return KILN_RAISE(KILN_ERR_DEVICE,
+                          "plan for a device kiln info lists (a CUDA plan needs a CUDA build)",
                           "%s: device %s is not available", fn, dev);
     return KILN_OK;
 }
@@ -138,10 +145,11 @@ static kiln_status fits(const kiln_plan_opts *o, int64_t budget, bool *ok) {
     return KILN_OK;
 }
 
-kiln_status kiln_plan_max_batch(const kiln_plan_opts *opts, int64_t budget, int64_t max_batch, int64_t *batch) {
+kiln_status kiln_plan_max_batch(const kiln_plan_opts *opts, int64_t budget, int64_t max_batch,
+                                int64_t *batch) {
     if (!batch || budget < 1)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give a budget of at least 1 byte", "kiln_plan_max_batch: budget %lld",
-                          (long long)budget);
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give a budget of at least 1 byte",
+                          "kiln_plan_max_batch: budget %lld", (long long)budget);
     *batch = 0;
     kiln_plan_opts o;
     KILN_TRY(check_opts(opts, &o, "kiln_plan_max_batch"));
@@ -168,8 +176,10 @@ kiln_status kiln_plan_max_batch(const kiln_plan_opts *opts, int64_t budget, int6
         if (mid < (o.accum > 1 ? o.accum : 1)) break;
         o.batch = mid;
         KILN_TRY(fits(&o, budget, &ok));
-        if (ok) lo = mid;
-        else hi = mid;
+        if (ok)
+            lo = mid;
+        else
+            hi = mid;
     }
     *batch = lo;
     return KILN_OK;

@@ -28,13 +28,17 @@ void plan_phase_set(plan_phase phase) { tls_phase = phase; }
 
 static const char *phase_name(plan_phase p) {
     switch (p) {
-    case PLAN_PHASE_SETUP: return "setup";
-    case PLAN_PHASE_BATCH: return "batch";
-    case PLAN_PHASE_OPTIMIZER: return "optimizer";
+    case PLAN_PHASE_SETUP:
+        return "setup";
+    case PLAN_PHASE_BATCH:
+        return "batch";
+    case PLAN_PHASE_OPTIMIZER:
+        return "optimizer";
     case PLAN_PHASE_STEP:
         if (!kiln_backward_running_node()) return "forward";
         return kiln_checkpoint_recomputing() || kiln_is_grad_enabled() ? "backward (recompute)" : "backward";
-    default: return NULL;
+    default:
+        return NULL;
     }
 }
 
@@ -51,7 +55,8 @@ kiln_status plan_breakdown_begin(void) {
     kiln_caching_allocator *a = kiln_device_allocator(KILN_META);
     if (!a) return kiln_error_last()->status;
     if (kiln_caching_allocator_history_enabled(a))
-        return KILN_RAISE(KILN_ERR_STATE, "stop it (kiln_memory_record_history(meta, false, 0)) before planning",
+        return KILN_RAISE(KILN_ERR_STATE,
+                          "stop it (kiln_memory_record_history(meta, false, 0)) before planning",
                           "kiln_plan_step: the meta device's memory history is being recorded, and the plan "
                           "needs it for itself");
     kiln_alloc_set_context_provider(plan_context);
@@ -153,7 +158,7 @@ static kiln_status note_peak(replay *r, kiln_plan_memory *m, const cJSON *at) {
 }
 
 static int cmp_ptr(const void *a, const void *b) {
-    uintptr_t x = (uintptr_t)*(const void *const *)a, y = (uintptr_t)*(const void *const *)b;
+    uintptr_t x = (uintptr_t) * (const void *const *)a, y = (uintptr_t) * (const void *const *)b;
     return x < y ? -1 : x > y;
 }
 
@@ -174,7 +179,8 @@ static kiln_status sort_parts(replay *r, const plan_sets *sets, kiln_plan_memory
 }
 
 /* Replay `trace` from the baseline; peaks count from the last reset_peak. */
-static kiln_status replay_trace(replay *r, const plan_sets *sets, uint64_t excluded_stream, kiln_plan_memory *m) {
+static kiln_status replay_trace(replay *r, const plan_sets *sets, uint64_t excluded_stream,
+                                kiln_plan_memory *m) {
     const cJSON *e, *start = NULL;
     cJSON_ArrayForEach(e, r->trace) {
         if (!strcmp(kiln_json_string(kiln_json_get(e, "action"), ""), "reset_peak")) start = e;
@@ -185,7 +191,8 @@ static kiln_status replay_trace(replay *r, const plan_sets *sets, uint64_t exclu
         const char *act = kiln_json_string(kiln_json_get(e, "action"), "");
         uintptr_t addr = (uintptr_t)kiln_json_int(kiln_json_get(e, "addr"), 0);
         int64_t size = kiln_json_int(kiln_json_get(e, "size"), 0);
-        bool excluded = excluded_stream && (uint64_t)kiln_json_int(kiln_json_get(e, "stream"), 0) == excluded_stream;
+        bool excluded =
+            excluded_stream && (uint64_t)kiln_json_int(kiln_json_get(e, "stream"), 0) == excluded_stream;
         if (!strcmp(act, "segment_alloc") && !excluded) {
             r->reserved += size;
         } else if (!strcmp(act, "segment_free") && !excluded) {
@@ -226,11 +233,12 @@ kiln_status plan_breakdown_read(const plan_sets *sets, uint64_t excluded_stream,
     cJSON *doc = kiln_json_parse(text, strlen(text), err, sizeof err);
     free(text);
     if (!doc)
-        return KILN_RAISE(KILN_ERR_INTERNAL, "report it", "kiln_plan_step: the meta memory snapshot does not parse: %s",
-                          err);
+        return KILN_RAISE(KILN_ERR_INTERNAL, "report it",
+                          "kiln_plan_step: the meta memory snapshot does not parse: %s", err);
     const cJSON *hist = kiln_json_get(doc, "history");
     replay r = {.trace = kiln_json_at(kiln_json_get(doc, "device_traces"), 0)};
-    r.allocated = kiln_json_int(kiln_json_path(hist, "baseline", "allocated_bytes", "all", "current", NULL), 0);
+    r.allocated =
+        kiln_json_int(kiln_json_path(hist, "baseline", "allocated_bytes", "all", "current", NULL), 0);
     r.reserved = kiln_json_int(kiln_json_path(hist, "baseline", "reserved_bytes", "all", "current", NULL), 0);
     kiln_status st = KILN_OK;
     if (kiln_json_int(kiln_json_get(hist, "dropped"), 0) != 0)

@@ -188,7 +188,8 @@ static kiln_status train_step(step_ctx *c, kiln_tensor *x, kiln_tensor *y) {
     if (!st && !c->scaler) st = kiln_optimizer_step(c->opt);
     bool stepped = false;
     if (!st && c->scaler) st = kiln_grad_scaler_step(c->scaler, c->opt, &stepped);
-    if (!st && c->scaler && kiln_grad_scaler_options(c->scaler)->enabled) st = kiln_grad_scaler_update(c->scaler);
+    if (!st && c->scaler && kiln_grad_scaler_options(c->scaler)->enabled)
+        st = kiln_grad_scaler_update(c->scaler);
     /* The scaler's step reads its inf flag with kiln_item, which on a CUDA
      * device stages the value through a 16-byte pinned block. */
     if (!st && !c->measure && c->scaler && kiln_grad_scaler_options(c->scaler)->enabled &&

@@ -50,7 +50,9 @@ typedef struct plan_case {
 
 static int failures;
 
-static double rel(int64_t pred, int64_t meas) { return meas ? fabs((double)(pred - meas)) / (double)meas : pred != 0; }
+static double rel(int64_t pred, int64_t meas) {
+    return meas ? fabs((double)(pred - meas)) / (double)meas : pred != 0;
+}
 
 static void run_case(kiln_device dev, const plan_case *c) {
     char path[1024];
@@ -67,11 +69,12 @@ static void run_case(kiln_device dev, const plan_case *c) {
     for (int i = 0; i < p.n_memories; i++) {
         const kiln_plan_memory *a = &p.memory[i], *b = &m.memory[i];
         double ea = rel(a->allocated_peak, b->allocated_peak), er = rel(a->reserved_peak, b->reserved_peak);
-        printf("%-26s b%-4lld amp %-3s ckpt %d %-11s allocated %10.2f / %10.2f MiB (%5.2f%%)  reserved %10.2f / "
-               "%10.2f MiB (%5.2f%%)\n",
-               c->model, (long long)c->batch, c->amp ? "on" : "off", c->checkpoint, a->name,
-               a->allocated_peak / 1048576.0, b->allocated_peak / 1048576.0, 100 * ea, a->reserved_peak / 1048576.0,
-               b->reserved_peak / 1048576.0, 100 * er);
+        printf(
+            "%-26s b%-4lld amp %-3s ckpt %d %-11s allocated %10.2f / %10.2f MiB (%5.2f%%)  reserved %10.2f / "
+            "%10.2f MiB (%5.2f%%)\n",
+            c->model, (long long)c->batch, c->amp ? "on" : "off", c->checkpoint, a->name,
+            a->allocated_peak / 1048576.0, b->allocated_peak / 1048576.0, 100 * ea,
+            a->reserved_peak / 1048576.0, b->reserved_peak / 1048576.0, 100 * er);
         if (ea > TOLERANCE || er > TOLERANCE) {
             printf("  FAIL: the plan misses the measured peak by more than 5%%\n");
             failures++;
@@ -139,13 +142,15 @@ static void check_refusals(void) {
     CHECK(kiln_plan_step(&o, &p) == KILN_ERR_INVALID_ARGUMENT && strstr(kiln_error_message(), "batch 0"));
     o.batch = 8;
     o.checkpoint = 1;
-    CHECK(kiln_plan_step(&o, &p) == KILN_ERR_INVALID_ARGUMENT && strstr(kiln_error_message(), "checkpoint 1"));
+    CHECK(kiln_plan_step(&o, &p) == KILN_ERR_INVALID_ARGUMENT &&
+          strstr(kiln_error_message(), "checkpoint 1"));
     o.checkpoint = 0;
     o.device = KILN_META;
     CHECK(kiln_plan_step(&o, &p) == KILN_ERR_INVALID_ARGUMENT && strstr(kiln_error_message(), "device meta"));
     o.device = KILN_CPU;
     o.model = "no_size_here.txt";
-    CHECK(kiln_plan_step(&o, &p) == KILN_ERR_INVALID_ARGUMENT && strstr(kiln_error_message(), "no_size_here.txt"));
+    CHECK(kiln_plan_step(&o, &p) == KILN_ERR_INVALID_ARGUMENT &&
+          strstr(kiln_error_message(), "no_size_here.txt"));
     int64_t c = 0, h = 0, w = 0;
     CHECK_OK(kiln_plan_input_from_name("models/tutorial_cnn_32x32x3.txt", &c, &h, &w));
     CHECK(c == 3 && h == 32 && w == 32);
@@ -169,7 +174,8 @@ static const plan_case cpu_cases[] = {
     {"resnet_small_cifar10.txt", 1, false, 0},   {"resnet_small_cifar10.txt", 1, false, 2},
     {"resnet_small_cifar10.txt", 1, true, 0},    {"resnet_small_cifar10.txt", 1, true, 2},
     {"resnet_small_cifar10.txt", 32, false, 0},  {"resnet_small_cifar10.txt", 32, false, 2},
-    {"resnet_small_cifar10.txt", 32, true, 2},   {"resnet_small_cifar10.txt", 128, false, 0}, {"resnet_small_cifar10.txt", 128, false, 2},
+    {"resnet_small_cifar10.txt", 32, true, 2},   {"resnet_small_cifar10.txt", 128, false, 0},
+    {"resnet_small_cifar10.txt", 128, false, 2},
 };
 
 static const plan_case cuda_cases[] = {
