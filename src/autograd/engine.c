@@ -345,8 +345,15 @@ static kiln_status run_node(run_table *tab, ready_heap *ready, kiln_node *n, boo
     for (int k = 0; k < KILN_OP_MAX_OUT; k++)
         if (slot->grads[k]) kiln_tensor_drop(slot->grads[k]), slot->grads[k] = NULL;
     if (!retain_graph) {
+        /* Only a node that saved something is spent (PyTorch's rule): one
+         * that saved nothing (a cast, a view) can be gone through again, as
+         * autocast's cached weight casts are by each micro-batch of an
+         * accumulation inside one region. */
+        bool saved = n->fn != NULL;
+        for (int k = 0; k < KILN_OP_MAX_IN && !saved; k++) saved = n->saved_in[k] != NULL;
+        for (int k = 0; k < KILN_OP_MAX_OUT && !saved; k++) saved = n->saved_out[k] != NULL;
         kiln_node_release_saved(n);
-        n->released = true;
+        if (saved) n->released = true;
     }
     for (int i = 0; i < n->n_in; i++) {
         kiln_edge *e = &n->next[i];

@@ -136,6 +136,38 @@ static void test_cache(void) {
     kiln_scope_end();
 }
 
+/* Gradient accumulation inside one region (kiln train --accum N --amp):
+ * each micro-batch's forward reuses the cached weight cast, and each
+ * backward goes through its graph again. A cast saves nothing, so the
+ * second backward is allowed (PyTorch's rule; it once failed with "the
+ * graph of kiln_cast was already freed"), and w's gradient is the sum of
+ * both micro-batches'. A node that saved tensors still refuses a second
+ * backward. */
+static void test_cache_across_backwards(void) {
+    kiln_scope_begin();
+    kiln_tensor *x1 = randn(KILN_SHAPE(4, 8), 16), *x2 = randn(KILN_SHAPE(5, 8), 17), *w = randn(KILN_SHAPE(3, 8), 18);
+    CHECK_OK(kiln_set_requires_grad(w, true));
+    CHECK_OK(kiln_autocast_begin(KILN_DEVICE_CPU, KILN_BF16));
+    CHECK_OK(kiln_backward(kiln_sum(kiln_linear(x1, w, NULL), 0, NULL, false), NULL, false));
+    kiln_status st = kiln_backward(kiln_sum(kiln_linear(x2, w, NULL), 0, NULL, false), NULL, false);
+    CHECK_MSG(st == KILN_OK, "second micro-batch's backward: %s", kiln_error_message());
+    size_t entries = 0;
+    kiln_autocast_cache_stats(&entries, NULL);
+    CHECK_EQ_I(entries, 1);
+    CHECK_OK(kiln_autocast_end());
+    /* d/dw of sum(x1 w^T) + sum(x2 w^T): every row is the sum of all rows of x1 and x2. */
+    kiln_tensor *want = kiln_add(kiln_mm(kiln_ones(KILN_SHAPE(3, 4), KILN_F32, KILN_CPU), x1),
+                                 kiln_mm(kiln_ones(KILN_SHAPE(3, 5), KILN_F32, KILN_CPU), x2));
+    kiln_tensor *g = kiln_grad(w);
+    CHECK(g != NULL);
+    if (g) CHECK_MSG(rel_diff(g, want) < 1e-2, "accumulated weight gradient differs by %g", rel_diff(g, want));
+    /* A graph whose nodes saved tensors is still spent after one backward. */
+    kiln_tensor *y = kiln_sum(kiln_mul(w, w), 0, NULL, false);
+    CHECK_OK(kiln_backward(y, NULL, false));
+    CHECK_FAILS(kiln_backward(y, NULL, false), KILN_ERR_STATE, "already freed");
+    kiln_scope_end();
+}
+
 /* Backward outside the region: every gradient has its input's dtype, and
  * the values match the f32 computation to bf16 precision. */
 static void test_backward_dtypes(void) {
@@ -260,6 +292,7 @@ int main(void) {
     if (kiln_init()) return 1;
     test_classes();
     test_cache();
+    test_cache_across_backwards();
     test_backward_dtypes();
     test_batch_norm_f32();
     test_half_model();
