@@ -58,6 +58,9 @@ if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     "$d/bin/kiln" train --devices cuda:0,cuda:1 --out "$d/gpu-check-dp" | tail -n 1 || status=1
     "$d/bin/kiln" train --split 0:cuda:0,6:cuda:1 --micro-batches 4 --out "$d/gpu-check-split" | tail -n 1 || status=1
     sh "$top/tests/tools/train_multi_device.sh" "$d/bin/kiln" 1024 || status=1
+    # DataParallel's load on the output device, with real device times
+    # (docs/multi-device.md, "The main device's load"): its JSON line.
+    "$d/bin/kiln" bench dataparallel --classes 20000 | tail -n 1 || status=1
   else
     echo "=== two GPUs: SKIPPED: $n_gpus GPU visible; kiln train --devices and --split need cuda:0 and cuda:1"
   fi
