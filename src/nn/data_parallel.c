@@ -429,6 +429,7 @@ kiln_module *kiln_nn_data_parallel(kiln_module *module, const kiln_device *devic
         return NULL;
     }
     m->state = s, m->free_state = dp_free;
+    m->spans_devices = true;
     s->n = n, s->output = output_device;
     memcpy(s->devices, devices, sizeof(kiln_device) * (size_t)n);
     kiln_status st = kiln_module_to(module, devices[0]);

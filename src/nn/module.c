@@ -257,7 +257,7 @@ static void name_misplaced_state(kiln_module *m, kiln_tensor *x) {
     /* A model that spans devices by design (placed in stages, pipelined,
      * DataParallel): the input's device says nothing; a layer is off its
      * stage's device. */
-    if (m->cfg.place_stages > 0 || (m->kind && (!strcmp(m->kind, "Pipeline") || !strcmp(m->kind, "DataParallel")))) {
+    if (m->spans_devices) {
         KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
                    "every layer of a stage must be on the stage's device: check the placement "
                    "(kiln_nn_sequential_place, kiln_nn_pipeline) and any kiln_module_to since",

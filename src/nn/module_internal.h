@@ -73,6 +73,7 @@ struct kiln_module {
     bool kind_owned;
     bool training;
     bool keep_f32; /* BatchNorm: parameters and buffers stay f32 under to_dtype(f16/bf16) */
+    bool spans_devices; /* placed, pipelined or DataParallel: its layers run on several devices */
     kiln_module_slots params, buffers, children;
     kiln_module_names names; /* the index over all three */
     kiln_module_config cfg;

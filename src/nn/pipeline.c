@@ -117,6 +117,7 @@ kiln_status kiln_nn_sequential_place(kiln_module *seq, int n, const int *first, 
     if (!is_sequential(seq)) bad = "the module is not a Sequential (kiln_nn_sequential, a model spec)";
     else if (n == 0) {
         seq->cfg.place_stages = 0;
+        seq->spans_devices = false;
         return KILN_OK;
     } else if (n < 0 || n > KILN_NN_MAX_PLACE_STAGES || !first || !devices)
         bad = "give 1..64 stages with their first layers and devices";
@@ -149,6 +150,7 @@ kiln_status kiln_nn_sequential_place(kiln_module *seq, int n, const int *first, 
         for (int c = first[i]; c < end; c++) KILN_TRY(kiln_module_to(seq->children.items[c].u.child, devices[i]));
     }
     seq->cfg.place_stages = n;
+    seq->spans_devices = true;
     memcpy(seq->cfg.place_start, first, sizeof(int) * (size_t)n);
     seq->cfg.micro_batches = micro_batches;
     return KILN_OK;
@@ -196,5 +198,6 @@ kiln_module *kiln_nn_pipeline(int n, kiln_module *const *stages, const kiln_devi
         return NULL;
     }
     m->cfg.micro_batches = micro_batches;
+    m->spans_devices = true;
     return m;
 }
