@@ -3,7 +3,7 @@
  *
  *   kiln plan [--model FILE] [--input CxHxW] [--batch N] [--device D]
  *             [--amp off|on|f16|bf16] [--checkpoint N] [--accum N]
- *             [--budget SIZE] [--measure]
+ *             [--steps 1|2] [--budget SIZE] [--measure]
  *
  * Prints the predicted peaks per memory (the device; pinned host memory for
  * the loader's batches), where the device's peak happens and what it holds,
@@ -73,10 +73,12 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             printf(
                 "usage: kiln plan [--model FILE] [--input CxHxW] [--batch N] [--device D] [--amp "
                 "off|on|f16|bf16]\n"
-                "                 [--checkpoint N] [--accum N] [--budget SIZE] [--measure]\n"
+                "                 [--checkpoint N] [--accum N] [--steps 1|2] [--budget SIZE] [--measure]\n"
                 "One training step of kiln train on the meta device: its peak memory per device, when it\n"
                 "happens and what it holds, then a JSON line (docs/memory.md). --amp on: bf16 on the CPU,\n"
-                "f16 on CUDA. SIZE: bytes or K/M/G/T (KiB...) or KB/MB/GB. --measure: run the step too.\n");
+                "f16 on CUDA. --steps 2: the first step and the steady state after it (Adam's state alive),\n"
+                "the peaks over both (kiln train plans this). SIZE: bytes or K/M/G/T (KiB...) or KB/MB/GB.\n"
+                "--measure: run the step(s) too.\n");
             return -1;
         }
         if (!strcmp(f, "--measure")) {
@@ -109,6 +111,10 @@ static int parse_args(int argc, char **argv, plan_args *a) {
             if (!parse_int(v, 1, (int64_t)1 << 20, &n))
                 return usage_error(f, v, "give a whole number of 1 or more");
             a->o.accum = (int)n;
+        } else if (!strcmp(f, "--steps")) {
+            if (!parse_int(v, 1, 2, &n))
+                return usage_error(f, v, "give 1 (the first step) or 2 (the first and the steady state)");
+            a->o.steps = (int)n;
         } else if (!strcmp(f, "--budget")) {
             if (!train_parse_size(v, &a->budget))
                 return usage_error(
@@ -177,7 +183,8 @@ void plan_print(const kiln_plan *p) {
         printf("%d checkpoint segments, ", o->checkpoint);
     else
         printf("no checkpointing, ");
-    printf("%d micro-batch%s\n", o->accum > 1 ? o->accum : 1, o->accum > 1 ? "es" : "");
+    printf("%d micro-batch%s, %s\n", o->accum > 1 ? o->accum : 1, o->accum > 1 ? "es" : "",
+           o->steps > 1 ? "the first step and the steady state" : "the first step");
     printf("  %-44s", "MiB");
     for (int i = 0; i < p->n_memories; i++) printf(" %12s", p->memory[i].name);
     printf("\n");
@@ -267,10 +274,10 @@ int kiln_cmd_plan(int argc, char **argv) {
     char dev[32];
     printf("{\"plan\":{\"model\":\"%s\",\"input\":[%lld,%lld,%lld],\"batch\":%lld,\"device\":\"%s\",\"amp\":"
            "\"%s\","
-           "\"checkpoint\":%d,\"accum\":%d,\"parameters\":%lld,",
+           "\"checkpoint\":%d,\"accum\":%d,\"steps\":%d,\"parameters\":%lld,",
            a.o.model, (long long)p.opts.channels, (long long)p.opts.height, (long long)p.opts.width,
            (long long)a.o.batch, kiln_device_str(a.o.device, dev, sizeof dev), plan_amp_name(a.o.amp),
-           a.o.checkpoint, a.o.accum > 1 ? a.o.accum : 1, (long long)p.param_count);
+           a.o.checkpoint, a.o.accum > 1 ? a.o.accum : 1, a.o.steps > 1 ? a.o.steps : 1, (long long)p.param_count);
     plan_print_json_memories(&p);
     if (a.budget)
         printf(",\"budget\":%" PRId64 ",\"max_batch\":%lld,\"min_checkpoint\":%d", a.budget,

@@ -17,7 +17,9 @@
  *      checkpoint segments placed by kiln_nn_sequential_checkpoint_by_memory
  *      on a batch of 2, as kiln train places them);
  *   3. the Adam step (kiln_adam_defaults), which creates its state, through
- *      the grad scaler's step and update where --amp f16 uses one.
+ *      the grad scaler's step and update where --amp f16 uses one;
+ *   4. with steps 2, the next batch and a second step like it, where Adam's
+ *      state is alive from the start: every later step is this one.
  * Before the step the model's parameters (and any prepared copies the
  * segment placement left) are allocated and the cache is emptied. */
 #ifndef KILN_PLAN_H
@@ -49,13 +51,17 @@ typedef enum kiln_plan_part {
 const char *kiln_plan_part_name(kiln_plan_part part);
 
 typedef struct kiln_plan_opts {
-    const char *model;               /* a model spec file (kiln/nn.h) */
+    const char *model;               /* a model spec file (kiln/nn.h); with model_text, only its name */
+    const char *model_text;          /* NULL, or the spec's text itself (kiln train's, which may come from a
+                                      * checkpoint); the caller keeps it alive for the call */
     int64_t channels, height, width; /* the input; 0: from the file name (kiln_plan_input_from_name) */
     int64_t batch;                   /* >= 1 */
     kiln_device device;              /* cpu or cuda:N (needs a CUDA or emulated-CUDA build) */
     kiln_dtype amp;                  /* KILN_F32: off; KILN_F16 (with the grad scaler) or KILN_BF16 */
     int checkpoint;                  /* checkpoint segments; 0: off */
     int accum;                       /* micro-batches per step; 0 or 1: none */
+    int steps; /* 0 or 1: the first step; 2: the first and the second (the steady state: Adam's state
+                * alive through the forward and backward), the peaks over both */
 } kiln_plan_opts;
 
 /* kiln_plan_opts for the tutorial CNN at batch 128 on the CPU, f32. */

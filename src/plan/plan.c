@@ -103,6 +103,9 @@ static kiln_status check_opts(const kiln_plan_opts *o, kiln_plan_opts *out, cons
     if (o->accum < 0 || o->accum > o->batch)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give 1 to the batch size micro-batches",
                           "%s: accum %d with batch %lld", fn, o->accum, (long long)o->batch);
+    if (o->steps < 0 || o->steps > 2)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give 1 (the first step) or 2 (and the steady state)",
+                          "%s: steps %d", fn, o->steps);
     char dev[32];
     kiln_device_str(o->device, dev, sizeof dev);
     if (o->device.type != KILN_DEVICE_CPU && o->device.type != KILN_DEVICE_CUDA)
@@ -204,7 +207,7 @@ kiln_status kiln_plan_min_checkpoint(const kiln_plan_opts *opts, int64_t budget,
         kiln_device saved = kiln_current_device();
         kiln_module *m = NULL;
         kiln_status st = kiln_set_device(KILN_META);
-        if (!st) st = kiln_model_spec_load(o.model, o.channels, o.height, o.width, &m);
+        if (!st) st = plan_load_model(&o, &m);
         if (!st) layers = kiln_module_num_children(m);
         kiln_module_free(m);
         kiln_set_device(saved);

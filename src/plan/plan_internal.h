@@ -40,6 +40,10 @@ void plan_breakdown_end(void);
  * batch; 0: none) is left out of the device's numbers. */
 kiln_status plan_breakdown_read(const plan_sets *sets, uint64_t excluded_stream, kiln_plan_memory *mem);
 
+/* The model of o: parsed from o->model_text when given, else loaded from
+ * the file o->model, on the current device. */
+kiln_status plan_load_model(const kiln_plan_opts *o, kiln_module **out);
+
 /* Set up and run the step on meta (a plan: peaks, phase, op and parts) or,
  * when measure is true, on opts->device (the peaks only); *out's memories
  * are filled, their names by the caller. */

@@ -32,6 +32,11 @@ void plan_addrs_free(plan_addrs *s) {
     *s = (plan_addrs){0};
 }
 
+kiln_status plan_load_model(const kiln_plan_opts *o, kiln_module **out) {
+    if (o->model_text) return kiln_model_spec_parse(o->model_text, o->model, o->channels, o->height, o->width, out);
+    return kiln_model_spec_load(o->model, o->channels, o->height, o->width, out);
+}
+
 /* Everything one step needs, made before it. */
 typedef struct step_ctx {
     const kiln_plan_opts *o;
@@ -48,6 +53,7 @@ typedef struct step_ctx {
     kiln_raw_ops pinned_ops;
     kiln_caching_allocator *pinned;
     kiln_stream *side_stream;
+    void *pinned_x, *pinned_y; /* the plan's batch in the pinned pool */
 } step_ctx;
 
 /* A dataset of zeros labelled 0: the batch's memory is all a measurement
@@ -89,7 +95,7 @@ static kiln_status setup(step_ctx *c) {
     const kiln_plan_opts *o = c->o;
     plan_phase_set(PLAN_PHASE_SETUP);
     KILN_TRY(kiln_set_device(c->dev));
-    KILN_TRY(kiln_model_spec_load(o->model, o->channels, o->height, o->width, &c->model));
+    KILN_TRY(plan_load_model(o, &c->model));
     if (o->checkpoint > 0) {
         kiln_tensor *sample = kiln_zeros(KILN_SHAPE(2, o->channels, o->height, o->width), KILN_F32, c->dev);
         if (!sample) return kiln_error_last()->status;
@@ -155,10 +161,13 @@ static kiln_status plan_batch(step_ctx *c, plan_sets *sets, kiln_tensor **x, kil
     const kiln_plan_opts *o = c->o;
     size_t xb = (size_t)(o->batch * o->channels * o->height * o->width) * sizeof(float);
     size_t yb = (size_t)o->batch * sizeof(int64_t);
-    void *px = NULL, *py = NULL;
     kiln_alloc_stream host = 0;
-    KILN_TRY(kiln_caching_allocator_malloc(c->pinned, xb, host, &px));
-    KILN_TRY(kiln_caching_allocator_malloc(c->pinned, yb, host, &py));
+    /* The batch before (steps 2) is done with: its buffers go back. */
+    if (c->pinned_x) KILN_TRY(kiln_caching_allocator_free(c->pinned, c->pinned_x));
+    if (c->pinned_y) KILN_TRY(kiln_caching_allocator_free(c->pinned, c->pinned_y));
+    c->pinned_x = c->pinned_y = NULL;
+    KILN_TRY(kiln_caching_allocator_malloc(c->pinned, xb, host, &c->pinned_x));
+    KILN_TRY(kiln_caching_allocator_malloc(c->pinned, yb, host, &c->pinned_y));
     KILN_TRY(meta_batch(c, c->side_stream, x, y));
     if (o->device.type == KILN_DEVICE_CPU) sets->batch_stream = kiln_stream_id(c->side_stream);
     KILN_TRY(plan_addrs_add(&sets->batch, *x));
@@ -238,11 +247,21 @@ static kiln_status run_step(step_ctx *c, plan_sets *sets, kiln_plan *out) {
     KILN_TRY(kiln_memory_reset_peak(c->dev));
     kiln_caching_allocator_reset_peak(pinned);
     kiln_scope_begin();
-    plan_phase_set(PLAN_PHASE_BATCH);
     kiln_tensor *x = NULL, *y = NULL;
-    kiln_status st = c->measure ? kiln_loader_next(c->loader, &x, &y) : plan_batch(c, sets, &x, &y);
-    if (!st) st = train_step(c, x, y);
-    if (!st) st = kiln_device_synchronize(c->dev);
+    kiln_status st = KILN_OK;
+    int steps = c->o->steps > 1 ? c->o->steps : 1;
+    for (int i = 0; i < steps && !st; i++) {
+        if (i) { /* the batch of the step before goes back, as kiln train's scope ends it */
+            kiln_release(x);
+            kiln_release(y);
+            x = y = NULL;
+            plan_addrs_free(&sets->batch);
+        }
+        plan_phase_set(PLAN_PHASE_BATCH);
+        st = c->measure ? kiln_loader_next(c->loader, &x, &y) : plan_batch(c, sets, &x, &y);
+        if (!st) st = train_step(c, x, y);
+        if (!st) st = kiln_device_synchronize(c->dev);
+    }
     if (!st && !c->measure) st = collect_sets(c, sets);
     if (!st) {
         read_peaks(dev_alloc, &out->memory[0]);

@@ -14,11 +14,15 @@
  *     128 the tutorial CNNs in all four and the ResNet in f32 (its bf16
  *     steps take 5-35 s each on a CPU without native bf16 arithmetic); in
  *     the ASan tier only the cases below batch 128, the ResNet at batch 1;
+ *     and the steady state (steps 2: the first step and a second with
+ *     Adam's state alive) for the tutorial CNNs and the ResNet at 32 (f32,
+ *     checkpointing off and on) and at 128 (the 1x28x28 CNN, f32);
  *   - on the emulation build (the emu tier), the cuda:0 cases only (the
  *     CPU's are the release tier's): the tutorial CNN 1x28x28 at batch 1,
  *     32 and 128 (f32 and f16, with and without 2 segments), the 3x32x32
  *     CNN at 128 in f16 with 2 segments and the ResNet at batch 1 in f16
- *     with 2 segments. The emulator runs every kernel on the CPU: a ResNet
+ *     with 2 segments; the steady state of the 1x28x28 CNN at 128 (f32)
+ *     and 32 (f16, 2 segments). The emulator runs every kernel on the CPU: a ResNet
  *     step at batch 32 takes 45-65 s there, more than the tier's budget has
  *     left, so the ResNet's larger batches on cuda:0 are kiln bench plan's. */
 #include <math.h>
@@ -46,6 +50,7 @@ typedef struct plan_case {
     int64_t batch;
     bool amp;
     int checkpoint;
+    int steps; /* 0: the first step; 2: and the steady state */
 } plan_case;
 
 static int failures;
@@ -63,6 +68,7 @@ static void run_case(kiln_device dev, const plan_case *c) {
     o.device = dev;
     o.amp = !c->amp ? KILN_F32 : dev.type == KILN_DEVICE_CUDA ? KILN_F16 : KILN_BF16;
     o.checkpoint = c->checkpoint;
+    o.steps = c->steps;
     kiln_plan p, m;
     CHECK_OK(kiln_plan_step(&o, &p));
     CHECK_OK(kiln_plan_measure(&o, &m));
@@ -70,9 +76,9 @@ static void run_case(kiln_device dev, const plan_case *c) {
         const kiln_plan_memory *a = &p.memory[i], *b = &m.memory[i];
         double ea = rel(a->allocated_peak, b->allocated_peak), er = rel(a->reserved_peak, b->reserved_peak);
         printf(
-            "%-26s b%-4lld amp %-3s ckpt %d %-11s allocated %10.2f / %10.2f MiB (%5.2f%%)  reserved %10.2f / "
+            "%-26s b%-4lld amp %-3s ckpt %d steps %d %-11s allocated %10.2f / %10.2f MiB (%5.2f%%)  reserved %10.2f / "
             "%10.2f MiB (%5.2f%%)\n",
-            c->model, (long long)c->batch, c->amp ? "on" : "off", c->checkpoint, a->name,
+            c->model, (long long)c->batch, c->amp ? "on" : "off", c->checkpoint, c->steps ? c->steps : 1, a->name,
             a->allocated_peak / 1048576.0, b->allocated_peak / 1048576.0, 100 * ea,
             a->reserved_peak / 1048576.0, b->reserved_peak / 1048576.0, 100 * er);
         if (ea > TOLERANCE || er > TOLERANCE) {
@@ -176,6 +182,9 @@ static const plan_case cpu_cases[] = {
     {"resnet_small_cifar10.txt", 32, false, 0},  {"resnet_small_cifar10.txt", 32, false, 2},
     {"resnet_small_cifar10.txt", 32, true, 2},   {"resnet_small_cifar10.txt", 128, false, 0},
     {"resnet_small_cifar10.txt", 128, false, 2},
+    /* The steady state: a second step, Adam's state alive throughout. */
+    {"tutorial_cnn_28x28x1.txt", 128, false, 0, 2}, {"tutorial_cnn_32x32x3.txt", 32, true, 0, 2},
+    {"resnet_small_cifar10.txt", 32, false, 0, 2},  {"resnet_small_cifar10.txt", 32, false, 2, 2},
 };
 
 static const plan_case cuda_cases[] = {
@@ -184,6 +193,7 @@ static const plan_case cuda_cases[] = {
     {"tutorial_cnn_28x28x1.txt", 32, true, 0},   {"tutorial_cnn_28x28x1.txt", 32, true, 2},
     {"tutorial_cnn_28x28x1.txt", 128, false, 0}, {"tutorial_cnn_28x28x1.txt", 128, true, 2},
     {"tutorial_cnn_32x32x3.txt", 128, true, 2},  {"resnet_small_cifar10.txt", 1, true, 2},
+    {"tutorial_cnn_28x28x1.txt", 128, false, 0, 2}, {"tutorial_cnn_28x28x1.txt", 32, true, 2, 2},
 };
 
 /* Each case in a process of its own, as kiln train's first step is: in a
