@@ -59,6 +59,9 @@ static void usage(FILE *f) {
                "  --memory-budget SIZE  the step's memory budget for --checkpoint auto (2GiB, 512MiB, bytes)\n"
                "  --no-auto-batch    stop at an out-of-memory in a step; by default the step runs again with\n"
                "                     half the micro-batch (twice --accum: the same batch and math), said once\n"
+               "  --no-plan          do not plan the step's memory before the first step; by default kiln plan's\n"
+               "                     prediction is said, and under a memory limit the micro-batch is halved\n"
+               "                     until the plan fits\n"
                "  --world N          N processes, data-parallel (DDP): start it as mpirun -np N kiln train ...\n"
                "                     (started otherwise, it says how); under mpirun it is implied. --batch\n"
                "                     stays the global batch; rank 0 alone prints and writes\n"
@@ -92,6 +95,7 @@ int train_parse_args(int argc, char **argv, train_args *a) {
         else if (!strcmp(o, "--detect-anomaly")) a->detect_anomaly = true;
         else if (!strcmp(o, "--memory-history")) a->memory_history = true;
         else if (!strcmp(o, "--no-auto-batch")) a->no_auto_batch = true;
+        else if (!strcmp(o, "--no-plan")) a->no_plan = true;
         else if (strncmp(o, "--", 2) != 0) {
             fprintf(stderr, "kiln train: unexpected argument '%s' (kiln train --help)\n", o);
             return 2;

@@ -27,6 +27,11 @@
 
 int train_oom_setup(train_run *r) {
     r->accum_live = r->a.accum;
+    int rc = train_plan_setup(r); /* may start with a smaller micro-batch */
+    if (rc) return rc;
+    /* The first two steps against the plan need an epoch of three steps or
+     * more: an epoch's end adds its evaluation. */
+    if (kiln_loader_num_batches(r->train_ld) - r->skip_batches < 3) r->planned = false;
     if (r->a.no_auto_batch) return 0;
     r->snapshot = kiln_step_snapshot_take(r->net);
     if (!r->snapshot) return train_fail("train", "the out-of-memory recovery's snapshot");
@@ -88,6 +93,7 @@ static void describe_peak(const train_run *r, char *buf, size_t size) {
 }
 
 kiln_status train_oom_backward(train_run *r, kiln_tensor *x, kiln_tensor *y, kiln_tensor **loss, kiln_tensor **hits) {
+    if (r->step == 2) train_plan_check(r); /* the two steps before, against the plan */
     kiln_status st = r->snapshot ? kiln_step_snapshot_retake(r->snapshot) : KILN_OK;
     if (st != KILN_OK) return st;
     int64_t n = kiln_size(x, 0);
@@ -110,6 +116,7 @@ kiln_status train_oom_backward(train_run *r, kiln_tensor *x, kiln_tensor *y, kil
                     (long long)micro, micro == 1 ? "" : "s", (long long)n, r->accum_live, peak);
             return st;
         }
+        r->planned = false; /* the peaks are the failed attempt's */
         if ((st = undo_attempt(r)) != KILN_OK) return st;
         r->accum_live = grown;
         int64_t now = (n + r->accum_live - 1) / r->accum_live;

@@ -41,6 +41,7 @@ typedef struct train_args {
     uint64_t seed;
     bool seed_given, deterministic, monitor, detect_leaks, detect_anomaly, memory_history;
     bool no_auto_batch; /* --no-auto-batch: an out-of-memory in a step ends the run (train_oom.c) */
+    bool no_plan;       /* --no-plan: no plan before the first step (train_plan.c) */
     const char *model, *data, *out, *resume;
     const char *device; /* --device (default: KILN_DEVICE, else kiln_default_device) */
     const char *devices; /* --devices LIST: DataParallel (train_devices.c) */
@@ -97,6 +98,8 @@ typedef struct train_run {
     kiln_grad_scaler *scaler; /* with amp (disabled for bf16, which needs no loss scaling) */
     int accum_live;                /* the micro-batches a step runs in: --accum, doubled by train_oom.c */
     kiln_step_snapshot *snapshot;  /* what a failed step's retry restores (NULL: --no-auto-batch) */
+    bool planned;                  /* train_plan.c: a plan to hold the first two steps against */
+    int64_t plan_reserved, plan_allocated; /* its device peaks, bytes */
     /* Several processes (train_dist.c). */
     int rank, world;               /* this process's rank and the ranks (1: no DDP) */
     bool dist_up;                  /* kiln_dist_init succeeded: shut down at the end */
@@ -161,6 +164,12 @@ int64_t train_amp_skipped(const train_run *r);
  * run again with half the micro-batch after an out-of-memory, until it
  * fits or one sample does not. */
 int train_oom_setup(train_run *r);
+/* The plan before the first step (train_plan.c, called by train_oom_setup):
+ * said, recorded, and the micro-batch halved until it fits the device's
+ * limit (an exit code); after the second step, the measured peaks against
+ * it (said once). */
+int train_plan_setup(train_run *r);
+void train_plan_check(train_run *r);
 void train_oom_teardown(train_run *r);
 kiln_status train_oom_backward(train_run *r, kiln_tensor *x, kiln_tensor *y, kiln_tensor **loss, kiln_tensor **hits);
 /* Several devices (train_devices.c): --device, --devices, --split and

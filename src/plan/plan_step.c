@@ -284,7 +284,14 @@ kiln_status plan_run(const kiln_plan_opts *o, bool measure, kiln_plan *out) {
     kiln_device_rng_save(&rng);
     kiln_device_type saved_kernels = kiln_meta_kernels();
     kiln_status st = KILN_OK;
-    if (!measure) {
+    /* The planner's meta allocator simulates the device's address range:
+     * a limit set for every allocator (KILN_ALLOC_CONF=limit_mb) is the
+     * device's to meet, not the plan's; put back afterwards. */
+    kiln_memory_stats meta_stats;
+    uint64_t meta_limit = 0;
+    if (!measure && kiln_memory_stats_get(KILN_META, &meta_stats) == KILN_OK) meta_limit = meta_stats.limit_bytes;
+    if (!measure && meta_limit) st = kiln_memory_set_limit(KILN_META, 0);
+    if (!st && !measure) {
         kiln_meta_kernels_set(o->device.type);
         st = kiln_empty_cache(KILN_META);
         if (!st) st = plan_breakdown_begin();
@@ -299,6 +306,10 @@ kiln_status plan_run(const kiln_plan_opts *o, bool measure, kiln_plan *out) {
         out->memory[1].requested_at_peak = out->memory[1].allocated_peak;
         out->memory[1].parts[KILN_PLAN_BATCH] = out->memory[1].allocated_peak;
         snprintf(out->memory[1].phase, sizeof out->memory[1].phase, "batch");
+    }
+    if (meta_limit) {
+        kiln_status lim = kiln_memory_set_limit(KILN_META, (size_t)meta_limit);
+        if (!st) st = lim;
     }
     plan_phase_set(PLAN_PHASE_NONE);
     plan_addrs_free(&sets.grads);
