@@ -24,6 +24,13 @@ static kiln_dispatch_hook hooks[KILN_HOOK_KIND_COUNT];
 static kiln_op_observer observer;
 /* The innermost op this thread is dispatching (the memory history's op). */
 static _Thread_local const char *current_op;
+static _Thread_local const kiln_dispatch_recorder *recorder;
+
+const kiln_dispatch_recorder *kiln_dispatch_set_recorder(const kiln_dispatch_recorder *r) {
+    const kiln_dispatch_recorder *old = recorder;
+    recorder = r;
+    return old;
+}
 
 const char *kiln_dispatch_current_op(void) { return current_op; }
 
@@ -169,7 +176,10 @@ static kiln_status choose_kernel(kiln_op_call *c, const kiln_meta *meta, kernel_
         bool converted = false;
         for (int i = 0; i < c->n_in; i++)
             if (c->in[i] && kiln_layout_of(c->in[i]) != KILN_LAYOUT_STRIDED) {
+                const void *old_base = c->in[i]->storage->base;
+                kiln_layout old_layout = kiln_layout_of(c->in[i]);
                 KILN_TRY(kiln_tensor_ensure_strided(c->in[i]));
+                if (recorder) KILN_TRY(recorder->reorder(recorder->ctx, c->in[i], old_base, old_layout));
                 converted = true;
             }
         if (converted) {
@@ -252,7 +262,8 @@ static kiln_status run_kernel(kiln_op_call *c, const kiln_meta *meta, const kern
         kiln_counter_add(KILN_COUNTER_KERNEL_LAUNCHES, 1);
         if (ch->fast) kiln_ops_count_fast_run(c->op);
         if (observer.kernel) observer.kernel(c, true);
-        st = k->run(&args);
+        if (recorder) st = recorder->kernel(recorder->ctx, c, k, ch->fast, &args);
+        if (!st) st = k->run(&args);
         if (observer.kernel) observer.kernel(c, false);
     }
     /* Freed in stream order: the next user of the block runs after the kernel. */

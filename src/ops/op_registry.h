@@ -178,6 +178,22 @@ void kiln_dispatch_set_observer(const kiln_op_observer *observer);
 void kiln_dispatch_range_push(const char *name);
 void kiln_dispatch_range_pop(void);
 
+/* The trace layer's recorder (src/trace/), installed on one thread while
+ * kiln_trace records and NULL otherwise: the dispatcher pays one
+ * predictable branch per kernel for it. `kernel` sees each kernel just
+ * before it runs, with its final args (data pointers, workspace, prepared
+ * copy); `reorder` sees the dispatcher convert an input of a kernel from
+ * an opaque layout to strided (old_base: the storage's block before, now
+ * freed; the storage holds the new one). A non-OK status fails the call. */
+typedef struct kiln_dispatch_recorder {
+    void *ctx;
+    kiln_status (*kernel)(void *ctx, const kiln_op_call *call, const kiln_op_kernel *k, bool fast,
+                          const kiln_op_args *args);
+    kiln_status (*reorder)(void *ctx, const kiln_tensor *t, const void *old_base, kiln_layout old_layout);
+} kiln_dispatch_recorder;
+/* Install (NULL: remove) this thread's recorder; returns the previous one. */
+const kiln_dispatch_recorder *kiln_dispatch_set_recorder(const kiln_dispatch_recorder *r);
+
 /* The name of the innermost op this thread is dispatching, or NULL. */
 const char *kiln_dispatch_current_op(void);
 /* What the dispatcher of this thread is allocating: an op's outputs (or
