@@ -228,6 +228,14 @@ static kiln_status fault_check(const kiln_device *device, size_t bytes) {
                       kiln_format_bytes(bytes, b, sizeof b));
 }
 
+static _Thread_local const kiln_memory_observer *memory_observer;
+
+const kiln_memory_observer *kiln_memory_set_observer(const kiln_memory_observer *o) {
+    const kiln_memory_observer *old = memory_observer;
+    memory_observer = o;
+    return old;
+}
+
 kiln_status kiln_memory_alloc(kiln_device device, size_t bytes, kiln_stream *stream, void **ptr) {
     if (!ptr) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_memory_alloc: ptr is NULL");
     *ptr = NULL;
@@ -235,12 +243,15 @@ kiln_status kiln_memory_alloc(kiln_device device, size_t bytes, kiln_stream *str
     ALLOCATOR_OR_RETURN(a, device);
     if (!stream) stream = kiln_current_stream(device);
     if (!stream) return kiln_error_last()->status;
-    return kiln_caching_allocator_malloc(a, bytes, (kiln_alloc_stream)stream, ptr);
+    kiln_status st = kiln_caching_allocator_malloc(a, bytes, (kiln_alloc_stream)stream, ptr);
+    if (memory_observer && !st) memory_observer->event(memory_observer->ctx, device, *ptr, bytes, true);
+    return st;
 }
 
 kiln_status kiln_memory_free(kiln_device device, void *ptr) {
     if (!ptr) return KILN_OK;
     ALLOCATOR_OR_RETURN(a, device);
+    if (memory_observer) memory_observer->event(memory_observer->ctx, device, ptr, 0, false);
     return kiln_caching_allocator_free(a, ptr);
 }
 

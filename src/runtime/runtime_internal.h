@@ -49,6 +49,17 @@ typedef struct kiln_rng_positions {
 void kiln_device_rng_save(kiln_rng_positions *out);
 void kiln_device_rng_restore(const kiln_rng_positions *in);
 
+/* An observer of this thread's kiln_memory_alloc / kiln_memory_free calls
+ * (the trace layer's, while kiln_trace records: which blocks a traced call
+ * made and freed). NULL when none: one predictable branch per call.
+ * alloc: true for a successful allocation of `bytes` at ptr, false for a
+ * free of ptr. Returns the previous observer. */
+typedef struct kiln_memory_observer {
+    void *ctx;
+    void (*event)(void *ctx, kiln_device device, void *ptr, size_t bytes, bool alloc);
+} kiln_memory_observer;
+const kiln_memory_observer *kiln_memory_set_observer(const kiln_memory_observer *o);
+
 /* Free the default stream records (kiln_shutdown). */
 void kiln_streams_shutdown(void);
 
