@@ -55,7 +55,7 @@ static void usage(FILE *f) {
                "                     CPUs without native bf16), off, f16 (with loss scaling) or bf16\n"
                "  --checkpoint N|auto  gradient checkpointing: recompute the model's activations in backward,\n"
                "                     in N segments of its layers placed by measured memory; auto: the fewest\n"
-               "                     segments whose measured step peak fits --memory-budget\n"
+               "                     segments whose planned step peak (kiln plan) fits --memory-budget\n"
                "  --memory-budget SIZE  the step's memory budget for --checkpoint auto (2GiB, 512MiB, bytes)\n"
                "  --no-auto-batch    stop at an out-of-memory in a step; by default the step runs again with\n"
                "                     half the micro-batch (twice --accum: the same batch and math), said once\n"

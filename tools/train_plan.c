@@ -45,7 +45,7 @@ static int64_t device_bound(const train_run *r) {
     return bound;
 }
 
-static kiln_status plan_with(const train_run *r, int accum, kiln_plan *p) {
+kiln_status train_plan_run(const train_run *r, int accum, int checkpoint, kiln_plan *p) {
     kiln_plan_opts o = kiln_plan_defaults();
     o.model = r->a.model ? r->a.model : r->a.resume ? r->resume_from : "the default model";
     o.model_text = r->spec_text;
@@ -53,7 +53,7 @@ static kiln_status plan_with(const train_run *r, int accum, kiln_plan *p) {
     o.batch = r->a.batch;
     o.device = r->dev;
     o.amp = r->amp;
-    o.checkpoint = kiln_nn_sequential_checkpoint_segments(r->model);
+    o.checkpoint = checkpoint >= 0 ? checkpoint : kiln_nn_sequential_checkpoint_segments(r->model);
     o.accum = accum;
     o.steps = 2;
     return kiln_plan_step(&o, p);
@@ -91,7 +91,7 @@ int train_plan_setup(train_run *r) {
         return 0;
     }
     kiln_plan p;
-    if (plan_with(r, r->accum_live, &p) != KILN_OK) {
+    if (train_plan_run(r, r->accum_live, -1, &p) != KILN_OK) {
         /* The run can go on without a prediction: say why there is none. */
         fprintf(stderr, "kiln train: plan: no prediction: %s; going on without one\n", kiln_error_message());
         kiln_error_clear();
@@ -109,7 +109,7 @@ int train_plan_setup(train_run *r) {
             kiln_plan q = p;
             while (q.memory[0].reserved_peak > bound && (n + accum - 1) / accum > 1) {
                 accum = (int64_t)accum * 2 < n ? accum * 2 : (int)n;
-                if (plan_with(r, accum, &q) != KILN_OK) return train_fail("train", "the plan of a smaller micro-batch");
+                if (train_plan_run(r, accum, -1, &q) != KILN_OK) return train_fail("train", "the plan of a smaller micro-batch");
             }
             if (q.memory[0].reserved_peak > bound) {
                 fprintf(stderr,

@@ -129,8 +129,8 @@ char *train_config_text(const train_args *a);
 int train_config_resume(train_run *r);
 
 /* --checkpoint / --memory-budget (train_checkpoint.c): "2GiB", "512MiB",
- * "1.5e9" into bytes; apply the segments to the model (auto: measure one
- * step per candidate and take the fewest segments under the budget). The
+ * "1.5e9" into bytes; apply the segments to the model (auto: plan each
+ * candidate count and take the fewest segments under the budget). The
  * setup returns an exit code. */
 bool train_parse_size(const char *s, int64_t *out);
 int train_checkpoint_setup(train_run *r);
@@ -169,6 +169,9 @@ int train_oom_setup(train_run *r);
  * limit (an exit code); after the second step, the measured peaks against
  * it (said once). */
 int train_plan_setup(train_run *r);
+/* kiln_plan_step of this run's step (steps 2) with `accum` micro-batches
+ * and `checkpoint` segments (-1: the model's own setting). */
+kiln_status train_plan_run(const train_run *r, int accum, int checkpoint, kiln_plan *p);
 void train_plan_check(train_run *r);
 void train_oom_teardown(train_run *r);
 kiln_status train_oom_backward(train_run *r, kiln_tensor *x, kiln_tensor *y, kiln_tensor **loss, kiln_tensor **hits);

@@ -2,7 +2,8 @@
 # kiln train --checkpoint: the same losses with and without gradient
 # checkpointing (a spec with BatchNorm and dropout; one with a residual
 # block, whose body is split too), --checkpoint auto
-# choosing from measured peaks, and the usage errors.
+# choosing from planned peaks (kiln plan; the measured step held against
+# the plan), and the usage errors.
 # usage: train_checkpoint.sh KILN_BINARY. Exit 77 (skipped) without the dataset.
 set -eu
 kiln=$1
@@ -72,6 +73,15 @@ fi
 # measured peaks picks segments; an impossible one is an error.
 "$kiln" train $common --checkpoint auto --memory-budget 1TiB --out "$out/auto1" > /dev/null 2> "$out/auto1.err"
 grep -q "checkpoint auto: step peak .*none [0-9.]* MiB.*no checkpointing needed" "$out/auto1.err"
+# Between the planned peaks (the residual model at batch 512: none 142 MiB,
+# 2 segments 134, 3 segments 108, reserved): the fewest segments that fit,
+# and the step measured after two steps within 5% of the plan.
+"$kiln" train $(echo "$rescommon" | sed 's/--limit 256 --batch 64/--limit 2048 --batch 512/') --checkpoint auto \
+  --memory-budget 120MiB --out "$out/auto3" > /dev/null 2> "$out/auto3.err"
+grep -q "checkpoint auto: step peak (planned, .*none [0-9.]* MiB, 2 segments [0-9.]* MiB, 3 segments [0-9.]* MiB; budget 120 MiB: checkpointing in the fewest" "$out/auto3.err" ||
+  { echo "auto under 120MiB:"; cat "$out/auto3.err"; exit 1; }
+grep -q "plan against the first two steps: [0-9.]* MiB reserved measured (plan [+-][0-4]\.[0-9]%), [0-9.]* MiB allocated (plan [+-][0-4]\.[0-9]%)" "$out/auto3.err" ||
+  { echo "the checkpointed step's plan misses the measured peaks by 5% or more:"; cat "$out/auto3.err"; exit 1; }
 set +e
 "$kiln" train $common --checkpoint auto --memory-budget 64KiB --out "$out/auto2" > /dev/null 2> "$out/auto2.err"
 rc=$?
