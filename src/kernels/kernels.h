@@ -58,6 +58,12 @@ const kiln_tensor_kernels *kiln_cuda_tensor_kernels(void);
 #endif
 /* The table for a device type; NULL for meta (no data to touch). */
 const kiln_tensor_kernels *kiln_tensor_kernels_for(kiln_device_type type);
+/* While the trace layer records a call (src/trace), it puts a table of its
+ * own in front of the device's on that thread (NULL: none, one predictable
+ * branch in kiln_tensor_kernels_for): the tensor layer's fills and copies
+ * are then recorded as well. Returns the previous override. */
+typedef const kiln_tensor_kernels *(*kiln_tensor_kernels_override)(kiln_device_type type);
+kiln_tensor_kernels_override kiln_tensor_kernels_set_override(kiln_tensor_kernels_override fn);
 
 #ifdef __cplusplus
 }

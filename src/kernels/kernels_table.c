@@ -3,7 +3,16 @@
 #include "kernels/kernels.h"
 #include "kernels/optim_kernels.h"
 
+static _Thread_local kiln_tensor_kernels_override tensor_override;
+
+kiln_tensor_kernels_override kiln_tensor_kernels_set_override(kiln_tensor_kernels_override fn) {
+    kiln_tensor_kernels_override old = tensor_override;
+    tensor_override = fn;
+    return old;
+}
+
 const kiln_tensor_kernels *kiln_tensor_kernels_for(kiln_device_type type) {
+    if (tensor_override) return tensor_override(type);
     switch (type) {
     case KILN_DEVICE_CPU:
         return kiln_cpu_tensor_kernels();
