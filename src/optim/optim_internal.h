@@ -35,4 +35,19 @@ void kiln_optim_use_fused(bool on);
 uint64_t kiln_optim_fused_updates(void);
 uint64_t kiln_optim_fused_launches(void);
 
+/* The trace layer's recorder of fused updates (src/trace), installed on one
+ * thread while kiln_trace records; NULL otherwise (one branch per launch).
+ * It sees each launch just before it runs: the optimizer, the indices of
+ * the n parameters updated, their gradients, and the steps as built (Adam's
+ * bias corrections depend on o->steps[idx[k]], which a replay advances). */
+typedef struct kiln_optimizer kiln_optimizer;
+struct kiln_optim_kernels;
+struct kiln_adam_step;
+struct kiln_sgd_step;
+typedef kiln_status (*kiln_optim_recorder_fn)(void *ctx, kiln_optimizer *o, const struct kiln_optim_kernels *k,
+                                              bool adam, const int *idx, kiln_tensor *const *grads,
+                                              const struct kiln_adam_step *as, const struct kiln_sgd_step *ss, int n,
+                                              void *stream);
+void kiln_optim_set_recorder(kiln_optim_recorder_fn fn, void *ctx);
+
 #endif

@@ -251,13 +251,23 @@ static void *data_of(kiln_tensor *t) {
  * parameters of one device go in one call (one kernel on CUDA). The
  * gradients they read are held until then. */
 typedef struct fused_batch {
+    kiln_optimizer *o;
     const kiln_optim_kernels *k;
     kiln_device device;
     int n;
     kiln_adam_step adam[KILN_OPTIM_MULTI];
     kiln_sgd_step sgd[KILN_OPTIM_MULTI];
     kiln_tensor *hold[KILN_OPTIM_MULTI];
+    int idx[KILN_OPTIM_MULTI]; /* the parameters' indices */
 } fused_batch;
+
+static _Thread_local kiln_optim_recorder_fn recorder;
+static _Thread_local void *recorder_ctx;
+
+void kiln_optim_set_recorder(kiln_optim_recorder_fn fn, void *ctx) {
+    recorder = fn;
+    recorder_ctx = ctx;
+}
 
 static _Atomic uint64_t fused_launches;
 
@@ -269,6 +279,7 @@ static kiln_status flush(fused_batch *b, bool adam) {
     kiln_status st = KILN_OK;
     if (b->device.type != KILN_DEVICE_META) {
         st = kiln_tensor_kernel_stream(b->device, &stream);
+        if (!st && recorder) st = recorder(recorder_ctx, b->o, b->k, adam, b->idx, b->hold, b->adam, b->sgd, b->n, stream);
         if (!st) st = adam ? b->k->adam(b->adam, b->n, stream) : b->k->sgd(b->sgd, b->n, stream);
         if (!st) fused_launches++;
     }
@@ -313,6 +324,7 @@ static kiln_status sgd_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_ba
                                        .first = first, .nesterov = s->nesterov, .maximize = s->maximize,
                                        .lr = o->lr, .momentum = s->momentum, .dampening = s->dampening,
                                        .weight_decay = s->weight_decay};
+        b->idx[b->n] = i;
         b->hold[b->n++] = g;
         kiln_tensor_bump_version(p);
         if (*buf0) kiln_tensor_bump_version(*buf0);
@@ -365,6 +377,7 @@ static kiln_status adam_update(kiln_optimizer *o, int i, kiln_tensor *g, fused_b
                                          .beta1 = a->beta1, .beta2 = a->beta2, .eps = a->eps,
                                          .weight_decay = a->weight_decay, .step_size = o->lr / bc1,
                                          .bc2_sqrt = sqrt(bc2)};
+        b->idx[b->n] = i;
         b->hold[b->n++] = g;
         kiln_tensor_bump_version(p);
         kiln_tensor_bump_version(*m);
@@ -459,7 +472,7 @@ static kiln_status prepare(kiln_optimizer *o, bool adam, bool **fresh_out) {
 }
 
 static kiln_status step_body(kiln_optimizer *o) {
-    fused_batch b = {.n = 0};
+    fused_batch b = {.o = o, .n = 0};
     bool adam = o->kind != KILN_OPTIM_SGD;
     bool *fresh = NULL;
     KILN_TRY(prepare(o, adam, &fresh));
