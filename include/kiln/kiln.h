@@ -18,6 +18,7 @@
 #include "kiln/io.h"
 #include "kiln/dist.h"
 #include "kiln/plan.h"
+#include "kiln/trace.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,0 +1,178 @@
+/* The trace layer's records: what kiln_trace wrote down (record.c), the
+ * memory plan over it (memory_plan.c) and the replay (program.c). */
+#ifndef KILN_SRC_TRACE_TRACE_INTERNAL_H
+#define KILN_SRC_TRACE_TRACE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/op_args.h"
+#include "kiln/trace.h"
+#include "ops/op_registry.h"
+
+/* Where a data pointer of a recorded kernel lies. */
+typedef enum trace_ref_kind {
+    TRACE_REF_NONE = 0, /* no data (absent optional input, empty tensor) */
+    TRACE_REF_BUFFER,   /* a block the traced call allocated: index = buffer */
+    TRACE_REF_INPUT,    /* a program input: offset from its data pointer */
+    TRACE_REF_EXTERNAL, /* a tensor used in place: offset from its storage's base */
+} trace_ref_kind;
+
+typedef struct trace_ref {
+    int32_t kind;
+    int32_t index;
+    int64_t offset; /* bytes */
+} trace_ref;
+
+typedef enum trace_step_kind {
+    TRACE_STEP_KERNEL = 0, /* an op kernel */
+    TRACE_STEP_REORDER,    /* nChw16c -> strided, as kiln_tensor_ensure_strided */
+    TRACE_STEP_FILL,       /* tensor layer: out[0] = scalar (attrs.scalar[0]) */
+    TRACE_STEP_COPY,       /* tensor layer: out[0] = convert(in[0]) */
+    TRACE_STEP_ARANGE,     /* tensor layer: out[0] = start + i*step */
+    TRACE_STEP_RAND,       /* tensor layer: uniform (flag 0) or normal (flag 1) draw */
+    TRACE_STEP_OPTIM,      /* a fused optimizer launch (trace_optim) */
+} trace_step_kind;
+
+/* A fused optimizer launch: up to KILN_OPTIM_MULTI updates. Per update the
+ * refs of p, g, m (SGD: momentum buffer), v, vmax; the step structs as
+ * recorded, whose pointers and (Adam) bias corrections each run rebuilds
+ * from the optimizer's live lr and step counters. */
+struct kiln_optimizer;
+typedef struct trace_optim {
+    struct kiln_optimizer *o;
+    const struct kiln_optim_kernels *k;
+    bool adam;
+    int n;
+    int idx[16];
+    trace_ref ref[16][5];
+    struct kiln_adam_step *as; /* n, when adam */
+    struct kiln_sgd_step *ss;  /* n, when sgd */
+} trace_optim;
+
+typedef struct trace_step {
+    int kind;
+    kiln_op_id op;
+    bool fast;
+    const kiln_op_kernel *k;
+    kiln_op_args args; /* the recorded views; data pointers patched on each run */
+    kiln_op_attrs attrs;
+    trace_ref in[KILN_OP_MAX_IN], out[KILN_OP_MAX_OUT], ws;
+    /* The kernel's prepared copy: of which external tensor (-1: none). */
+    int prep_external;
+    int prep_input;
+    uint64_t prep_key;
+    size_t prep_bytes;
+    /* reorder: the 4-D shape and element size; in[0] -> out[0] */
+    size_t elem;
+    int64_t shape[4];
+    /* random ops: the draw (program's draw list) whose position a run
+     * takes from the device's generator; -1: none */
+    int draw;
+    /* arange / rand: element count */
+    int64_t n;
+    trace_optim *optim;
+} trace_step;
+
+/* One draw from a device generator: how many words it advances it. */
+typedef struct trace_draw {
+    kiln_rng recorded; /* the position at trace time */
+    uint64_t words;
+} trace_draw;
+
+/* A block the traced call allocated and a recorded step used. */
+typedef struct trace_buffer {
+    size_t bytes;
+    int first, last; /* steps of first and last use */
+    int output;      /* program output index, or -1: planned in the arena */
+    bool written;    /* (recording) a recorded step has written it */
+    size_t offset;   /* in the arena (plan) */
+} trace_buffer;
+
+/* A tensor used in place, and what the guard expects of it. */
+typedef struct trace_external {
+    kiln_tensor *t; /* a reference the program holds */
+    const void *storage;
+    const void *base;
+    int first_step;
+} trace_external;
+
+typedef struct trace_input_guard {
+    kiln_dtype dtype;
+    kiln_device device;
+    int ndim;
+    int64_t shape[KILN_MAX_DIMS], strides[KILN_MAX_DIMS];
+} trace_input_guard;
+
+struct kiln_program {
+    kiln_device device;
+    void *stream; /* the backend stream handle the kernels ran on */
+    trace_step *steps;
+    int n_steps, cap_steps;
+    trace_buffer *buffers;
+    int n_buffers, cap_buffers;
+    trace_external *ext;
+    int n_ext, cap_ext;
+    int n_inputs, n_outputs;
+    trace_input_guard *inputs;
+    trace_draw *draws;
+    int n_draws, cap_draws;
+    /* guards on the thread's state */
+    bool grad_enabled;
+    bool autocast;
+    kiln_dtype autocast_dtype;
+    /* plan and run state */
+    size_t arena_bytes;
+    void *arena;              /* from kiln_memory_alloc at the first run */
+    kiln_tensor **outputs;    /* n_outputs, allocated at the first run */
+    kiln_shape *out_shape;    /* n_outputs */
+    kiln_dtype *out_dtype;
+    void **base;              /* per buffer, resolved at the first run */
+    void **in_data;           /* per input, this run's data pointers */
+    kiln_rng *rng_now;        /* per draw, this run's position */
+};
+
+/* A block the traced call allocated (memory observer). */
+typedef struct trace_block {
+    kiln_device device;
+    const char *base;
+    size_t bytes;
+    bool live;
+    int buffer; /* -1 until a recorded step uses it */
+} trace_block;
+
+/* The state of one kiln_trace (record.c), reached by the recorders. */
+typedef struct trace_recording {
+    kiln_program *p;
+    kiln_tensor *const *inputs;
+    trace_block *blocks;
+    int n_blocks, cap_blocks;
+    bool have_device;
+    kiln_status failed; /* an observer's failure, reported after the call */
+} trace_recording;
+
+/* record.c, for the other recorders: a new step (zeroed, draw -1,
+ * prep_external -1; p->n_steps counts it already), the step's device and
+ * stream (all steps share one), and where a pointer lies: t is the
+ * tensor it belongs to, or NULL for a raw pointer (tensor-layer work,
+ * workspaces), which must lie in a block the call made or in an input. */
+kiln_status kiln_trace_new_step(trace_recording *r, trace_step **out, int *index);
+kiln_status kiln_trace_step_device(trace_recording *r, kiln_device d, void *stream);
+kiln_status kiln_trace_classify(trace_recording *r, const kiln_tensor *t, const void *data, int step, bool write,
+                                trace_ref *ref);
+/* The draw index for a random step whose attrs carry `rng` on `device`
+ * (a new draw when not seen before: the forward; the backward reuses it). */
+kiln_status kiln_trace_draw(trace_recording *r, kiln_device device, kiln_rng rng, int *out);
+
+/* record_tensor.c: install / remove the tensor-layer and optimizer
+ * recorders on this thread for recording r (NULL removes). */
+void kiln_trace_extra_recorders(trace_recording *r);
+
+/* memory_plan.c: assigns every non-output buffer an arena offset (first fit
+ * on lifetime intervals, aligned) and sets p->arena_bytes. */
+kiln_status kiln_trace_plan_memory(kiln_program *p);
+/* The arena bytes if no two buffers shared memory. */
+size_t kiln_trace_unplanned_bytes(const kiln_program *p);
+
+#endif
