@@ -543,10 +543,10 @@ static int load_model(train_run *r) {
         model = from_ckpt = r->resume_from;
         stored = NULL;
     }
-    if (!model) model = train_default_model(model_buf, sizeof model_buf);
+    if (!model) model = train_default_model(train_dataset_default_model(r->a.dataset), model_buf, sizeof model_buf);
     if (!model) {
-        fprintf(stderr, "kiln train: cannot find models/" DEFAULT_MODEL
-                        " (looked in PREFIX/share/kiln/models and the source tree); pass --model FILE\n");
+        fprintf(stderr, "kiln train: cannot find models/%s (looked in PREFIX/share/kiln/models and the source tree); "
+                        "pass --model FILE\n", train_dataset_default_model(r->a.dataset));
         return 1;
     }
     if (!r->spec_text && !(r->spec_text = train_read_text("train", model))) {
@@ -633,7 +633,7 @@ static int check_input(train_run *r, const kiln_train_state *s) {
     if (!s->input_c || (s->input_c == r->info.channels && s->input_h == r->info.height && s->input_w == r->info.width))
         return 0;
     char file[PATH_MAX + 64];
-    train_split_file(r->a.data, "train", file, sizeof file);
+    train_split_file(r->a.dataset, r->a.data, "train", file, sizeof file);
     fprintf(stderr,
             "kiln train: --resume %s: the checkpoint's model takes %lldx%lldx%lld images, but the training images "
             "(%s) are %lldx%lldx%lld; pass the --data the run was trained on\n",
@@ -708,9 +708,10 @@ static void clamp_batch(train_run *r) {
 
 /* Everything before the first step; a non-zero return is the exit code. */
 static int setup(train_run *r) {
-    if (train_open_split(r->a.data, r->a.limit, "train", &r->train_ds) != KILN_OK) return fail("training set");
-    if (train_open_split(r->a.data, r->a.limit, "test", &r->test_ds) != KILN_OK) return fail("test set");
-    int rc = train_check_splits(r->a.data, r->train_ds, r->test_ds);
+    train_dataset kind = r->a.dataset;
+    if (train_open_split(kind, r->a.data, r->a.limit, "train", &r->train_ds) != KILN_OK) return fail("training set");
+    if (train_open_split(kind, r->a.data, r->a.limit, "test", &r->test_ds) != KILN_OK) return fail("test set");
+    int rc = train_check_splits(kind, r->a.data, r->train_ds, r->test_ds);
     if (rc) return rc;
     r->info = kiln_dataset_info(r->train_ds);
     clamp_batch(r);
@@ -734,11 +735,12 @@ static int setup(train_run *r) {
     if (r->a.resume && (rc = resume(r))) return rc;
     int64_t test_n = kiln_dataset_length(r->test_ds);
     int64_t batch = train_dist_rank_batch(r); /* --batch, or this rank's share of it */
-    if (train_make_loader(r->train_ds, r->dev, batch, true, r->a.seed, r->a.workers, &r->train_ld) != KILN_OK)
+    if (train_make_loader(kind, r->a.augment, r->train_ds, r->dev, batch, true, r->a.seed, r->a.workers,
+                          &r->train_ld) != KILN_OK)
         return fail("loader");
     /* A test batch larger than the test set is the same single batch. */
-    if (train_make_loader(r->test_ds, r->dev, test_n > 0 && test_n < batch ? test_n : batch, false, r->a.seed,
-                          r->a.workers, &r->test_ld) != KILN_OK)
+    if (train_make_loader(kind, TRAIN_AUGMENT_NONE, r->test_ds, r->dev, test_n > 0 && test_n < batch ? test_n : batch,
+                          false, r->a.seed, r->a.workers, &r->test_ld) != KILN_OK)
         return fail("loader");
     if ((rc = train_dist_loaders(r))) return rc; /* under mpirun: the shards */
     int64_t nb = kiln_loader_num_batches(r->train_ld);
@@ -766,6 +768,10 @@ static int setup(train_run *r) {
             (long long)kiln_dataset_length(r->test_ds), r->a.epochs, r->a.epochs == 1 ? "" : "s",
             (long long)r->a.batch, kiln_optimizer_get_lr(r->opt), r->a.deterministic ? ", deterministic" : "",
             r->out_dir);
+    train_augment aug = train_augment_resolve(kind, r->a.augment);
+    if (kind != TRAIN_DATASET_FASHION_MNIST || aug != TRAIN_AUGMENT_NONE)
+        fprintf(stderr, "kiln train: dataset %s, augmentation %s, per-channel mean/std normalisation\n",
+                train_dataset_name(kind), train_augment_name(aug));
     return 0;
 }
 
@@ -847,6 +853,7 @@ static int run(train_run *r) {
     if (r->a.resume && ((rc = resume_path(r)) || (rc = train_config_resume(r)))) return rc;
     if (!(r->config_text = train_config_text(&r->a))) return 1;
     if (r->a.deterministic) kiln_set_deterministic(true);
+    if (r->a.benchmark) kiln_set_cudnn_benchmark(true);
     /* --device, --devices, --split (train_devices.c), and what DDP takes of them. */
     if (!(rc = train_devices_parse(r))) rc = train_dist_check(r);
     if (rc) return rc;

@@ -16,8 +16,14 @@ static void usage(FILE *f) {
     fprintf(f, "usage: kiln train [options]\n"
                "  --model FILE       model spec (default: models/" DEFAULT_MODEL "; with --resume: the spec\n"
                "                     stored in the checkpoint)\n"
-               "  --data DIR         Fashion-MNIST directory (default: " FMNIST_DIR ",\n"
-               "                     the Debian package dataset-fashion-mnist)\n"
+               "  --dataset D        fashion-mnist (default) or cifar10 (the binary version: --data DIR holds\n"
+               "                     data_batch_1..5.bin and test_batch.bin; model default models/" CIFAR10_MODEL ")\n"
+               "  --data DIR         the dataset's directory (Fashion-MNIST default: " FMNIST_DIR ",\n"
+               "                     the Debian package dataset-fashion-mnist; CIFAR-10 has no default)\n"
+               "  --augment A        training-set augmentation: none, flip (horizontal, p 0.5) or crop-flip\n"
+               "                     (random crop of the image zero-padded by 4, then flip); default: crop-flip\n"
+               "                     for cifar10, none for fashion-mnist. Normalisation is the dataset's\n"
+               "                     per-channel mean/std\n"
                "  --epochs N         epochs in total (default 3)\n"
                "  --batch B          batch size (default 128)\n"
                "  --accum N          split each batch into N micro-batches, one optimizer step (default 1)\n"
@@ -43,6 +49,9 @@ static void usage(FILE *f) {
                "  --out DIR          output directory (default runs/<timestamp>)\n"
                "  --resume PATH      continue from a checkpoint (a file, or a run directory holding\n"
                "                     checkpoint.safetensors)\n"
+               "  --benchmark        kiln_set_cudnn_benchmark(true) (torch.backends.cudnn.benchmark): time the\n"
+               "                     convolution algorithms once per shape and keep the fastest (CUDA; the CPU's\n"
+               "                     autotuner is KILN_CONV_AUTOTUNE=1); --deterministic overrides it\n"
                "  --deterministic    kiln_set_deterministic(true): resumed runs repeat losses bit for bit\n"
                "  --max-steps N      stop after optimizer step N with a checkpoint (exit 0)\n"
                "  --profile N        profile N steps (after one warm-up step): table, counters, trace.json\n"
@@ -96,6 +105,7 @@ int train_parse_args(int argc, char **argv, train_args *a) {
         else if (!strcmp(o, "--memory-history")) a->memory_history = true;
         else if (!strcmp(o, "--no-auto-batch")) a->no_auto_batch = true;
         else if (!strcmp(o, "--no-plan")) a->no_plan = true;
+        else if (!strcmp(o, "--benchmark")) a->benchmark = true;
         else if (strncmp(o, "--", 2) != 0) {
             fprintf(stderr, "kiln train: unexpected argument '%s' (kiln train --help)\n", o);
             return 2;
@@ -109,6 +119,20 @@ int train_parse_args(int argc, char **argv, train_args *a) {
             bool ok = true;
             if (strcmp(o, "--model") == 0) a->model = v;
             else if (strcmp(o, "--data") == 0) a->data = v, a->given |= TRAIN_GIVEN_DATA;
+            else if (strcmp(o, "--dataset") == 0) {
+                a->given |= TRAIN_GIVEN_DATASET;
+                if (!train_dataset_parse(v, &a->dataset)) {
+                    fprintf(stderr, "kiln train: --dataset %s: give fashion-mnist (the default) or cifar10\n", v);
+                    return 2;
+                }
+            } else if (strcmp(o, "--augment") == 0) {
+                a->given |= TRAIN_GIVEN_AUGMENT;
+                if (!train_augment_parse(v, &a->augment) || a->augment == TRAIN_AUGMENT_AUTO) {
+                    fprintf(stderr, "kiln train: --augment %s: give none, flip or crop-flip (the default is the "
+                                    "dataset's: crop-flip for cifar10, none for fashion-mnist)\n", v);
+                    return 2;
+                }
+            }
             else if (strcmp(o, "--out") == 0) a->out = v;
             else if (strcmp(o, "--device") == 0) a->device = v;
             else if (strcmp(o, "--devices") == 0) a->devices = v;

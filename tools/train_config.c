@@ -54,6 +54,8 @@ char *train_config_text(const train_args *a) {
     char data[PATH_MAX];
     if (a->data && !realpath(a->data, data)) snprintf(data, sizeof data, "%s", a->data);
     bool ok = o && (a->data ? cJSON_AddStringToObject(o, "data", data) : cJSON_AddNullToObject(o, "data")) &&
+              cJSON_AddStringToObject(o, "dataset", train_dataset_name(a->dataset)) &&
+              cJSON_AddStringToObject(o, "augment", train_augment_name(train_augment_resolve(a->dataset, a->augment))) &&
               cJSON_AddNumberToObject(o, "limit", (double)a->limit) &&
               cJSON_AddNumberToObject(o, "batch", (double)a->batch) &&
               cJSON_AddNumberToObject(o, "accum", a->accum) && cJSON_AddNumberToObject(o, "epochs", a->epochs) &&
@@ -158,8 +160,23 @@ static int read_config(const char *ckpt, const cJSON *root, train_args *out) {
         return c.rc;
     }
     train_args a = *out;
+    int which = -1;
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
     a.data = cJSON_IsNull(data) ? NULL : get_string(&c, "data", NULL, 0, NULL);
+    /* The dataset and its augmentation (absent before kiln train took
+     * --dataset: Fashion-MNIST, not augmented). */
+    static const char *const datasets[] = {"fashion-mnist", "cifar10"};
+    static const char *const augments[] = {"auto", "none", "flip", "crop-flip"};
+    a.dataset = TRAIN_DATASET_FASHION_MNIST;
+    a.augment = TRAIN_AUGMENT_NONE;
+    if (cJSON_GetObjectItemCaseSensitive(root, "dataset")) {
+        get_string(&c, "dataset", datasets, 2, &which);
+        a.dataset = which < 0 ? TRAIN_DATASET_FASHION_MNIST : (train_dataset)which;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(root, "augment")) {
+        get_string(&c, "augment", augments + 1, 3, &which);
+        a.augment = which < 0 ? TRAIN_AUGMENT_NONE : (train_augment)(which + 1);
+    }
     a.limit = get_int(&c, "limit", 0, INT64_MAX / 2);
     a.batch = get_int(&c, "batch", 1, INT64_MAX / 2);
     a.accum = (int)get_int(&c, "accum", 1, INT_MAX - 1);
@@ -173,7 +190,6 @@ static int read_config(const char *ckpt, const cJSON *root, train_args *out) {
     errno = 0;
     if (seed) a.seed = strtoull(seed, &end, 10);
     if (seed && (*seed < '0' || *seed > '9' || *end || errno)) damaged(&c, "seed", "that is not an unsigned integer");
-    int which = -1;
     static const char *const schedules[] = {"onecycle", "constant"};
     get_string(&c, "schedule", schedules, 2, &which);
     a.onecycle = which == 0;
@@ -238,6 +254,10 @@ static int compare(train_run *r, const train_args *c) {
     unsigned g = a->given;
     int bad = 0;
     char x[64], y[64];
+    if ((g & TRAIN_GIVEN_DATASET) && a->dataset != c->dataset)
+        contradiction(r, "--dataset", train_dataset_name(a->dataset), train_dataset_name(c->dataset), NULL), bad++;
+    if ((g & TRAIN_GIVEN_AUGMENT) && a->augment != c->augment)
+        contradiction(r, "--augment", train_augment_name(a->augment), train_augment_name(c->augment), NULL), bad++;
     if ((g & TRAIN_GIVEN_DATA) && !same_dir(a->data, c->data))
         contradiction(r, "--data", a->data, c->data ? c->data : "(the default, " "/usr/share/datasets/fashion-mnist)",
                       NULL),
@@ -343,6 +363,8 @@ int train_config_resume(train_run *r) {
     cJSON_Delete(root);
     if (rc) return rc;
     if (!(g & TRAIN_GIVEN_DATA)) a->data = r->config_data;
+    if (!(g & TRAIN_GIVEN_DATASET)) a->dataset = c.dataset;
+    if (!(g & TRAIN_GIVEN_AUGMENT)) a->augment = c.augment;
     if (!(g & TRAIN_GIVEN_LIMIT)) a->limit = c.limit;
     if (!(g & TRAIN_GIVEN_BATCH)) a->batch = c.batch;
     if (!(g & TRAIN_GIVEN_ACCUM)) a->accum = c.accum;

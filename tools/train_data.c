@@ -1,6 +1,6 @@
-/* kiln train's data: Fashion-MNIST splits (optionally the first N
- * samples), their loaders and the test-set evaluation. Shared by train and
- * eval (train.h). */
+/* kiln train's data: the datasets (Fashion-MNIST, CIFAR-10; optionally
+ * the first N samples), their loaders with normalisation and augmentation,
+ * and the test-set evaluation. Shared by train and eval (train.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +9,40 @@
 #include "base/error.h"
 #include "kiln/kiln.h"
 #include "train.h"
+
+static const char *const dataset_names[TRAIN_DATASET_COUNT] = {"fashion-mnist", "cifar10"};
+static const char *const augment_names[] = {"auto", "none", "flip", "crop-flip"};
+
+const char *train_dataset_name(train_dataset kind) {
+    return (unsigned)kind < TRAIN_DATASET_COUNT ? dataset_names[kind] : "?";
+}
+
+bool train_dataset_parse(const char *s, train_dataset *out) {
+    for (int i = 0; i < TRAIN_DATASET_COUNT; i++)
+        if (!strcmp(s, dataset_names[i])) return *out = (train_dataset)i, true;
+    return false;
+}
+
+const char *train_augment_name(train_augment a) {
+    return (unsigned)a <= TRAIN_AUGMENT_CROP_FLIP ? augment_names[a] : "?";
+}
+
+bool train_augment_parse(const char *s, train_augment *out) {
+    for (int i = 0; i <= TRAIN_AUGMENT_CROP_FLIP; i++)
+        if (!strcmp(s, augment_names[i])) return *out = (train_augment)i, true;
+    return false;
+}
+
+train_augment train_augment_resolve(train_dataset kind, train_augment a) {
+    if (a != TRAIN_AUGMENT_AUTO) return a;
+    /* The tutorial's CIFAR-10 recipe: random crop with padding 4 and a
+     * horizontal flip. Fashion-MNIST's recipe has none. */
+    return kind == TRAIN_DATASET_CIFAR10 ? TRAIN_AUGMENT_CROP_FLIP : TRAIN_AUGMENT_NONE;
+}
+
+const char *train_dataset_default_model(train_dataset kind) {
+    return kind == TRAIN_DATASET_CIFAR10 ? CIFAR10_MODEL : DEFAULT_MODEL;
+}
 
 typedef struct limited_ds {
     kiln_dataset *base;
@@ -24,10 +58,49 @@ static void limited_free(void *ctx) {
     free(ctx);
 }
 
-kiln_status train_open_split(const char *data, int64_t limit, const char *split, kiln_dataset **out) {
+/* The CIFAR-10 binary batch files of `split` under `dir`: data_batch_1..5.bin
+ * or test_batch.bin, in `dir` itself or in the cifar-10-batches-bin
+ * directory the archive unpacks to. The first missing file into `missing`. */
+static int cifar_files(const char *dir, const char *split, char paths[5][4200], char *missing, size_t size) {
+    static const char *const subdirs[] = {"", "/cifar-10-batches-bin"};
+    bool train = !strcmp(split, "train");
+    int n = train ? 5 : 1;
+    for (int d = 0; d < 2; d++) {
+        bool all = true;
+        for (int i = 0; i < n && all; i++) {
+            if (train) snprintf(paths[i], sizeof paths[i], "%s%s/data_batch_%d.bin", dir, subdirs[d], i + 1);
+            else snprintf(paths[i], sizeof paths[i], "%s%s/test_batch.bin", dir, subdirs[d]);
+            if (access(paths[i], R_OK) != 0) {
+                if (d == 0) snprintf(missing, size, "%s", paths[i]);
+                all = false;
+            }
+        }
+        if (all) return n;
+    }
+    return 0;
+}
+
+static kiln_status open_cifar10(const char *data, const char *split, kiln_dataset **out) {
+    if (!data)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, CIFAR10_WHERE,
+                          "--dataset cifar10 needs --data DIR: Kiln ships no copy of CIFAR-10");
+    char paths[5][4200], missing[4200] = "";
+    int n = cifar_files(data, split, paths, missing, sizeof missing);
+    if (n == 0)
+        return KILN_RAISE(KILN_ERR_IO, CIFAR10_WHERE, "CIFAR-10 %s split: %s: not found or not readable", split,
+                          missing);
+    const char *p[5];
+    for (int i = 0; i < n; i++) p[i] = paths[i];
+    return kiln_dataset_open_cifar(n, p, 10, out);
+}
+
+kiln_status train_open_split(train_dataset kind, const char *data, int64_t limit, const char *split,
+                             kiln_dataset **out) {
     kiln_dataset *ds = NULL;
-    kiln_status st = kiln_dataset_open_fashion_mnist(data, split, &ds);
+    kiln_status st = kind == TRAIN_DATASET_CIFAR10 ? open_cifar10(data, split, &ds)
+                                                   : kiln_dataset_open_fashion_mnist(data, split, &ds);
     if (st != KILN_OK) {
+        if (kind == TRAIN_DATASET_CIFAR10) return st;
         char msg[sizeof kiln_error_last()->message];
         snprintf(msg, sizeof msg, "%s", kiln_error_last()->message);
         if (st == KILN_ERR_IO)
@@ -53,19 +126,26 @@ kiln_status train_open_split(const char *data, int64_t limit, const char *split,
     return st;
 }
 
-void train_split_file(const char *data, const char *split, char *buf, size_t size) {
-    const char *dir = data ? data : "/usr/share/datasets/fashion-mnist";
+void train_split_file(train_dataset kind, const char *data, const char *split, char *buf, size_t size) {
+    if (kind == TRAIN_DATASET_CIFAR10) {
+        char paths[5][4200], missing[4200] = "";
+        const char *dir = data ? data : ".";
+        if (cifar_files(dir, split, paths, missing, sizeof missing) > 0) snprintf(buf, size, "%s", paths[0]);
+        else snprintf(buf, size, "%s", missing);
+        return;
+    }
+    const char *dir = data ? data : FMNIST_DIR;
     const char *prefix = strcmp(split, "train") ? "t10k" : "train";
     snprintf(buf, size, "%s/%s-images-idx3-ubyte.gz", dir, prefix);
     if (access(buf, F_OK) != 0) snprintf(buf, size, "%s/%s-images-idx3-ubyte", dir, prefix);
 }
 
-int train_check_splits(const char *data, kiln_dataset *train, kiln_dataset *test) {
+int train_check_splits(train_dataset kind, const char *data, kiln_dataset *train, kiln_dataset *test) {
     kiln_sample_info a = kiln_dataset_info(train), b = kiln_dataset_info(test);
     if (a.channels == b.channels && a.height == b.height && a.width == b.width) return 0;
     char fa[4200], fb[4200];
-    train_split_file(data, "train", fa, sizeof fa);
-    train_split_file(data, "test", fb, sizeof fb);
+    train_split_file(kind, data, "train", fa, sizeof fa);
+    train_split_file(kind, data, "test", fb, sizeof fb);
     fprintf(stderr,
             "kiln train: the training images (%s) are %lldx%lldx%lld but the test images (%s) are %lldx%lldx%lld: "
             "one model cannot take both; pass a --data whose splits have one image size\n",
@@ -74,8 +154,8 @@ int train_check_splits(const char *data, kiln_dataset *train, kiln_dataset *test
     return 1;
 }
 
-kiln_status train_make_loader(kiln_dataset *ds, kiln_device dev, int64_t batch, bool shuffle, uint64_t seed,
-                              int workers, kiln_loader **out) {
+kiln_status train_make_loader(train_dataset kind, train_augment augment, kiln_dataset *ds, kiln_device dev,
+                              int64_t batch, bool shuffle, uint64_t seed, int workers, kiln_loader **out) {
     kiln_loader_opts o = kiln_loader_opts_default();
     o.batch_size = batch;
     o.shuffle = shuffle;
@@ -84,8 +164,18 @@ kiln_status train_make_loader(kiln_dataset *ds, kiln_device dev, int64_t batch, 
     o.pin_memory = true;
     o.device = dev;
     o.transforms.normalize = true;
-    o.transforms.mean[0] = 0.2860f; /* Fashion-MNIST's training-set statistics */
-    o.transforms.std[0] = 0.3530f;
+    if (kind == TRAIN_DATASET_CIFAR10) {
+        /* CIFAR-10's training-set per-channel statistics (R, G, B). */
+        static const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, std[3] = {0.2470f, 0.2435f, 0.2616f};
+        for (int c = 0; c < 3; c++) o.transforms.mean[c] = mean[c], o.transforms.std[c] = std[c];
+    } else {
+        o.transforms.mean[0] = 0.2860f; /* Fashion-MNIST's training-set statistics */
+        o.transforms.std[0] = 0.3530f;
+    }
+    augment = train_augment_resolve(kind, augment);
+    /* torchvision's RandomCrop(padding=4) pads with zeros, RandomHorizontalFlip flips with p 0.5. */
+    if (augment == TRAIN_AUGMENT_FLIP || augment == TRAIN_AUGMENT_CROP_FLIP) o.transforms.flip_p = 0.5f;
+    if (augment == TRAIN_AUGMENT_CROP_FLIP) o.transforms.crop_padding = 4, o.transforms.pad_mode = KILN_PAD_ZERO;
     return kiln_loader_create(ds, &o, out);
 }
 

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <cjson/cJSON.h>
+
 #include "kiln/kiln.h"
 #include "train.h"
 
@@ -137,20 +139,62 @@ static int build(const char *cmd, const tool_args *a, int64_t c, int64_t h, int6
     return 0;
 }
 
+/* The dataset the checkpoint's run trained on, from its run configuration
+ * (kiln.run_config: "dataset", and "data" when the run gave --data; *data
+ * is malloc'd or NULL). A checkpoint without one (a weights-only file, an
+ * older Kiln) was trained on Fashion-MNIST. 0, or 1 after a message. */
+static int checkpoint_dataset(const char *ckpt, train_dataset *kind, char **data) {
+    *kind = TRAIN_DATASET_FASHION_MNIST;
+    *data = NULL;
+    char *text = NULL;
+    if (kiln_checkpoint_read_meta(ckpt, "kiln.run_config", &text) != KILN_OK) {
+        kiln_error_clear(); /* build() reports a file that cannot be read */
+        return 0;
+    }
+    if (!text) return 0;
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    const cJSON *ds = cJSON_GetObjectItemCaseSensitive(root, "dataset");
+    const cJSON *dir = cJSON_GetObjectItemCaseSensitive(root, "data");
+    int rc = 0;
+    if (cJSON_IsString(ds) && !train_dataset_parse(ds->valuestring, kind)) {
+        fprintf(stderr,
+                "kiln eval: %s: the run configuration (metadata kiln.run_config) names dataset '%s', which this Kiln "
+                "does not know: the file was edited or damaged\n",
+                ckpt, ds->valuestring);
+        rc = 1;
+    }
+    if (!rc && cJSON_IsString(dir) && !(*data = strdup(dir->valuestring))) rc = 1;
+    cJSON_Delete(root);
+    return rc;
+}
+
 int kiln_cmd_eval(int argc, char **argv) {
     tool_args a;
     int rc = parse("eval", argc, argv, &a, false);
     if (rc < 0) {
         printf("usage: kiln eval --checkpoint FILE [--model SPEC] [--data DIR] [--batch B] [--limit N]\n"
                "                 [--threads N] [--device D]\n"
-               "  test-set loss and accuracy of a checkpoint on Fashion-MNIST; the model spec comes from\n"
+               "  test-set loss and accuracy of a checkpoint on the test split of the dataset it was trained\n"
+               "  on (Fashion-MNIST or CIFAR-10, from the checkpoint's run configuration; --data defaults to\n"
+               "  the run's for CIFAR-10); the model spec comes from\n"
                "  the checkpoint unless --model is given; --threads: the CPU compute threads; --device:\n"
                "  cpu, cuda or cuda:N (default: KILN_DEVICE, else the first GPU, else cpu)\n");
         return 0;
     }
     if (rc) return rc;
     kiln_dataset *ds = NULL;
-    if (train_open_split(a.data, a.limit, "test", &ds) != KILN_OK) return train_fail("eval", "test set");
+    train_dataset kind;
+    char *run_data = NULL;
+    if ((rc = checkpoint_dataset(a.checkpoint, &kind, &run_data))) return rc;
+    /* CIFAR-10 has no default directory: the run's own. */
+    if (!a.data && kind == TRAIN_DATASET_CIFAR10) a.data = run_data;
+    kiln_status ost = train_open_split(kind, a.data, a.limit, "test", &ds);
+    if (ost != KILN_OK) {
+        rc = train_fail("eval", kind == TRAIN_DATASET_CIFAR10 ? "CIFAR-10 test set" : "test set");
+        free(run_data);
+        return rc;
+    }
     kiln_sample_info info = kiln_dataset_info(ds);
     /* The images the model was trained on against these, before building
      * (else a shape error in a layer, blaming the spec). A checkpoint that
@@ -167,6 +211,7 @@ int kiln_cmd_eval(int argc, char **argv) {
                 (long long)info.height, (long long)info.width);
         free(in);
         kiln_dataset_free(ds);
+        free(run_data);
         return 1;
     }
     free(in);
@@ -182,11 +227,12 @@ int kiln_cmd_eval(int argc, char **argv) {
         fprintf(stderr, "kiln eval: --device %s: %s\n", a.device,
                 dev.type == KILN_DEVICE_META ? "meta tensors hold no data" : kiln_error_last()->message);
         kiln_dataset_free(ds);
+        free(run_data);
         return 2;
     }
     rc = build("eval", &a, info.channels, info.height, info.width, &m, &spec);
     if (!rc && kiln_module_to(m, dev) != KILN_OK) rc = train_fail("eval", "model");
-    if (!rc && train_make_loader(ds, dev, a.batch, false, 0, -1, &ld) != KILN_OK)
+    if (!rc && train_make_loader(kind, TRAIN_AUGMENT_NONE, ds, dev, a.batch, false, 0, -1, &ld) != KILN_OK)
         rc = train_fail("eval", "loader");
     double loss = 0, acc = 0;
     int64_t n = 0;
@@ -201,9 +247,10 @@ int kiln_cmd_eval(int argc, char **argv) {
     if (!rc) {
         printf("kiln eval: %s: test accuracy %.2f%%, test loss %.4f on %lld images\n", a.checkpoint,
                100 * acc, loss, (long long)n);
-        printf("{\"event\":\"eval\",\"test_acc\":%.6f,\"test_loss\":%.9g,\"images\":%lld}\n", acc, loss,
-               (long long)n);
+        printf("{\"event\":\"eval\",\"test_acc\":%.6f,\"test_loss\":%.9g,\"images\":%lld,\"dataset\":\"%s\"}\n",
+               acc, loss, (long long)n, train_dataset_name(kind));
     }
+    free(run_data);
     kiln_loader_free(ld);
     kiln_module_free(m);
     kiln_dataset_free(ds);

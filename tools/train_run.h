@@ -9,6 +9,7 @@
 
 #include "kiln/kiln.h"
 #include "timing.h"
+#include "train.h"
 
 /* --amp (train_amp.c). */
 typedef enum train_amp_mode { TRAIN_AMP_AUTO = 0, TRAIN_AMP_OFF, TRAIN_AMP_F16, TRAIN_AMP_BF16 } train_amp_mode;
@@ -29,6 +30,8 @@ enum {
     TRAIN_GIVEN_CHECKPOINT = 1 << 10,
     TRAIN_GIVEN_DETERMINISTIC = 1 << 11,
     TRAIN_GIVEN_LOG_EVERY = 1 << 12,
+    TRAIN_GIVEN_DATASET = 1 << 13,
+    TRAIN_GIVEN_AUGMENT = 1 << 14,
 };
 
 /* --epochs at most (the checkpoint's epoch range, kiln/io.h). */
@@ -55,6 +58,9 @@ typedef struct train_args {
     double label_smoothing; /* --label-smoothing (default 0.1) */
     int progress;           /* --progress: -1 auto (a bar when stderr is a terminal), 0 lines, 1 bar */
     unsigned given;         /* TRAIN_GIVEN_* of the flags on the command line */
+    train_dataset dataset;  /* --dataset (default fashion-mnist) */
+    train_augment augment;  /* --augment (default auto: the dataset's recipe) */
+    bool benchmark;         /* --benchmark: kiln_set_cudnn_benchmark(true) */
     int world;              /* --world N (0: whatever the launcher started); after train_dist_init the
                              * world's size, stored in the run configuration */
 } train_args;

@@ -17,18 +17,18 @@
 
 /* The default model: next to an installed binary (PREFIX/share/kiln/models),
  * else in the source tree this binary was built from. */
-const char *train_default_model(char *buf, size_t size) {
+const char *train_default_model(const char *file, char *buf, size_t size) {
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = '\0';
         char *slash = strrchr(exe, '/');
         if (slash) *slash = '\0';
-        int len = snprintf(buf, size, "%s/../share/kiln/models/%s", exe, DEFAULT_MODEL);
+        int len = snprintf(buf, size, "%s/../share/kiln/models/%s", exe, file);
         if (len > 0 && (size_t)len < size && access(buf, R_OK) == 0) return buf;
     }
 #ifdef KILN_SOURCE_DIR
-    int n_src = snprintf(buf, size, "%s/models/%s", KILN_SOURCE_DIR, DEFAULT_MODEL);
+    int n_src = snprintf(buf, size, "%s/models/%s", KILN_SOURCE_DIR, file);
     if (n_src > 0 && (size_t)n_src < size && access(buf, R_OK) == 0) return buf;
 #endif
     return NULL;
