@@ -140,12 +140,24 @@ kiln_status kiln_trace_classify(recording *r, const kiln_tensor *t, const void *
         *ref = (trace_ref){.kind = TRACE_REF_INPUT, .index = i, .offset = (const char *)data - d0};
         return KILN_OK;
     }
+    for (int i = 0; !t && i < p->n_ext; i++) {
+        /* Raw pointers (tensor-layer work) into a tensor a dispatched op
+         * has used already. */
+        const kiln_storage *st = p->ext[i].t->storage;
+        const char *lo = st->base;
+        if (lo && (const char *)data >= lo && (const char *)data < lo + st->nbytes) {
+            *ref = (trace_ref){.kind = TRACE_REF_EXTERNAL, .index = i, .offset = (const char *)data - lo};
+            return KILN_OK;
+        }
+    }
     if (!t)
         return KILN_RAISE(KILN_ERR_UNSUPPORTED,
-                          "write it with ops (kiln_fill_, kiln_copy_ of a result), or before kiln_trace",
-                          "kiln_trace: step %d (%s): tensor-layer work (a fill or copy) on a tensor that exists "
-                          "before the traced call; the trace sees only the tensors of dispatched ops",
-                          step, step_name(&p->steps[step]));
+                          "use that tensor in a dispatched op first, do the work before kiln_trace, and read "
+                          "values on the host only after the replay",
+                          "kiln_trace: step %d (%s) %s memory the trace does not know: a tensor that existed before "
+                          "the call, used outside the dispatcher, or the host (kiln_item, a copy to the host), "
+                          "which a replay cannot follow",
+                          step, step_name(&p->steps[step]), write ? "writes" : "reads");
     if (!kiln_device_equal(t->storage->device, p->device))
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "trace the part on each device separately",
                           "kiln_trace: step %d (%s) uses a tensor on a second device", step, step_name(&p->steps[step]));

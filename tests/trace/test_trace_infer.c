@@ -4,6 +4,7 @@
  * forward on the same data; no allocator call after the first replay
  * (kiln_memory_alloc_count); the memory plan shares bytes (arena smaller
  * than the blocks' sum); guards name what changed and say retrace. */
+#include <math.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -25,6 +26,9 @@ static bool same_bits(kiln_tensor *a, kiln_tensor *b) {
     if (!a || !b || kiln_numel(a) != kiln_numel(b) || kiln_dtype_of(a) != kiln_dtype_of(b)) return false;
     kiln_tensor *ha = kiln_contiguous(a), *hb = kiln_contiguous(b);
     bool same = ha && hb && !memcmp(kiln_data_ptr(ha), kiln_data_ptr(hb), (size_t)kiln_numel(a) * kiln_dtype_size(kiln_dtype_of(a)));
+    /* NaNs compare equal bit for bit: insist on finite results. */
+    for (int64_t i = 0; same && kiln_dtype_of(a) == KILN_F32 && i < kiln_numel(a); i++)
+        same = isfinite(((const float *)kiln_data_ptr(ha))[i]);
     kiln_release(ha), kiln_release(hb);
     return same;
 }
