@@ -23,6 +23,9 @@ int kiln_bench_dataparallel(int argc, char **argv);
  * hidden behind backward (exit 77 without mpirun or MPI). `--worker` is
  * one rank of the measured job, started by the benchmark itself. */
 int kiln_bench_ddp(int argc, char **argv);
+/* exercises.c: the tutorial's five exercises as one page (exercises.html)
+ * and exercises.json. */
+int kiln_bench_exercises(int argc, char **argv);
 /* main_job.c: Kiln's default `kiln train` against the same recipe in
  * PyTorch (bench/peer/fmnist_train.py), interleaved: training-loop seconds
  * per epoch and final test accuracy. */
@@ -36,6 +39,10 @@ int kiln_bench_gemm(int argc, char **argv);
  * order as PyTorch's), on the CPU; its forward calls the fused ops when
  * layer fusion is on. A new module the caller frees, or NULL. */
 kiln_module *kiln_bench_cnn_model(void);
+/* trace.c: eager against traced/replayed, inference and training step
+ * (the tutorial CNN), per-op host overhead, PyTorch's frozen TorchScript
+ * beside it when torch is installed. */
+int kiln_bench_trace(int argc, char **argv);
 /* bench_data.c: a CIFAR-sized synthetic u8 dataset (N, 3, 32, 32). */
 kiln_dataset *kiln_bench_synthetic_cifar(int64_t n);
 #endif
