@@ -339,6 +339,27 @@ bool kiln_is_conv_autotune(void);
 void kiln_set_cudnn_benchmark(bool enabled);
 bool kiln_is_cudnn_benchmark(void);
 
+/* torch.backends.cudnn.enabled. enabled (the default; KILN_CUDNN=0 in the
+ * environment at first use turns it off): in a build with cuDNN
+ * (kiln_build_options() says cudnn=ON) the CUDA convolutions, average
+ * pooling and batch norm run cuDNN's kernels where it takes the shapes;
+ * !enabled: Kiln's own CUDA kernels run them. A build without cuDNN (the
+ * CUDA emulation build among them) runs Kiln's kernels either way.
+ * Process-wide, thread-safe; applies to the ops dispatched after the call. */
+void kiln_set_cudnn_enabled(bool enabled);
+bool kiln_is_cudnn_enabled(void);
+/* CUDA_LAUNCH_BLOCKING=1. enabled (off by default; KILN_LAUNCH_BLOCKING=1 in
+ * the environment at first use turns it on): after every CUDA kernel Kiln
+ * launches (its own and the library ones: cuBLASLt, cuDNN) the host waits
+ * for the device to finish, and a kernel that failed while running is
+ * reported by the op that launched it: "KILN_LAUNCH_BLOCKING: op conv2d:
+ * kernel ... failed on cuda:0: ...". Without it a failure inside a kernel
+ * surfaces at the next call that waits for the device, naming that call.
+ * Every launch blocks the host: a debugging switch, and the way to time
+ * single ops from the host. Process-wide, thread-safe. */
+void kiln_set_launch_blocking(bool enabled);
+bool kiln_is_launch_blocking(void);
+
 /* ---- Opaque CPU layouts (kiln/tensor.h, kiln_layout) -----------------------
  * enabled (the default; KILN_CPU_LAYOUTS=0 in the environment at first use
  * turns it off): the fast CPU kernels may leave f32 activations whose

@@ -55,6 +55,15 @@ typedef struct kiln_emu_interval {
 void kiln_emu_timeline_start(void);
 int kiln_emu_timeline_stop(kiln_emu_interval *out, int cap);
 
+/* Test hook: the next kernel launched whose name contains `kernel` (""
+ * for any kernel) does not run; when its turn on its stream comes it
+ * faults, as a GPU kernel with an illegal access does: its device gets the
+ * sticky error cudaErrorLaunchFailure, which cudaDeviceSynchronize,
+ * cudaStreamSynchronize, cudaEventSynchronize and cudaGetLastError return
+ * from then on (KILN_LAUNCH_BLOCKING's test). NULL disarms it and clears
+ * every device's fault (a GPU would need a new process). Does not block. */
+void kiln_emu_inject_fault(const char *kernel);
+
 /* Host threads that run thread blocks (KILN_CUDA_EMU_THREADS, default 2). */
 int kiln_emu_worker_threads(void);
 

@@ -121,6 +121,7 @@ cudaError_t cudaRuntimeGetVersion(int *version) {
 cudaError_t cudaDeviceSynchronize(void) {
     if (check_device(tls_device)) return cudaErrorInvalidDevice;
     synchronize_device(tls_device, "cudaDeviceSynchronize");
+    if (cudaError_t f = device_fault(tls_device)) return fail(f);
     return cudaSuccess;
 }
 
@@ -159,13 +160,16 @@ cudaError_t cudaDeviceDisablePeerAccess(int peerDevice) {
     return cudaSuccess;
 }
 
+/* A kernel fault (kiln_emu_inject_fault) is sticky, as on a GPU: every
+ * later call that reports errors returns it. */
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = tls_last_error;
     tls_last_error = cudaSuccess;
+    if (e == cudaSuccess) e = device_fault(tls_device);
     return e;
 }
 
-cudaError_t cudaPeekAtLastError(void) { return tls_last_error; }
+cudaError_t cudaPeekAtLastError(void) { return tls_last_error ? tls_last_error : device_fault(tls_device); }
 
 const char *cudaGetErrorName(cudaError_t error) {
     switch (error) {
@@ -508,6 +512,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     stream_ptr s = resolve_stream(stream, &err);
     if (!s) return fail(err);
     wait_stream_count(s, queued_count(*s), "cudaStreamSynchronize");
+    if (cudaError_t f = device_fault(s->device)) return fail(f);
     return cudaSuccess;
 }
 
@@ -586,6 +591,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     std::unique_lock<std::mutex> lock(e->m);
     uint64_t target = e->recorded;
     wait_or_die(lock, e->cv, [&] { return e->completed >= target; }, "cudaEventSynchronize");
+    if (cudaError_t f = device_fault(e->device)) return fail(f);
     return cudaSuccess;
 }
 

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -21,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -488,14 +490,60 @@ void submit_launch(const launch_params &p, std::unique_ptr<kernel_body> body, co
             return;
         }
     }
+    stream_op op;
+    if (take_fault(p.name, device)) {
+        /* The armed fault: the kernel "faults" when its turn on the stream
+         * comes, as a GPU reports an illegal access: later, to whoever waits. */
+        op.fn = [device] { set_device_fault(device); };
+        enqueue(s, std::move(op));
+        return;
+    }
     std::shared_ptr<launch_job> job = std::make_shared<launch_job>();
     job->params = p;
     job->body = std::move(body);
     job->device = device;
-    stream_op op;
     op.fn = [job] { run_grid(*job); };
     enqueue(s, std::move(op));
 }
+
+/* ---- Injected faults (kiln_emu_inject_fault) ---------------------------------------- */
+
+static std::mutex fault_mutex;
+static bool fault_armed;
+static std::string fault_pattern;
+static std::atomic<int> fault_sticky[kMaxDevices];
+
+void set_device_fault(int device) {
+    if (device >= 0 && device < kMaxDevices) fault_sticky[device].store((int)cudaErrorLaunchFailure);
+}
+
+cudaError_t device_fault(int device) {
+    return device >= 0 && device < kMaxDevices ? (cudaError_t)fault_sticky[device].load() : cudaSuccess;
+}
+
+bool take_fault(const char *name, int device) {
+    (void)device;
+    std::lock_guard<std::mutex> lock(fault_mutex);
+    if (!fault_armed || (!fault_pattern.empty() && !strstr(name, fault_pattern.c_str()))) return false;
+    fault_armed = false;
+    return true;
+}
+
+} // namespace kiln_emu
+
+extern "C" void kiln_emu_inject_fault(const char *kernel) {
+    using namespace kiln_emu;
+    std::lock_guard<std::mutex> lock(fault_mutex);
+    if (!kernel) {
+        fault_armed = false;
+        for (auto &f : fault_sticky) f.store(0);
+        return;
+    }
+    fault_pattern = kernel;
+    fault_armed = true;
+}
+
+namespace kiln_emu {
 
 } // namespace kiln_emu
 

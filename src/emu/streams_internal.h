@@ -189,6 +189,12 @@ uint64_t enqueue(const stream_ptr &s, stream_op op);
 /* Everything queued so far on every stream of `device` has run. */
 void synchronize_device(int device, const char *what);
 
+/* kiln_emu_inject_fault: the sticky error of `device` (cudaSuccess when
+ * none), and whether the kernel `name` is the one armed to fail (disarms). */
+cudaError_t device_fault(int device);
+bool take_fault(const char *name, int device);
+void set_device_fault(int device);
+
 /* p in words for a message (which memory, the offset in its allocation),
  * written to buf. */
 const char *describe(const void *p, char *buf, size_t size);

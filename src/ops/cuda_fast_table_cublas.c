@@ -12,6 +12,8 @@
 
 #include "base/error.h"
 #include "kernels/cuda/cuda_fast.h"
+#include "kernels/cuda/launch_blocking.h"
+#include "kiln/runtime.h"
 #include "ops/cuda_tables.h"
 
 #define FLOAT3 (KILN_DT(KILN_F32) | KILN_DT(KILN_F16) | KILN_DT(KILN_BF16))
@@ -58,7 +60,8 @@ static size_t fast_workspace(kiln_op_id op, kiln_op_workspace_fn lib, const kiln
 #define FAST_FNS(ID, lib, lib_workspace, path)                                                               \
     static kiln_status ID##_run(const kiln_op_args *a) {                                                     \
         kiln_status st = lib(a);                                                                             \
-        return st ? fallback(KILN_OP_##ID, path, st, a) : KILN_OK;                                           \
+        if (st) return fallback(KILN_OP_##ID, path, st, a);                                                  \
+        return kiln_cuda_launch_blocking_check(-1, path, __FILE__, __LINE__);                                \
     }                                                                                                        \
     static size_t ID##_workspace(const kiln_op_args *a) {                                                    \
         return fast_workspace(KILN_OP_##ID, lib_workspace, a);                                               \
@@ -79,6 +82,19 @@ FAST_FNS(AVG_POOL2D, kiln_cudnn_avg_pool2d, NULL, "cuDNN avg_pool2d")
 FAST_FNS(AVG_POOL2D_BACKWARD, kiln_cudnn_avg_pool2d_backward, NULL, "cuDNN avg_pool2d_backward")
 FAST_FNS(BATCH_NORM, kiln_cudnn_batch_norm, NULL, "cuDNN batch_norm")
 FAST_FNS(BATCH_NORM_BACKWARD, kiln_cudnn_batch_norm_backward, NULL, "cuDNN batch_norm_backward")
+/* kiln_set_cudnn_enabled(false) (KILN_CUDNN=0): the cuDNN rows decline
+ * every call, and the dispatcher runs the hand-written kernels. */
+#define CUDNN_SUPPORTS(ID, supports)                                                                         \
+    static bool ID##_supports(const kiln_op_args *a) { return kiln_is_cudnn_enabled() && supports(a); }
+CUDNN_SUPPORTS(CONV2D, kiln_cudnn_conv2d_supports)
+CUDNN_SUPPORTS(CONV2D_RELU, kiln_cudnn_conv2d_relu_supports)
+CUDNN_SUPPORTS(CONV2D_GRAD_INPUT, kiln_cudnn_conv2d_grad_input_supports)
+CUDNN_SUPPORTS(CONV2D_GRAD_WEIGHT, kiln_cudnn_conv2d_grad_weight_supports)
+CUDNN_SUPPORTS(AVG_POOL2D, kiln_cudnn_avg_pool2d_supports)
+CUDNN_SUPPORTS(AVG_POOL2D_BACKWARD, kiln_cudnn_avg_pool2d_backward_supports)
+CUDNN_SUPPORTS(BATCH_NORM, kiln_cudnn_batch_norm_supports)
+CUDNN_SUPPORTS(BATCH_NORM_BACKWARD, kiln_cudnn_batch_norm_backward_supports)
+#undef CUDNN_SUPPORTS
 #endif
 #undef FAST_FNS
 
@@ -90,14 +106,14 @@ static void build_fast_table(void) {
     ROW(LINEAR, kiln_cublaslt_linear_supports);
     ROW(LINEAR_ACT, kiln_cublaslt_linear_act_supports);
 #ifdef KILN_WITH_CUDNN
-    ROW(CONV2D, kiln_cudnn_conv2d_supports);
-    ROW(CONV2D_RELU, kiln_cudnn_conv2d_relu_supports);
-    ROW(CONV2D_GRAD_INPUT, kiln_cudnn_conv2d_grad_input_supports);
-    ROW(CONV2D_GRAD_WEIGHT, kiln_cudnn_conv2d_grad_weight_supports);
-    ROW(AVG_POOL2D, kiln_cudnn_avg_pool2d_supports);
-    ROW(AVG_POOL2D_BACKWARD, kiln_cudnn_avg_pool2d_backward_supports);
-    ROW(BATCH_NORM, kiln_cudnn_batch_norm_supports);
-    ROW(BATCH_NORM_BACKWARD, kiln_cudnn_batch_norm_backward_supports);
+    ROW(CONV2D, CONV2D_supports);
+    ROW(CONV2D_RELU, CONV2D_RELU_supports);
+    ROW(CONV2D_GRAD_INPUT, CONV2D_GRAD_INPUT_supports);
+    ROW(CONV2D_GRAD_WEIGHT, CONV2D_GRAD_WEIGHT_supports);
+    ROW(AVG_POOL2D, AVG_POOL2D_supports);
+    ROW(AVG_POOL2D_BACKWARD, AVG_POOL2D_BACKWARD_supports);
+    ROW(BATCH_NORM, BATCH_NORM_supports);
+    ROW(BATCH_NORM_BACKWARD, BATCH_NORM_BACKWARD_supports);
 #endif
 #undef ROW
 }

@@ -33,6 +33,7 @@
 
 #include "base/error.h"
 #include "base/philox.h"
+#include "kernels/cuda/launch_blocking.h"
 #include "kernels/kernels.h"
 #include "kernels/op_args.h"
 #include "runtime/cuda_backend.h"
@@ -56,11 +57,13 @@
 #endif
 
 /* After every KILN_LAUNCH: a bad configuration, or a sticky error from
- * earlier work, returns a Kiln error naming the kernel, device and line. */
+ * earlier work, returns a Kiln error naming the kernel, device and line;
+ * with KILN_LAUNCH_BLOCKING the host then waits for the kernel, and a
+ * failure while it ran names the op (launch_blocking.h). */
 #define KILN_LAUNCH_CHECK(device, what)                                                                      \
     do {                                                                                                     \
         kiln_status kiln_launch_st_ =                                                                        \
-            kiln_cuda_check_at((int)cudaGetLastError(), (what), (device), __FILE__, __LINE__);               \
+            kiln_cuda_launch_check((int)cudaGetLastError(), (device), (what), __FILE__, __LINE__);           \
         if (kiln_launch_st_ != KILN_OK) return kiln_launch_st_;                                              \
     } while (0)
 
