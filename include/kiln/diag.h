@@ -246,9 +246,13 @@ enum {
 };
 
 /* Sample every NVIDIA GPU (up to `max`) through NVML, which is loaded at
- * run time (dlopen of libnvidia-ml.so.1: no build-time dependency). Writes
- * the number sampled to *count. Without a driver: KILN_ERR_DEVICE with the
- * error "no NVIDIA driver (libnvidia-ml.so.1 not found)" and *count = 0.
+ * run time (dlopen of libnvidia-ml.so.1: no build-time dependency; the
+ * environment variable KILN_NVML_LIBRARY, read at the first call, names
+ * another library to load instead: the tests point it at a fake NVML,
+ * tests/diag/fake_nvml.c). Writes the number sampled to *count. Without a
+ * driver: KILN_ERR_DEVICE with the error "no NVIDIA driver
+ * (libnvidia-ml.so.1 not found)" (or the KILN_NVML_LIBRARY path and
+ * dlerror's reason) and *count = 0.
  * Does not touch the CUDA context; takes about a millisecond per GPU. */
 kiln_status kiln_gpu_monitor_sample(kiln_gpu_stats *out, int max, int *count);
 /* "power cap, thermal slowdown" for NVML's reason bits ("none" for 0) into

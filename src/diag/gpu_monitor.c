@@ -1,7 +1,8 @@
 /* The GPU monitor: NVML, loaded at run time, sampled on demand or by a
  * background thread; and the `kiln smi` table.
  *
- * NVML is opened with dlopen("libnvidia-ml.so.1") and a handful of
+ * NVML is opened with dlopen("libnvidia-ml.so.1") (or the library
+ * KILN_NVML_LIBRARY names: the tests' fake NVML) and a handful of
  * function pointers whose types are declared here, so nothing in the build
  * depends on nvml.h and the binaries run where there is no driver: sampling
  * then fails with a status that says so. The signatures follow NVML's
@@ -9,6 +10,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,10 +65,20 @@ static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static void *nvml_sym(const char *name) { return nvml.lib ? dlsym(nvml.lib, name) : NULL; }
 
 static void nvml_load(void) {
-    nvml.lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    /* KILN_NVML_LIBRARY: another NVML (a path or a soname), e.g. the fake
+     * one the tests script (tests/diag/fake_nvml.c). */
+    const char *path = getenv("KILN_NVML_LIBRARY");
+    bool other = path && *path;
+    nvml.lib = dlopen(other ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!nvml.lib) {
         nvml.status = KILN_ERR_DEVICE;
-        snprintf(nvml.why, sizeof nvml.why, "no NVIDIA driver (libnvidia-ml.so.1 not found)");
+        if (other) {
+            const char *err = dlerror();
+            snprintf(nvml.why, sizeof nvml.why, "KILN_NVML_LIBRARY=%s cannot be loaded: %s", path,
+                     err ? err : "dlopen failed");
+        } else {
+            snprintf(nvml.why, sizeof nvml.why, "no NVIDIA driver (libnvidia-ml.so.1 not found)");
+        }
         return;
     }
     /* Casting dlsym's void * to a function pointer is what POSIX requires to work. */
@@ -87,8 +99,8 @@ static void nvml_load(void) {
     if (!nvml.init || !nvml.count || !nvml.handle) {
         nvml.status = KILN_ERR_DEVICE;
         snprintf(nvml.why, sizeof nvml.why,
-                 "libnvidia-ml.so.1 lacks nvmlInit_v2 or nvmlDeviceGetCount_v2 "
-                 "(driver too old)");
+                 "%s lacks nvmlInit_v2 or nvmlDeviceGetCount_v2 (driver too old)",
+                 other ? path : "libnvidia-ml.so.1");
         return;
     }
     nvml_return r = nvml.init();
