@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "test_util.h"
+#include "trace/trace_test_util.h"
 
 typedef struct model {
     kiln_module *m;
@@ -145,6 +146,8 @@ int main(void) {
     CHECK_OK(kiln_init());
     check_model("tutorial_cnn_32x32x3.txt");
     check_model("resnet_small_cifar10.txt");
+    /* Autocast to bf16 (the CPU's AMP dtype) inside the traced step. */
+    tt_check_train("tutorial_cnn_32x32x3.txt", (kiln_device){KILN_DEVICE_CPU, 0}, KILN_BF16);
     kiln_shutdown();
     return kt_finish();
 }
