@@ -9,7 +9,10 @@
  * it waits on, never a hang. DDP (kiln_ddp_*) wraps a module: rank 0's
  * state is broadcast at wrap, gradients are all-reduced in buckets
  * started by the post-accumulate gradient hooks while backward runs.
- * docs/distributed.md describes it all; NCCL (CUDA tensors) is not built.
+ * Collectives on CUDA tensors go through NCCL, with a communication stream
+ * per device; a wait that fails (a lost rank, an NCCL asynchronous error,
+ * the timeout) aborts the communicator (ncclCommAbort). docs/distributed.md
+ * describes it all.
  *
  * Environment:
  *   KILN_WORLD_SIZE=N     the number of ranks the program must run as:
@@ -17,6 +20,8 @@
  *                         when no launcher (or one with another count)
  *                         started it
  *   KILN_DIST_TIMEOUT=S   watchdog bound of every wait, seconds (> 0)
+ *   KILN_DIST_NCCL=0      CUDA tensors are staged through pinned host
+ *                         memory over MPI instead of NCCL
  *   KILN_DIST_DEBUG=1     before each collective the ranks exchange its
  *                         number, kind, dtype and shape; a mismatch is an
  *                         error on every rank naming both ranks' shapes
@@ -98,9 +103,25 @@ double kiln_dist_group_timeout(const kiln_dist_group *g);
 void kiln_dist_group_set_debug(kiln_dist_group *g, bool debug);
 bool kiln_dist_group_debug(const kiln_dist_group *g);
 
+/* How collectives on tensors of `device` travel in group g: "mpi" (CPU
+ * tensors), "nccl" (CUDA tensors, NCCL built: the real library, or its
+ * emulation in the emulation build), "mpi, staged through pinned host
+ * memory" (CUDA tensors without NCCL, or KILN_DIST_NCCL=0), "local" (a
+ * world of 1 without a launcher, CPU tensors). A static string. Does not
+ * block. */
+const char *kiln_dist_backend(const kiln_dist_group *g, kiln_device device);
+
 /* ---- Collectives ---------------------------------------------------------------------
- * On CPU tensors of dtype f32, f64, i32 or i64 (others:
- * KILN_ERR_UNSUPPORTED naming the dtype; CUDA tensors: NCCL is not built).
+ * On CPU and CUDA tensors of dtype f32, f64, i32 or i64 (others:
+ * KILN_ERR_UNSUPPORTED naming the dtype). CPU tensors go through MPI.
+ * CUDA tensors go through NCCL (kiln_dist_backend): the collective is
+ * queued on the device's communication stream after the work already
+ * queued on its current stream (an event), its tensors are kept alive
+ * for it (kiln_record_stream), and completion makes the current stream
+ * wait for it; the call itself does not wait for the device. Without
+ * NCCL they are copied to pinned host memory (blocking), reduced over
+ * MPI and copied back at completion. The first CUDA collective of a group
+ * on a device makes its NCCL communicator: collective, blocking.
  * Every rank of the group must call the same collectives in the same order
  * with the same dtype and shape (KILN_DIST_DEBUG checks it). A tensor that
  * is not contiguous is reduced through a contiguous copy written back when
@@ -168,6 +189,9 @@ typedef struct kiln_ddp_opts {
                                   * synchronised backward is reduced as zeros
                                   * instead of being an error */
     bool broadcast_buffers;      /* kiln_ddp_forward broadcasts rank 0's buffers */
+    bool static_bucket_order;    /* keep the wrap-time (reverse parameter) order: no
+                                  * rebuild, and no broadcast for it, after the first
+                                  * synchronised step */
 } kiln_ddp_opts;
 /* PyTorch's defaults: 25 MiB buckets, a 1 MiB first bucket, unused
  * parameters an error, buffers broadcast at each forward. */
@@ -181,8 +205,13 @@ kiln_ddp_opts kiln_ddp_opts_default(void);
  * first differing parameter on both ranks). Then rank 0's parameters and
  * buffers are broadcast to every rank, the gradient buckets are built (in
  * reverse parameter order) and a post-accumulate hook is registered on
- * each parameter. Parameters must be CPU tensors of one floating dtype
- * per bucket (f32 or f64). opts NULL: defaults. *out is freed with
+ * each parameter. After the first synchronised step the buckets are
+ * rebuilt in the order rank 0's gradients arrived in (PyTorch's
+ * rebuild_buckets; kiln_ddp_bucket_of shows the result): a model whose
+ * parameters are registered in another order than backward produces
+ * them still starts its first bucket early. Parameters must be tensors of one floating dtype
+ * per bucket (f32 or f64), all on the CPU or all on one CUDA device (one
+ * process per device: NCCL). opts NULL: defaults. *out is freed with
  * kiln_ddp_free. Blocks until the broadcasts are done. */
 kiln_status kiln_ddp_wrap(kiln_module *m, kiln_dist_group *g, const kiln_ddp_opts *opts, kiln_ddp **out);
 /* Unregister the hooks and free the buckets (NULL: no-op). Waits (under
@@ -231,6 +260,7 @@ typedef struct kiln_ddp_stats {
     int buckets_started_in_backward;  /* all-reduces started from a hook */
     int64_t hooks_before_first_start; /* hooks fired when bucket 0 was started; -1: not yet */
     int64_t synced_steps;             /* kiln_ddp_finish_grads calls that reduced */
+    bool buckets_rebuilt;             /* the buckets were rebuilt after the first step */
 } kiln_ddp_stats;
 kiln_status kiln_ddp_stats_get(const kiln_ddp *d, kiln_ddp_stats *out);
 /* Bucket index of the i-th parameter (kiln_module_parameters' order), -1

@@ -68,12 +68,11 @@ static const char *describe(kiln_dtype dt, const kiln_shape *s, char *buf, size_
 static kiln_status check_tensor(const char *fn, const char *what, kiln_tensor *t) {
     if (!t) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "%s: %s is NULL", fn, what);
     kiln_device d = kiln_get_device(t);
-    if (d.type != KILN_DEVICE_CPU) {
+    if (d.type != KILN_DEVICE_CPU && d.type != KILN_DEVICE_CUDA) {
         char name[32];
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED,
-                          "move it with kiln_to(t, KILN_CPU, dtype, 0) (NCCL is not built yet)",
-                          "%s: %s is on %s; the MPI process group reduces CPU tensors only", fn, what,
-                          kiln_device_str(d, name, sizeof name));
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "move it with kiln_to(t, KILN_CPU, dtype, 0)",
+                          "%s: %s is on %s; collectives take CPU tensors (MPI) and CUDA tensors (NCCL)", fn,
+                          what, kiln_device_str(d, name, sizeof name));
     }
     kiln_dtype dt = kiln_dtype_of(t);
     if (!dtype_supported(dt))
@@ -118,8 +117,7 @@ static void desc_text(const int64_t *desc, char *buf, size_t size) {
              kind == DIST_BROADCAST ? " from the root given" : "");
 }
 
-static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, const char *what,
-                                bool *timed_out);
+#define wait_request kiln_dist_wait_request
 
 static kiln_status debug_exchange(kiln_dist_group *g, dist_kind kind, kiln_dist_reduce_op op, int root,
                                   kiln_dtype dt, const kiln_shape *s) {
@@ -161,6 +159,8 @@ static kiln_status debug_exchange(kiln_dist_group *g, dist_kind kind, kiln_dist_
     return st;
 }
 
+#endif
+
 /* Who this rank waits on: every other rank (MPI does not say which one is
  * missing). */
 static void other_ranks(const kiln_dist_group *g, char *buf, size_t size) {
@@ -193,11 +193,70 @@ static kiln_status lost_rank(const kiln_dist_group *g, const char *what, const c
         lost, n_lost > 1 ? "their processes" : "its process", what, g->rank, g->world);
 }
 
+static kiln_status timeout_error(const kiln_dist_group *g, const char *what, double seconds) {
+    char others[128];
+    other_ranks(g, others, sizeof others);
+    return KILN_RAISE(KILN_ERR_DEVICE,
+                      "the other ranks skipped or reordered this collective, or are stuck or dead; raise "
+                      "KILN_DIST_TIMEOUT if they are only slow",
+                      "kiln_dist: %s did not complete within %.3g s on rank %d of %d: waiting on rank%s %s "
+                      "(one or more of them did not join it)",
+                      what, seconds, g->rank, g->world, g->world > 2 ? "s" : "", others);
+}
+
+/* How many ranks of g are known lost (peers.c, MPI worlds only). */
+static int lost_peers(const kiln_dist_group *g, char *buf, size_t size) {
+#if KILN_WITH_MPI
+    if (g->peers) return kiln_dist_peers_lost(g, buf, size);
+#endif
+    (void)g, (void)buf, (void)size;
+    return 0;
+}
+
+/* The error of a failed NCCL collective: a rank known lost is named
+ * (whatever NCCL said), else NCCL's own error `st`. Aborts the device's
+ * communicator, which ends the collective on this rank. */
+static kiln_status device_failure(kiln_dist_work *w, kiln_status st, const char *what) {
+    char lost[512];
+    int n_lost = lost_peers(w->group, lost, sizeof lost);
+    if (n_lost > 0) st = lost_rank(w->group, what, lost, n_lost);
+    kiln_dist_nccl_abort(w->group, w->nccl_device); /* keeps the error */
+    return st;
+}
+
+/* An NCCL collective: poll its event and the communicator's asynchronous
+ * error until it completes or `seconds` pass or a rank is lost. Any failure
+ * aborts the device's communicator (ncclCommAbort), which ends the
+ * collective here: the work is then done, with the error. */
+static kiln_status wait_device(kiln_dist_work *w, double seconds, const char *what) {
+    kiln_dist_group *g = w->group;
+    double start = kiln_clock_now_s(), next_check = DIST_PEER_CHECK_S;
+    long sleep_ns = 1000;
+    for (;;) {
+        bool done = false, failed = false;
+        kiln_status st = kiln_dist_nccl_query(w, &done, &failed);
+        if (done) return KILN_OK;
+        double waited = kiln_clock_now_s() - start;
+        if (!failed && waited >= next_check) {
+            char lost[512];
+            int n_lost = lost_peers(g, lost, sizeof lost);
+            if (n_lost > 0) st = lost_rank(g, what, lost, n_lost), failed = true;
+            next_check = waited + DIST_PEER_CHECK_S;
+        }
+        if (!failed && waited >= seconds) st = timeout_error(g, what, seconds), failed = true;
+        if (failed) return device_failure(w, st, what);
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 1000000) sleep_ns *= 2;
+    }
+}
+
+#if KILN_WITH_MPI
 /* Test `req` until it completes or `seconds` pass, or a rank's process on
  * this host is gone. Either failure leaves it in flight and sets
  * *timed_out. */
-static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, const char *what,
-                                bool *timed_out) {
+kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, const char *what,
+                         bool *timed_out) {
     *timed_out = false;
     double start = kiln_clock_now_s(), next_check = DIST_PEER_CHECK_S;
     long sleep_ns = 1000;
@@ -217,16 +276,8 @@ static kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double sec
             next_check = waited + DIST_PEER_CHECK_S;
         }
         if (waited >= seconds) {
-            char others[128];
-            other_ranks(g, others, sizeof others);
             *timed_out = true;
-            return KILN_RAISE(
-                KILN_ERR_DEVICE,
-                "the other ranks skipped or reordered this collective, or are stuck or dead; raise "
-                "KILN_DIST_TIMEOUT if they are only slow",
-                "kiln_dist: %s did not complete within %.3g s on rank %d of %d: waiting on rank%s %s "
-                "(one or more of them did not join it)",
-                what, seconds, g->rank, g->world, g->world > 2 ? "s" : "", others);
+            return timeout_error(g, what, seconds);
         }
         struct timespec ts = {0, sleep_ns};
         nanosleep(&ts, NULL);
@@ -261,18 +312,34 @@ static void scale(kiln_tensor *t, double factor) {
     }
 }
 
+/* w ends with error st (the current error). */
+static kiln_status fail_work(kiln_dist_work *w, kiln_status st) {
+    w->done = true, w->result = st, w->error = *kiln_error_last();
+    w->group->in_flight--;
+    return st;
+}
+
+/* A completed work's result again, its error raised again. */
+static kiln_status work_result(const kiln_dist_work *w) {
+    if (!w->result) return KILN_OK;
+    const kiln_error *e = &w->error;
+    return kiln_error_raise(e->status, e->file, e->line, e->hint[0] ? e->hint : NULL, "%s", e->message);
+}
+
 /* The host-side end of a collective whose MPI part is done. The profiler
  * gets it as "mpi:<kind>" from its start to now (when this rank saw it
  * complete): DDP's overlap with backward is read from these. */
 static kiln_status complete(kiln_dist_work *w) {
+    bool nccl = w->nccl_device >= 0;
     if (kiln_profiler_is_running()) {
         char name[48];
-        snprintf(name, sizeof name, "mpi:%s", kiln_dist_kind_name(w->kind));
+        snprintf(name, sizeof name, "%s:%s", nccl ? "nccl" : "mpi", kiln_dist_kind_name(w->kind));
         kiln_profiler_record_async(name, w->start_ns, kiln_now_ns());
     }
-    kiln_status st = KILN_OK;
-    if (w->buffer) {
-        if (w->op == KILN_DIST_AVG && w->group->world > 1) scale(w->buffer, 1.0 / w->group->world);
+    kiln_status st = nccl ? kiln_dist_nccl_finish(w) : KILN_OK;
+    if (w->buffer && !st) {
+        /* NCCL averages itself (ncclAvg). */
+        if (!nccl && w->op == KILN_DIST_AVG && w->group->world > 1) scale(w->buffer, 1.0 / w->group->world);
         if (w->buffer != w->target) {
             kiln_api_enter();
             st = kiln_copy_(w->target, w->buffer, 0);
@@ -281,8 +348,9 @@ static kiln_status complete(kiln_dist_work *w) {
             kiln_tensor_bump_version(w->target);
         }
     }
+    if (st) return fail_work(w, st);
     w->done = true;
-    w->result = st;
+    w->result = KILN_OK;
     w->group->in_flight--;
     return st;
 }
@@ -292,18 +360,21 @@ kiln_status kiln_dist_work_wait_s(kiln_dist_work *w, double seconds) {
     if (!isfinite(seconds) || seconds <= 0.0)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "give seconds > 0",
                           "kiln_dist_work_wait_timeout: %g is not a positive number of seconds", seconds);
-    if (w->done) return w->result;
+    if (w->done) return work_result(w);
+    if (w->nccl_device >= 0) {
+        char what[256];
+        work_what(w, what, sizeof what);
+        kiln_status st = wait_device(w, seconds, what);
+        /* Failed: the communicator was aborted, the collective is over. */
+        return st ? fail_work(w, st) : complete(w);
+    }
 #if KILN_WITH_MPI
     char what[256];
     work_what(w, what, sizeof what);
     bool timed_out = false;
     kiln_status st = wait_request(w->group, &w->request, seconds, what, &timed_out);
     if (timed_out) return st;
-    if (st) {
-        w->done = true, w->result = st;
-        w->group->in_flight--;
-        return st;
-    }
+    if (st) return fail_work(w, st);
 #endif
     return complete(w);
 }
@@ -325,15 +396,24 @@ kiln_status kiln_dist_work_wait_timeout(kiln_dist_work *w, double seconds) {
 kiln_status kiln_dist_work_poll(kiln_dist_work *w, bool *done) {
     if (!w || !done) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_dist_work_poll: NULL argument");
     *done = w->done;
-    if (w->done) return w->result;
+    if (w->done) return work_result(w);
+    if (w->nccl_device >= 0) {
+        bool failed = false;
+        kiln_status st = kiln_dist_nccl_query(w, done, &failed);
+        if (failed) {
+            char what[256];
+            work_what(w, what, sizeof what);
+            *done = true;
+            return fail_work(w, device_failure(w, st, what));
+        }
+        return *done ? complete(w) : KILN_OK;
+    }
 #if KILN_WITH_MPI
     int flag = 0;
     int rc = MPI_Test(&w->request, &flag, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
-        w->done = true, w->result = mpi_fail(rc, "MPI_Test", w->group);
-        w->group->in_flight--;
         *done = true;
-        return w->result;
+        return fail_work(w, mpi_fail(rc, "MPI_Test", w->group));
     }
     if (!flag) return KILN_OK;
 #endif
@@ -352,6 +432,7 @@ kiln_status kiln_dist_work_free(kiln_dist_work *w) {
     if (w->buffer && w->buffer != w->target) kiln_tensor_drop(w->buffer);
     kiln_tensor_drop(w->target);
     kiln_tensor_drop(w->input);
+    if (w->event) kiln_event_destroy(w->event);
     free(w);
     return KILN_OK;
 }
@@ -404,6 +485,22 @@ static kiln_status mpi_start(kiln_dist_work *w, const start_args *a) {
 }
 #endif
 
+/* A pinned host copy of CUDA tensor t (contiguous), for MPI. Blocks the
+ * host until the copy is done (the device's work on t first). */
+static kiln_tensor *stage(kiln_tensor *t, kiln_status *st) {
+    kiln_tensor *h = kiln_empty_pinned(kiln_shape_of(t), kiln_dtype_of(t));
+    if (!h) {
+        *st = kiln_error_last()->status;
+        return NULL;
+    }
+    *st = kiln_copy_(h, t, 0);
+    if (*st) {
+        kiln_tensor_drop(h);
+        return NULL;
+    }
+    return h;
+}
+
 /* A world of 1: the results are the inputs. */
 static kiln_status local_start(kiln_dist_work *w) {
     if (w->input && w->buffer) {
@@ -430,22 +527,37 @@ static kiln_status start(kiln_dist_group *g, const start_args *a, kiln_dist_work
         g->seq++;
     }
 #endif
+    w->nccl_device = -1;
+    bool on_cuda = named && kiln_get_device(named).type == KILN_DEVICE_CUDA;
+    bool nccl = on_cuda && kiln_dist_nccl_enabled();
+    /* CUDA tensors without NCCL: staged through pinned host copies. */
+    w->staged = on_cuda && !nccl;
     kiln_api_enter();
     if (!st && a->target) {
         w->target = kiln_retain(a->target);
-        w->buffer = kiln_is_contiguous(a->target) ? w->target : kiln_contiguous(a->target);
-        if (!w->buffer) st = kiln_error_last()->status;
+        if (w->staged)
+            w->buffer = stage(a->target, &st);
+        else
+            w->buffer = kiln_is_contiguous(a->target) ? w->target : kiln_contiguous(a->target);
+        if (!w->buffer && !st) st = kiln_error_last()->status;
     }
     if (!st && a->input) {
-        w->input = kiln_is_contiguous(a->input) ? kiln_retain(a->input) : kiln_contiguous(a->input);
-        if (!w->input) st = kiln_error_last()->status;
+        if (w->staged)
+            w->input = stage(a->input, &st);
+        else
+            w->input = kiln_is_contiguous(a->input) ? kiln_retain(a->input) : kiln_contiguous(a->input);
+        if (!w->input && !st) st = kiln_error_last()->status;
     }
     kiln_api_leave();
     if (!st) {
         g->in_flight++;
         w->start_ns = kiln_now_ns();
+        if (nccl) {
+            st = kiln_dist_nccl_start(w, a->root);
+            if (st) g->in_flight--;
+        } else
 #if KILN_WITH_MPI
-        if (group_uses_mpi(g)) {
+            if (group_uses_mpi(g)) {
             st = mpi_start(w, a);
             if (st) g->in_flight--;
         } else
@@ -524,6 +636,13 @@ static kiln_status check_pair(const char *fn, const kiln_dist_group *g, kiln_ten
                           kiln_shape_format(sa.ndim, sa.d, a, sizeof a), (long long)kiln_numel(big), g->world,
                           (long long)kiln_numel(small), small_name,
                           kiln_shape_format(sb.ndim, sb.d, b, sizeof b));
+    }
+    kiln_device db = kiln_get_device(big), ds = kiln_get_device(small);
+    if (db.type != ds.type || db.index != ds.index) {
+        char a[32], b[32];
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "put both on one device",
+                          "%s: %s is on %s but %s is on %s", fn, big_name, kiln_device_str(db, a, sizeof a),
+                          small_name, kiln_device_str(ds, b, sizeof b));
     }
     if (kiln_shares_storage(big, small))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use separate tensors", "%s: %s and %s share storage",

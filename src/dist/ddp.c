@@ -50,6 +50,7 @@ typedef struct ddp_bucket {
 
 struct kiln_ddp {
     kiln_module *module;
+    kiln_device device; /* of every parameter: CPU, or one CUDA device (NCCL) */
     kiln_dist_group *group;
     kiln_ddp_opts opts;
     ddp_param *params;
@@ -66,8 +67,14 @@ struct kiln_ddp {
     bool backward_open;
     int twice;            /* a parameter whose hook fired twice, or -1 */
     kiln_status deferred; /* an error raised inside a hook */
+    bool deferred_failed; /* it is a started all-reduce's failure, not a start's */
     char deferred_msg[1024];
     kiln_ddp_stats stats;
+    /* Bucket rebuild (PyTorch's rebuild_buckets): the order the gradients
+     * arrived in during the first synchronised backward. */
+    int *arrival;
+    int n_arrived;
+    bool rebuilt;
 };
 
 static void ddp_hook(kiln_tensor *leaf, void *user);
@@ -213,15 +220,19 @@ static kiln_status broadcast_all(kiln_dist_group *g, kiln_tensor *const *tensors
 
 /* ---- Buckets --------------------------------------------------------------------------- */
 
-static kiln_status build_buckets(kiln_ddp *d) {
+/* Assign the parameters to buckets taking them in `order` (a permutation
+ * of 0..n_params-1): at wrap, reverse parameter order; after the first
+ * backward, the order its gradients arrived in. */
+static kiln_status build_buckets_in(kiln_ddp *d, const int *order) {
     double first = d->opts.first_bucket_mb > 0 ? d->opts.first_bucket_mb : 1.0;
     double cap = d->opts.bucket_cap_mb > 0 ? d->opts.bucket_cap_mb : 25.0;
     d->buckets = KILN_CALLOC((size_t)(d->n_params > 0 ? d->n_params : 1), sizeof *d->buckets);
     if (!d->buckets) return KILN_ERR_OUT_OF_MEMORY;
-    /* Reverse parameter order; a bucket closes once it reaches its cap
-     * (PyTorch's compute_bucket_assignment_by_size) or the dtype changes. */
+    /* A bucket closes once it reaches its cap (PyTorch's
+     * compute_bucket_assignment_by_size) or the dtype changes. */
     int64_t bytes = 0;
-    for (int i = d->n_params - 1; i >= 0; i--) {
+    for (int o = 0; o < d->n_params; o++) {
+        int i = order[o];
         ddp_param *p = &d->params[i];
         kiln_dtype dt = kiln_dtype_of(p->tensor);
         ddp_bucket *b = d->n_buckets ? &d->buckets[d->n_buckets - 1] : NULL;
@@ -229,7 +240,7 @@ static kiln_status build_buckets(kiln_ddp *d) {
         if (!b || (double)bytes >= limit || b->dtype != dt) {
             b = &d->buckets[d->n_buckets++];
             b->dtype = dt;
-            b->members = KILN_MALLOC(sizeof(int) * (size_t)(i + 1));
+            b->members = KILN_MALLOC(sizeof(int) * (size_t)(d->n_params - o));
             if (!b->members) return KILN_ERR_OUT_OF_MEMORY;
             bytes = 0;
         }
@@ -243,20 +254,93 @@ static kiln_status build_buckets(kiln_ddp *d) {
         ddp_bucket *b = &d->buckets[k];
         int64_t n = 1;
         for (int m = 0; m < b->n_members; m++) n += d->params[b->members[m]].numel;
-        b->flat = kiln_zeros(KILN_SHAPE(n), b->dtype, KILN_CPU);
+        b->flat = kiln_zeros(KILN_SHAPE(n), b->dtype, d->device);
         if (!b->flat) return kiln_error_last()->status;
         b->pending = b->n_members;
     }
     return KILN_OK;
 }
 
-static kiln_status check_params(const kiln_named_tensor *items, int n) {
+static kiln_status build_buckets(kiln_ddp *d) {
+    int *order = KILN_MALLOC(sizeof(int) * (size_t)(d->n_params > 0 ? d->n_params : 1));
+    if (!order) return KILN_ERR_OUT_OF_MEMORY;
+    for (int o = 0; o < d->n_params; o++) order[o] = d->n_params - 1 - o;
+    kiln_status st = build_buckets_in(d, order);
+    free(order);
+    return st;
+}
+
+static void free_buckets(kiln_ddp *d) {
+    for (int k = 0; k < d->n_buckets; k++) {
+        kiln_tensor_drop(d->buckets[k].flat);
+        free(d->buckets[k].members);
+    }
+    free(d->buckets);
+    d->buckets = NULL;
+    d->n_buckets = 0;
+}
+
+/* After the first synchronised step: rank 0's arrival order (broadcast, so
+ * every rank builds the same buckets; parameters that never arrived go
+ * last, in reverse order), and the buckets rebuilt in it when it differs
+ * from theirs. Collective. Only called with no bucket in flight. */
+static kiln_status rebuild_buckets(kiln_ddp *d) {
+    d->rebuilt = true;
+    int n = d->n_params;
+    if (n == 0) return KILN_OK;
+    kiln_tensor *t = kiln_empty(KILN_SHAPE(n), KILN_I64, KILN_CPU);
+    if (!t) return kiln_error_last()->status;
+    int64_t *o = kiln_data_ptr(t);
+    bool *seen = KILN_CALLOC((size_t)n, sizeof *seen);
+    int *order = KILN_MALLOC(sizeof(int) * (size_t)n);
+    kiln_status st = seen && order ? KILN_OK : KILN_ERR_OUT_OF_MEMORY;
+    int k = 0;
+    for (int i = 0; !st && i < d->n_arrived; i++) seen[d->arrival[i]] = true, o[k++] = d->arrival[i];
+    for (int i = n - 1; !st && i >= 0; i--)
+        if (!seen[i]) o[k++] = i;
+    if (!st) st = kiln_dist_broadcast(d->group, t, 0, NULL);
+    bool same = true;
+    for (int i = 0; !st && i < n; i++) {
+        order[i] = (int)o[i];
+        if (order[i] < 0 || order[i] >= n)
+            st = KILN_RAISE(KILN_ERR_INTERNAL, NULL,
+                            "kiln_ddp: rank 0's gradient order names parameter %d of %d", order[i], n);
+    }
+    /* The current buckets, flattened in order, against the new order. */
+    for (int b = 0, i = 0; !st && b < d->n_buckets; b++)
+        for (int m = 0; m < d->buckets[b].n_members; m++, i++) same &= d->buckets[b].members[m] == order[i];
+    if (!st && !same) {
+        free_buckets(d);
+        st = build_buckets_in(d, order);
+        d->stats.num_buckets = d->n_buckets;
+        d->stats.buckets_rebuilt = true;
+    }
+    free(seen), free(order);
+    kiln_tensor_drop(t);
+    return st;
+}
+
+static kiln_status check_params(kiln_ddp *d, const kiln_named_tensor *items, int n) {
+    d->device = n > 0 ? kiln_get_device(items[0].tensor) : KILN_CPU;
     for (int i = 0; i < n; i++) {
         kiln_tensor *t = items[i].tensor;
         kiln_dtype dt = kiln_dtype_of(t);
-        if (kiln_get_device(t).type != KILN_DEVICE_CPU)
-            return KILN_RAISE(KILN_ERR_UNSUPPORTED, "keep the module on the CPU (NCCL is not built yet)",
-                              "kiln_ddp_wrap: parameter '%s' is not on the CPU", items[i].name);
+        kiln_device dev = kiln_get_device(t);
+        if (dev.type != KILN_DEVICE_CPU && dev.type != KILN_DEVICE_CUDA) {
+            char name[32];
+            return KILN_RAISE(KILN_ERR_UNSUPPORTED, "move the module to the CPU or a CUDA device",
+                              "kiln_ddp_wrap: parameter '%s' is on %s; DDP reduces CPU (MPI) and CUDA "
+                              "(NCCL) gradients",
+                              items[i].name, kiln_device_str(dev, name, sizeof name));
+        }
+        if (dev.type != d->device.type || dev.index != d->device.index) {
+            char a[32], b[32];
+            return KILN_RAISE(KILN_ERR_UNSUPPORTED,
+                              "one process drives one device: put the whole module on it (kiln_module_to)",
+                              "kiln_ddp_wrap: parameter '%s' is on %s but '%s' is on %s", items[i].name,
+                              kiln_device_str(dev, a, sizeof a), items[0].name,
+                              kiln_device_str(d->device, b, sizeof b));
+        }
         if (dt != KILN_F32 && dt != KILN_F64)
             return KILN_RAISE(KILN_ERR_UNSUPPORTED, "train in f32 or f64 (kiln_module_to_dtype)",
                               "kiln_ddp_wrap: parameter '%s' has dtype %s; DDP reduces f32 and f64 gradients",
@@ -295,7 +379,7 @@ static kiln_status check_not_wrapped(const kiln_named_tensor *items, int n) {
 
 static kiln_status wrap_impl(kiln_ddp *d, kiln_named_tensor *pitems, int np, kiln_named_tensor *bitems,
                              int nb) {
-    KILN_TRY(check_params(pitems, np));
+    KILN_TRY(check_params(d, pitems, np));
     KILN_TRY(check_not_wrapped(pitems, np));
     size_t len = 0;
     char *text = describe_model(pitems, np, bitems, nb, &len);
@@ -305,6 +389,8 @@ static kiln_status wrap_impl(kiln_ddp *d, kiln_named_tensor *pitems, int np, kil
     KILN_TRY(st);
 
     d->params = KILN_CALLOC((size_t)(np > 0 ? np : 1), sizeof *d->params);
+    d->arrival = KILN_CALLOC((size_t)(np > 0 ? np : 1), sizeof *d->arrival);
+    if (!d->arrival) return KILN_ERR_OUT_OF_MEMORY;
     d->buffers = KILN_CALLOC((size_t)(nb > 0 ? nb : 1), sizeof *d->buffers);
     if (!d->params || !d->buffers) return KILN_ERR_OUT_OF_MEMORY;
     for (int i = 0; i < np; i++) {
@@ -346,12 +432,9 @@ static void ddp_release(kiln_ddp *d, bool hooks_registered) {
         kiln_tensor_drop(d->params[i].tensor);
         free(d->params[i].name);
     }
-    for (int k = 0; k < d->n_buckets; k++) {
-        kiln_tensor_drop(d->buckets[k].flat);
-        free(d->buckets[k].members);
-    }
+    free_buckets(d);
     for (int i = 0; i < d->n_buffers; i++) kiln_tensor_drop(d->buffers[i]);
-    free(d->params), free(d->buckets), free(d->buffers);
+    free(d->params), free(d->buffers), free(d->arrival);
     free(d);
 }
 
@@ -391,7 +474,15 @@ kiln_status kiln_ddp_wrap(kiln_module *m, kiln_dist_group *g, const kiln_ddp_opt
 
 /* Copy the bucket's gradients (times the sample count) into its flat
  * buffer. A member without a gradient contributes zeros. */
+static kiln_status fill_bucket_device(kiln_ddp *d, ddp_bucket *b);
+
 static kiln_status fill_bucket(kiln_ddp *d, ddp_bucket *b) {
+    if (d->device.type != KILN_DEVICE_CPU) {
+        kiln_api_enter();
+        kiln_status st = fill_bucket_device(d, b);
+        kiln_api_leave();
+        return st;
+    }
     void *flat = kiln_data_ptr(b->flat);
     int64_t total = 0;
     for (int m = 0; m < b->n_members; m++) {
@@ -424,6 +515,40 @@ static kiln_status fill_bucket(kiln_ddp *d, ddp_bucket *b) {
     return KILN_OK;
 }
 
+/* The slice of flat [offset, offset + numel) viewed as `shape`. */
+static kiln_tensor *flat_slice(kiln_tensor *flat, int64_t offset, int64_t numel, kiln_shape shape) {
+    kiln_tensor *n = kiln_narrow(flat, 0, offset, numel);
+    kiln_tensor *v = n ? kiln_view(n, shape) : NULL;
+    kiln_tensor_drop(n);
+    return v;
+}
+
+/* fill_bucket on a CUDA device: the same with device ops, queued on the
+ * compute stream (the bucket's all-reduce is ordered after them). */
+static kiln_status fill_bucket_device(kiln_ddp *d, ddp_bucket *b) {
+    int64_t total = 0;
+    kiln_status st = KILN_OK;
+    for (int m = 0; m < b->n_members && !st; m++) {
+        ddp_param *p = &d->params[b->members[m]];
+        total += p->numel;
+        kiln_tensor *g = p->ready ? kiln_grad(p->tensor) : NULL;
+        kiln_tensor *dst = flat_slice(b->flat, p->offset, p->numel, kiln_shape_of(p->tensor));
+        kiln_tensor *src =
+            g ? kiln_mul_scalar(g, d->samples) : kiln_zeros(kiln_shape_of(p->tensor), b->dtype, d->device);
+        if (!dst || !src)
+            st = kiln_error_last()->status;
+        else
+            st = kiln_copy_(dst, src, 0);
+        kiln_tensor_drop(g), kiln_tensor_drop(dst), kiln_tensor_drop(src);
+    }
+    if (st) return st;
+    kiln_tensor *count = kiln_full(KILN_SHAPE(1), d->samples, b->dtype, d->device);
+    kiln_tensor *dst = kiln_narrow(b->flat, 0, total, 1);
+    st = count && dst ? kiln_copy_(dst, count, 0) : kiln_error_last()->status;
+    kiln_tensor_drop(count), kiln_tensor_drop(dst);
+    return st;
+}
+
 /* Start every bucket that is ready, in index order. */
 static kiln_status start_ready(kiln_ddp *d, bool from_hook) {
     while (d->next_start < d->n_buckets && d->buckets[d->next_start].pending == 0) {
@@ -442,7 +567,12 @@ static kiln_status start_ready(kiln_ddp *d, bool from_hook) {
 static void progress(kiln_ddp *d) {
     for (int k = 0; k < d->next_start; k++) {
         bool done;
-        if (d->buckets[k].work) kiln_dist_work_poll(d->buckets[k].work, &done);
+        if (!d->buckets[k].work || !kiln_dist_work_poll(d->buckets[k].work, &done) || d->deferred) continue;
+        /* A collective failed (a lost rank, an aborted communicator): that
+         * is the step's error, reported as it is by finish. */
+        d->deferred = kiln_error_last()->status;
+        d->deferred_failed = true;
+        snprintf(d->deferred_msg, sizeof d->deferred_msg, "%s", kiln_error_last()->message);
     }
 }
 
@@ -463,6 +593,7 @@ static void ddp_hook(kiln_tensor *leaf, void *user) {
         return;
     }
     p->ready = true;
+    if (!d->rebuilt && d->arrival && d->n_arrived < d->n_params) d->arrival[d->n_arrived++] = p->index;
     ddp_bucket *b = &d->buckets[p->bucket];
     b->pending--;
     if (d->deferred) return;
@@ -505,10 +636,47 @@ static void reset_backward(kiln_ddp *d) {
     d->backward_open = false;
     d->twice = -1;
     d->deferred = KILN_OK;
+    d->deferred_failed = false;
+}
+
+/* write_back on a CUDA device: reads each bucket's total count (a host
+ * sync, after its all-reduce), then .grad = slice * (1 / total). */
+static kiln_status write_back_device(kiln_ddp *d) {
+    kiln_status st = KILN_OK;
+    double *totals = KILN_CALLOC((size_t)d->n_buckets, sizeof *totals);
+    if (!totals) return KILN_ERR_OUT_OF_MEMORY;
+    for (int k = 0; k < d->n_buckets && !st; k++) {
+        kiln_tensor *c = kiln_narrow(d->buckets[k].flat, 0, kiln_numel(d->buckets[k].flat) - 1, 1);
+        st = c ? kiln_item(c, &totals[k]) : kiln_error_last()->status;
+        kiln_tensor_drop(c);
+    }
+    for (int i = 0; i < d->n_params && !st; i++) {
+        ddp_param *p = &d->params[i];
+        ddp_bucket *b = &d->buckets[p->bucket];
+        kiln_tensor *src = flat_slice(b->flat, p->offset, p->numel, kiln_shape_of(p->tensor));
+        kiln_tensor *avg = src ? kiln_mul_scalar(src, 1.0 / totals[p->bucket]) : NULL;
+        kiln_tensor *g = kiln_grad(p->tensor);
+        if (!avg) {
+            st = kiln_error_last()->status;
+        } else if (g && kiln_is_contiguous(g)) {
+            st = kiln_copy_(g, avg, 0);
+        } else {
+            st = kiln_set_grad(p->tensor, avg);
+        }
+        kiln_tensor_drop(src), kiln_tensor_drop(avg), kiln_tensor_drop(g);
+    }
+    free(totals);
+    return st;
 }
 
 /* .grad = the bucket slice / the total sample count. */
 static kiln_status write_back(kiln_ddp *d) {
+    if (d->device.type != KILN_DEVICE_CPU) {
+        kiln_api_enter();
+        kiln_status st = write_back_device(d);
+        kiln_api_leave();
+        return st;
+    }
     for (int i = 0; i < d->n_params; i++) {
         ddp_param *p = &d->params[i];
         ddp_bucket *b = &d->buckets[p->bucket];
@@ -567,7 +735,9 @@ static kiln_status finish_impl(kiln_ddp *d) {
         return KILN_RAISE(KILN_ERR_STATE, "run kiln_backward (outside no_sync) before kiln_ddp_finish_grads",
                           "kiln_ddp_finish_grads: no synchronised backward since the last call");
     kiln_status st = KILN_OK;
-    if (d->deferred) {
+    if (d->deferred && d->deferred_failed) {
+        st = KILN_RAISE(d->deferred, NULL, "%s", d->deferred_msg);
+    } else if (d->deferred) {
         st = KILN_RAISE(d->deferred, NULL,
                         "kiln_ddp: starting a bucket's all-reduce during backward failed: %s",
                         d->deferred_msg);
@@ -598,8 +768,10 @@ static kiln_status finish_impl(kiln_ddp *d) {
         st = wst;
         if (!st) st = write_back(d);
         if (!st) d->stats.synced_steps++;
+        if (!st && !d->rebuilt && !d->opts.static_bucket_order) st = rebuild_buckets(d);
     }
     reset_backward(d);
+    d->n_arrived = 0;
     return st;
 }
 

@@ -235,6 +235,7 @@ kiln_status kiln_dist_shutdown(void) {
         return KILN_RAISE(KILN_ERR_STATE, "wait for the work (kiln_dist_work_wait) and free it first",
                           "kiln_dist_shutdown: %lld collective(s) on the world group are still in flight",
                           (long long)g->in_flight);
+    kiln_dist_nccl_free(g);
 #if KILN_WITH_MPI
     if (g->comm != MPI_COMM_NULL) MPI_TRY(MPI_Comm_free(&g->comm));
     if (dist_state.mpi_ours) MPI_TRY(MPI_Finalize());
@@ -289,6 +290,7 @@ kiln_status kiln_dist_group_free(kiln_dist_group *g) {
         return KILN_RAISE(KILN_ERR_STATE, "wait for the work (kiln_dist_work_wait) and free it first",
                           "kiln_dist_group_free: %lld collective(s) on the group are still in flight",
                           (long long)g->in_flight);
+    kiln_dist_nccl_free(g);
 #if KILN_WITH_MPI
     if (g->comm != MPI_COMM_NULL) MPI_TRY(MPI_Comm_free(&g->comm));
 #endif

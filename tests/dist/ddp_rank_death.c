@@ -15,7 +15,9 @@
  * and exits 1 without kiln_dist_shutdown (MPI_Finalize would wait for the
  * dead rank), as a training program should. Each rank prints "rank R:
  * step S done" after its first steps so the driver's log shows how far
- * they got. */
+ * they got. With KILN_TEST_CUDA=1 the model and the batch are on the CUDA
+ * device of the rank's local rank, and the gradients go through NCCL (the
+ * emulator's in the emulation build). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +66,18 @@ int main(void) {
                              kiln_nn_relu(), kiln_nn_linear(256, 10, true)};
     kiln_module *m = kiln_nn_sequential(5, layers);
     if (!m) return fail(rank, 0, "model");
+    kiln_device dev = KILN_CPU;
+    if (env_int("KILN_TEST_CUDA", 0)) {
+        int n = kiln_device_count(KILN_DEVICE_CUDA);
+        if (n < 1) {
+            fprintf(stderr, "rank %d: KILN_TEST_CUDA=1 but this build sees no CUDA device\n", rank);
+            return 1;
+        }
+        dev = (kiln_device){KILN_DEVICE_CUDA, kiln_dist_local_rank(world) % n};
+        if (kiln_module_to(m, dev)) return fail(rank, 0, "kiln_module_to");
+    }
+    printf("rank %d: gradients of %s go through %s\n", rank, dev.type == KILN_DEVICE_CUDA ? "cuda" : "cpu",
+           kiln_dist_backend(world, dev));
     kiln_ddp_opts o = kiln_ddp_opts_default();
     o.first_bucket_mb = 0.01; /* several buckets, so backward is mid-way through them */
     o.bucket_cap_mb = 0.1;
@@ -74,8 +88,8 @@ int main(void) {
     if (kiln_module_parameters(m, &params, &np)) return fail(rank, 0, "parameters");
     kiln_optimizer *opt = kiln_adam(params, np, NULL);
     free(params);
-    kiln_tensor *x = kiln_randn(KILN_SHAPE(32, 64), KILN_F32, KILN_CPU);
-    kiln_tensor *y = kiln_zeros(KILN_SHAPE(32), KILN_I64, KILN_CPU);
+    kiln_tensor *x = kiln_randn(KILN_SHAPE(32, 64), KILN_F32, dev);
+    kiln_tensor *y = kiln_zeros(KILN_SHAPE(32), KILN_I64, dev);
     if (!opt || !x || !y) return fail(rank, 0, "setup");
     for (int s = 1; s <= 100000; s++) {
         if (step(ddp, opt, x, y, rank == die_rank && s == die_step)) return fail(rank, s, "training");

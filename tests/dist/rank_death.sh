@@ -21,6 +21,9 @@
 # dead process is seen within 0.1 s of the wait, long before that.
 # With RANKS (default 2) above 2, every surviving rank must report rank 1
 # in the survivors mode.
+# KILN_TEST_CUDA=1: the model on the CUDA device of each rank's local rank,
+# the gradients through NCCL (emulated in the emulation build): the watchdog
+# there polls ncclCommGetAsyncError and calls ncclCommAbort.
 # usage: rank_death.sh MPIRUN WORKER default|survivors [RANKS]
 set -u
 mpirun=$1
@@ -64,6 +67,9 @@ cat "$out/log"
 echo "mpirun exited with status $rc after $elapsed s"
 
 [ "$elapsed" -lt 60 ] || fail "the job took $elapsed s to end (limit 60 s)"
+if [ "${KILN_TEST_CUDA:-0}" = 1 ]; then
+    grep -q "rank 0: gradients of cuda go through nccl" "$out/log" || fail "KILN_TEST_CUDA=1: rank 0 did not use NCCL"
+fi
 grep -q "rank 1: step 2 done" "$out/log" || fail "rank 1 never trained (the job failed before the kill)"
 grep -q "rank 1: step 3 done" "$out/log" && fail "rank 1 finished step 3: it was never killed"
 grep -q "rank 0: step 4 done" "$out/log" && fail "rank 0 finished step 4 without rank 1"

@@ -13,7 +13,9 @@
  * find_unused_parameters); ranks with different models fail at wrap on
  * every rank; BatchNorm buffers are rank 0's after the broadcast; with
  * small buckets the first bucket's all-reduce starts from a hook, before
- * backward is over. */
+ * backward is over; after the first step the buckets are rebuilt in the
+ * order the gradients arrived in (a model applying its layers in another
+ * order than it registers them). */
 #include "diag/profiler_internal.h"
 #include "test_util.h"
 
@@ -413,6 +415,10 @@ static void test_overlap(void) {
     o.bucket_cap_mb = 1e-9;
     o.first_bucket_mb = 1e-9;
     net dp = make(DEEP_MLP, 13, &o, true);
+    /* Reverse order at wrap: the last parameter is in bucket 0 (rebuilt
+     * after the first step: test_bucket_rebuild). */
+    CHECK_EQ_I(kiln_ddp_bucket_of(dp.ddp, 5), 0);
+    CHECK_EQ_I(kiln_ddp_bucket_of(dp.ddp, 0), 5);
     int64_t lo, hi;
     rank_slice(false, &lo, &hi);
     CHECK_OK(kiln_profiler_start(NULL));
@@ -430,9 +436,6 @@ static void test_overlap(void) {
     CHECK_MSG(st.hooks_before_first_start >= 1 && st.hooks_before_first_start <= 2,
               "bucket 0 started after %lld hooks", (long long)st.hooks_before_first_start);
     CHECK_EQ_I(st.buckets_started_in_backward, 6);
-    /* Reverse order: the last parameter is in bucket 0. */
-    CHECK_EQ_I(kiln_ddp_bucket_of(dp.ddp, 5), 0);
-    CHECK_EQ_I(kiln_ddp_bucket_of(dp.ddp, 0), 5);
     drop(&dp);
 
     /* Defaults: a model this small is one bucket. */
@@ -458,7 +461,11 @@ static void test_rank_skips_backward(void) {
     kiln_dist_group_set_debug(g, false);
     kiln_module *m = build(MLP, 21);
     kiln_ddp *d = NULL;
-    CHECK_OK(kiln_ddp_wrap(m, g, NULL, &d));
+    /* Rank 0's first step fails and rank 1's succeeds: the bucket rebuild
+     * after a first step (a broadcast) would have no partner on rank 0. */
+    kiln_ddp_opts o = kiln_ddp_opts_default();
+    o.static_bucket_order = true;
+    CHECK_OK(kiln_ddp_wrap(m, g, &o, &d));
     /* Short only for the wait that is meant to time out: every other wait
      * keeps the generous bound, so a loaded machine cannot fail the test. */
     CHECK_OK(kiln_dist_group_set_timeout(g, 2.0));
@@ -487,6 +494,83 @@ static void test_rank_skips_backward(void) {
     CHECK_OK(kiln_dist_group_free(g));
 }
 
+/* ---- Bucket rebuild from the first backward's order ---- */
+
+/* Registered as "first", "second", "head" but applied as second, first,
+ * head: backward delivers first's gradients before second's, unlike the
+ * reverse registration order the buckets start with. */
+static kiln_tensor *swapped_forward(kiln_module *m, kiln_tensor *x, void *user) {
+    (void)user;
+    kiln_tensor *a = kiln_module_forward(kiln_module_child(m, "second"), x);
+    kiln_tensor *b = a ? kiln_relu(a) : NULL;
+    kiln_tensor *c = b ? kiln_module_forward(kiln_module_child(m, "first"), b) : NULL;
+    kiln_tensor *d = c ? kiln_relu(c) : NULL;
+    kiln_tensor *e = d ? kiln_module_forward(kiln_module_child(m, "head"), d) : NULL;
+    kiln_release(a), kiln_release(b), kiln_release(c), kiln_release(d);
+    return e;
+}
+
+static int arrival[16], n_arrival;
+static void record_arrival(kiln_tensor *leaf, void *user) {
+    (void)leaf;
+    if (n_arrival < 16) arrival[n_arrival++] = (int)(intptr_t)user;
+}
+
+static void test_bucket_rebuild(void) {
+    kiln_manual_seed(3 + (uint64_t)rank);
+    kiln_module *m = kiln_nn_custom("Swapped", swapped_forward, NULL);
+    CHECK(m != NULL);
+    CHECK_OK(kiln_module_add_child(m, "first", kiln_nn_linear(16, 16, true)));
+    CHECK_OK(kiln_module_add_child(m, "second", kiln_nn_linear(16, 16, true)));
+    CHECK_OK(kiln_module_add_child(m, "head", kiln_nn_linear(16, 4, true)));
+    kiln_tensor **params = NULL;
+    int np = 0;
+    CHECK_OK(kiln_module_parameters(m, &params, &np));
+    CHECK(np == 6);
+    for (int i = 0; i < np; i++)
+        CHECK_OK(kiln_register_post_accumulate_hook(params[i], record_arrival, (void *)(intptr_t)i));
+    kiln_ddp_opts o = kiln_ddp_opts_default();
+    o.bucket_cap_mb = o.first_bucket_mb = 1e-9; /* a bucket per parameter: the bucket index is the order */
+    kiln_ddp *d = NULL;
+    CHECK_OK(kiln_ddp_wrap(m, world, &o, &d));
+    for (int i = 0; i < np; i++) CHECK(kiln_ddp_bucket_of(d, i) == np - 1 - i);
+    kiln_scope_begin();
+    kiln_tensor *x = kiln_randn(KILN_SHAPE(8, 16), KILN_F32, KILN_CPU);
+    kiln_tensor *y = kiln_zeros(KILN_SHAPE(8), KILN_I64, KILN_CPU);
+    int seen[16], n_seen = 0;
+    for (int step = 0; step < 3; step++) {
+        n_arrival = 0;
+        CHECK_OK(kiln_backward(kiln_cross_entropy(kiln_ddp_forward(d, x), y, NULL), NULL, false));
+        CHECK_OK(kiln_ddp_finish_grads(d));
+        if (step == 0) memcpy(seen, arrival, sizeof arrival), n_seen = n_arrival;
+    }
+    kiln_scope_end();
+    CHECK(n_seen == np);
+    /* first's parameters (0, 1) arrive before second's (2, 3). */
+    int pos_first = -1, pos_second = -1;
+    for (int j = 0; j < n_seen; j++) {
+        if (seen[j] == 0 && pos_first < 0) pos_first = j;
+        if (seen[j] == 2 && pos_second < 0) pos_second = j;
+    }
+    CHECK_MSG(pos_first >= 0 && pos_second >= 0 && pos_first < pos_second,
+              "the model should deliver first's gradient before second's");
+    kiln_ddp_stats st;
+    CHECK_OK(kiln_ddp_stats_get(d, &st));
+    CHECK(st.buckets_rebuilt);
+    for (int j = 0; j < n_seen; j++)
+        CHECK_MSG(kiln_ddp_bucket_of(d, seen[j]) == j, "parameter %d arrived %d-th but is in bucket %d",
+                  seen[j], j, kiln_ddp_bucket_of(d, seen[j]));
+    /* Rebuilt, the first bucket starts at the first hook. */
+    CHECK_MSG(st.hooks_before_first_start == 1, "bucket 0 started after %lld hooks",
+              (long long)st.hooks_before_first_start);
+    printf("rank %d: buckets rebuilt in the first backward's order:", rank);
+    for (int j = 0; j < n_seen; j++) printf(" %d", seen[j]);
+    printf("\n");
+    kiln_ddp_free(d);
+    free(params);
+    kiln_module_free(m);
+}
+
 int main(void) {
     if (kiln_init()) return 1;
     CHECK_OK(kiln_dist_init(&world));
@@ -502,6 +586,7 @@ int main(void) {
     test_batchnorm_buffers();
     test_overlap();
     test_rank_skips_backward();
+    test_bucket_rebuild();
     kiln_scope_end();
     CHECK_OK(kiln_dist_shutdown());
     kiln_shutdown();
