@@ -115,7 +115,7 @@ tier_nvcc() {
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DKILN_BUILD_TESTS=ON >"$d.configure.log" 2>&1 \
     || { cat "$d.configure.log"; return 1; }
   cmake --build "$d" -j"$jobs" --target kiln kiln_cli test_cuda_device test_cuda_fast_paths \
-    test_cublaslt_geometry || return 1
+    test_cublaslt_geometry test_dist_cuda || return 1
   grep -q "cuda=on" "$d/generated/kiln_config.h" || { echo "tier nvcc: CUDA backend was not enabled"; return 1; }
   # The library fast paths link: cuBLASLt always, cuDNN when the build found it.
   # The dependency list is read whole before it is searched: with pipefail,
@@ -124,6 +124,13 @@ tier_nvcc() {
   local needed
   needed=$(ldd "$d/libkiln.so") || { echo "tier nvcc: ldd $d/libkiln.so failed"; return 1; }
   grep -q libcublasLt <<<"$needed" || { echo "tier nvcc: libkiln does not link cuBLASLt:"; echo "$needed"; return 1; }
+  # CUDA tensors' collectives link the real NCCL (src/dist/nccl_cuda.c): libkiln, or the
+  # CUDA module libkiln_cuda.so where the backend is one.
+  if grep -q "nccl=on" "$d/generated/kiln_config.h"; then
+    local nccl_libs="$needed"
+    [ ! -f "$d/libkiln_cuda.so" ] || nccl_libs=$(ldd "$d/libkiln_cuda.so") || return 1
+    grep -q libnccl <<<"$nccl_libs" || { echo "tier nvcc: the CUDA backend does not link NCCL:"; echo "$nccl_libs"; return 1; }
+  fi
   if grep -q "cudnn=on" "$d/generated/kiln_config.h"; then
     grep -q libcudnn <<<"$needed" || { echo "tier nvcc: libkiln does not link cuDNN:"; echo "$needed"; return 1; }
   fi
