@@ -20,9 +20,6 @@
 
 #include "bench.h"
 #include "kiln/kiln.h"
-#if defined(KILN_WITH_CUDA) && !defined(KILN_CUDA_EMULATION)
-#include <cuda_runtime_api.h>
-#endif
 
 typedef struct gpu_args {
     kiln_device device;
@@ -273,13 +270,15 @@ static const peak_row peaks[] = {
 static const peak_row *peak_of(int device, char *name, size_t size) {
     snprintf(name, size, "unknown");
 #if defined(KILN_WITH_CUDA) && !defined(KILN_CUDA_EMULATION)
-    struct cudaDeviceProp p;
-    if (cudaGetDeviceProperties(&p, device) == cudaSuccess) {
-        snprintf(name, size, "%s", p.name);
+    /* The runtime's name, through the backend: this file links no CUDA
+     * library (the CUDA module does; docs/cuda.md). */
+    char got[256];
+    if (kiln_device_name(KILN_CUDA(device), got, sizeof got) == KILN_OK) {
+        snprintf(name, size, "%s", got);
         for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
-            if (strstr(p.name, peaks[i].name_part)) return &peaks[i];
+            if (strstr(got, peaks[i].name_part)) return &peaks[i];
     } else {
-        (void)cudaGetLastError();
+        kiln_error_clear();
     }
 #else
     (void)device;

@@ -16,6 +16,7 @@
 #include "ops/cpu_tables.h"
 #ifdef KILN_WITH_CUDA
 #include "ops/cuda_tables.h"
+#include "runtime/cuda_module.h"
 #endif
 #if defined(KILN_WITH_CUDA) && !defined(KILN_CUDA_EMULATION)
 #define KILN_CUDA_FAST_TABLE 1
@@ -55,7 +56,8 @@ static kiln_status register_fast_cuda_kernels(void) {
     if (choice && *choice && strcmp(choice, "fast"))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "set it to fast or reference, or unset it",
                           "KILN_CUDA_KERNELS='%s' is not a kernel choice (fast or reference)", choice);
-    kiln_ops_register_fast_kernels(KILN_DEVICE_CUDA, kiln_cuda_fast_op_kernels());
+    const kiln_op_kernel *fast = kiln_cuda_fast_op_kernels(); /* NULL: the CUDA module is not loaded */
+    if (fast) kiln_ops_register_fast_kernels(KILN_DEVICE_CUDA, fast);
 #endif
     return KILN_OK;
 }
@@ -68,13 +70,16 @@ kiln_status kiln_init(void) {
         kiln_backend_register(kiln_cpu_backend());
         kiln_backend_register(kiln_meta_backend());
 #ifdef KILN_WITH_CUDA
-        kiln_backend_register(kiln_cuda_backend());
+        /* A CUDA build with the module: the backend is there only once the
+         * module loaded (when a driver sees a device). */
+        st = kiln_cuda_module_load();
+        if (kiln_cuda_backend()) kiln_backend_register(kiln_cuda_backend());
 #endif
         kiln_ops_register_kernels(KILN_DEVICE_CPU, kiln_cpu_op_kernels());
 #ifdef KILN_WITH_CUDA
-        kiln_ops_register_kernels(KILN_DEVICE_CUDA, kiln_cuda_op_kernels());
+        if (kiln_cuda_op_kernels()) kiln_ops_register_kernels(KILN_DEVICE_CUDA, kiln_cuda_op_kernels());
 #endif
-        st = register_fast_cpu_kernels();
+        if (!st) st = register_fast_cpu_kernels();
         if (!st) st = register_fast_cuda_kernels();
         kiln_autograd_init();
         kiln_autocast_init();

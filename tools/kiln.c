@@ -10,6 +10,7 @@
 #include "diag_commands.h"
 #include "kiln/kiln.h"
 #include "ops/op_registry.h"
+#include "runtime/cuda_module.h"
 #include "plan_command.h"
 #include "report.h"
 #include "train.h"
@@ -57,6 +58,11 @@ static int cmd_info(void) {
     kiln_cuda_versions(&driver, &runtime);
     printf("  cuda    driver %d.%d, runtime %d.%d\n", driver / 1000, (driver % 1000) / 10, runtime / 1000,
            (runtime % 1000) / 10);
+    /* The CUDA module (docs/cuda.md): where it came from, or why it is not there. */
+    if (kiln_cuda_module_path()[0])
+        printf("  cuda    module %s\n", kiln_cuda_module_path());
+    else if (kiln_cuda_module_reason()[0])
+        printf("  cuda    module not loaded: %s\n", kiln_cuda_module_reason());
 #endif
     print_device(KILN_META);
     printf("threads: %d compute, %d loader worker%s on auto (--threads N, KILN_NUM_THREADS)\n", kiln_num_threads(),

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "runtime/backend.h"
+#include "runtime/cuda_module.h"
 #include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
 
@@ -65,6 +66,7 @@ int kiln_device_count(kiln_device_type type) {
 const char *kiln_device_absent_reason(kiln_device_type type) {
     const kiln_backend *be = kiln_backend_get(type);
     if (!be) {
+        if (type == KILN_DEVICE_CUDA && kiln_cuda_module_reason()[0]) return kiln_cuda_module_reason();
         if (type == KILN_DEVICE_CUDA) return "this build has no CUDA backend (configure with -DKILN_WITH_CUDA=ON)";
         return "backend not registered (call kiln_init first)";
     }
