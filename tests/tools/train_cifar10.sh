@@ -11,6 +11,7 @@
 #  4. resume: --max-steps 3 then --resume gives the uninterrupted run's
 #     losses bit for bit; a --dataset that contradicts the checkpoint is
 #     refused naming both;
+#  4b. --benchmark: the checkpoint records the cuDNN autotuner on;
 #  5. the small ResNet (models/resnet_small_cifar10.txt) takes the data.
 # usage: train_cifar10.sh KILN_BINARY SOURCE_DIR
 set -eu
@@ -100,6 +101,18 @@ if "$kiln" train --resume "$out/part" --augment flip --out "$out/y" > /dev/null 
 fi
 grep -q -- "--augment flip contradicts the checkpoint's --augment crop-flip" "$out/contra2.err"
 echo "resume: 10 step losses bit-identical; a contradicting --dataset or --augment is refused"
+
+# 4b. --benchmark turns the cuDNN autotuner on (kiln_set_cudnn_benchmark), as the
+# checkpoint's metadata records; without it the run's is off.
+meta() {
+  python3 -c 'import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]
+print(json.loads(f.read(n))["__metadata__"][sys.argv[2]])' "$1" "$2"
+}
+"$kiln" train $args --epochs 1 --max-steps 1 --benchmark --out "$out/bm" > /dev/null 2> /dev/null
+test "$(meta "$out/bm/checkpoint.safetensors" kiln.cudnn_benchmark)" = true
+test "$(meta "$out/part/checkpoint.safetensors" kiln.cudnn_benchmark)" = false
+echo "--benchmark: kiln.cudnn_benchmark true in the checkpoint (false without)"
 
 # 5. The small ResNet.
 "$kiln" train $args --epochs 1 --max-steps 1 --model "$src/models/resnet_small_cifar10.txt" --out "$out/r" \
