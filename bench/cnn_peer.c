@@ -105,7 +105,7 @@ static void read_output(int fd, char *result, size_t result_n, char *last, size_
         strip_newline(line);
         if (strncmp(line, "RESULT ", 7) == 0)
             snprintf(result, result_n, "%s", line + 7);
-        else if (line[0])
+        else if (line[0] && strncmp(line, "---", 3) != 0) /* mpirun's rules around its messages */
             snprintf(last, last_n, "%s", line);
     }
     fclose(f);
@@ -135,7 +135,7 @@ int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *la
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    *code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     return 0;
 }
 

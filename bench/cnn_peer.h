@@ -28,8 +28,10 @@ const char *bench_peer_find(const char *name, const char *explicit_path, char *b
 /* Run argv (argv[0] a path, no PATH search) with stdout and stderr on one
  * pipe and wait for it (blocks for the child's whole run). The text after
  * "RESULT " on its last such line goes to result, its last other non-empty
- * line to last (both "" when absent), its exit status to *code (-1 when it
- * died of a signal). Returns 0, or the errno that kept it from starting. */
+ * line that is not a rule of dashes ("---...", as mpirun draws around its
+ * messages) to last (both "" when absent), its exit status to *code (128+N
+ * when it died of signal N, as a shell reports it). Returns 0, or the
+ * errno that kept it from starting. */
 int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *last, size_t last_n, int *code);
 
 /* The CNN peer script (bench_peer_find for torch_cnn_bench.py): `explicit_path` when given (it must be

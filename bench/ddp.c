@@ -30,6 +30,10 @@
  *   kiln bench ddp [--ranks N] [--batch B] [--steps S] [--warmup W]
  *                  [--rounds R] [--profile-steps P] [--no-peer]
  *                  [--python PATH] [--peer-script PATH] [--threads T]
+ *                  [--model-scaling]
+ *
+ * --model-scaling then fits a cost model on these measurements and an MPI
+ * ping-pong, and predicts scaling past this machine (bench/ddp_model.c).
  *
  * Exit 77 (with the reason) when mpirun is not on PATH or the build has no
  * MPI: the N-process rate cannot be measured. mpirun is run with
@@ -38,30 +42,28 @@
  * variables. */
 #include <errno.h>
 #include <limits.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "base/error.h"
 #include "bench.h"
+#include "cnn_peer.h"
+#include "ddp_model.h"
 #include "diag/profiler_internal.h"
 #include "kiln/dist.h"
 #include "kiln/kiln.h"
 #include "kiln_config.h"
-
-extern char **environ;
 
 #define DDP_MAX_ROUNDS 32
 #define DDP_PEER_REL   "bench/peer/torch_ddp_bench.py"
 
 typedef struct ddp_config {
     int ranks, batch, steps, warmup, rounds, profile_steps, threads;
-    bool peer, worker;
+    bool peer, worker, pingpong, model_scaling;
     const char *python, *peer_script;
 } ddp_config;
 
@@ -216,48 +218,18 @@ static int run_worker(const ddp_config *c) {
 
 /* ---- The parent: processes, rounds, table ---------------------------------------------- */
 
-/* Run argv (argv[0] a path) with stdout and stderr on one pipe; the RESULT
- * line's JSON into result (empty if none). False with the reason (the exit
- * status and the child's last line) when it fails. */
+/* Run argv (argv[0] a path) through bench_peer_spawn: the RESULT line's
+ * JSON into result (empty if none). False with the reason (the exit status,
+ * 128+N for signal N, and the child's last line that is not one of
+ * mpirun's rules) when it fails. */
 static bool run_child(char *const argv[], char *result, size_t result_n, char *why, size_t why_n) {
-    result[0] = '\0';
-    int fds[2];
-    if (pipe(fds) != 0) {
-        snprintf(why, why_n, "pipe: %s", strerror(errno));
-        return false;
-    }
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], STDERR_FILENO);
-    posix_spawn_file_actions_addclose(&fa, fds[0]);
-    posix_spawn_file_actions_addclose(&fa, fds[1]);
-    pid_t pid;
-    int err = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fds[1]);
+    char last[400];
+    int code = 0;
+    int err = bench_peer_spawn(argv, result, result_n, last, sizeof last, &code);
     if (err) {
-        close(fds[0]);
         snprintf(why, why_n, "cannot run %s: %s", argv[0], strerror(err));
         return false;
     }
-    FILE *f = fdopen(fds[0], "r");
-    char line[2048], last[400] = "";
-    while (f && fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\r\n")] = '\0';
-        if (!strncmp(line, "RESULT ", 7))
-            snprintf(result, result_n, "%s", line + 7);
-        else if (line[0] && line[0] != '-')
-            snprintf(last, sizeof last, "%.399s", line);
-    }
-    if (f)
-        fclose(f);
-    else
-        close(fds[0]);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     if (code == 0 && result[0]) return true;
     snprintf(why, why_n, "%s exited with status %d%s%s%s", argv[0], code,
              result[0] ? "" : " and no RESULT line", last[0] ? ": " : "", last);
@@ -383,8 +355,10 @@ static void usage(void) {
     fprintf(stderr,
             "usage: kiln bench ddp [--ranks N] [--batch B] [--steps S] [--warmup W] [--rounds R]\n"
             "                      [--profile-steps P] [--no-peer] [--python PATH] [--peer-script PATH]\n"
-            "                      [--threads T]\n"
-            "--threads T: compute threads of each rank (and of each PyTorch rank)\n");
+            "                      [--threads T] [--model-scaling]\n"
+            "--threads T: compute threads of each rank (and of each PyTorch rank)\n"
+            "--model-scaling: then fit the cost model (MPI ping-pong, both models' steps timed) and\n"
+            "                 predict scaling on NVLink, InfiniBand and Ethernet (bench/ddp_model.c)\n");
 }
 
 /* 0 on success, 2 on a usage error. */
@@ -403,6 +377,10 @@ static int parse_args(int argc, char **argv, ddp_config *c) {
         bool v = i + 1 < argc;
         if (!strcmp(a, "--worker"))
             c->worker = true;
+        else if (!strcmp(a, "--pingpong"))
+            c->pingpong = true;
+        else if (!strcmp(a, "--model-scaling"))
+            c->model_scaling = true;
         else if (!strcmp(a, "--no-peer"))
             c->peer = false;
         else if (!strcmp(a, "--ranks") && v)
@@ -643,6 +621,7 @@ int kiln_bench_ddp(int argc, char **argv) {
     int rc = parse_args(argc, argv, &b.cfg);
     if (rc) return rc;
     if (b.cfg.worker) return run_worker(&b.cfg);
+    if (b.cfg.pingpong) return ddp_pingpong_worker();
     rc = prepare(&b);
     if (rc) return rc;
     char cpu[256];
@@ -651,5 +630,19 @@ int kiln_bench_ddp(int argc, char **argv) {
     if (rc) return rc;
     print_table(&b, cpu);
     print_json(&b, cpu);
-    return 0;
+    if (!b.cfg.model_scaling) return 0;
+    const ddp_series *k1 = &b.s[RUN_KILN_1], *kn = &b.s[RUN_KILN_N];
+    ddp_model_measured mm = {.ranks = b.cfg.ranks,
+                             .batch = b.cfg.batch,
+                             .threads = b.cfg.threads,
+                             .rounds = b.cfg.rounds,
+                             .img_s_1 = med(k1->img_s, k1->n),
+                             .img_s_n = med(kn->img_s, kn->n),
+                             .hidden = med(kn->hidden, kn->n),
+                             .backward_ms = med(kn->backward_ms, kn->n),
+                             .allreduce_ms = med(kn->ar_ms, kn->n),
+                             .cpu = cpu,
+                             .exe = b.exe,
+                             .mpirun = b.mpirun};
+    return ddp_model_scaling(&mm);
 }

@@ -67,3 +67,26 @@ FAKE_THREADS=3 "$kiln" bench ddp --python "$out/fakepy" --batch 4 --steps 1 --wa
 grep -q "peer: skipped (.*it ran on 3 threads per rank, not the 1 asked for)" "$out/wrong.txt" ||
     { cat "$out/wrong.txt"; echo "FAIL: a peer on the wrong thread count was not refused"; exit 1; }
 echo "PASS: a peer on another thread count is refused"
+
+# --model-scaling, tiny: the ping-pong job, both models timed, the fit and
+# the predictions (never their values: a smoke test of the code path). Run
+# from the source tree, where models/resnet_small_cifar10.txt is.
+cd "$(dirname "$0")/../.."
+timeout -k 5 240 "$kiln" bench ddp --no-peer --batch 4 --steps 1 --warmup 1 --rounds 1 --profile-steps 1 \
+    --threads 1 --model-scaling > "$out/model.txt" 2>&1 || { cat "$out/model.txt"; echo "FAIL: --model-scaling"; exit 1; }
+cat "$out/model.txt"
+tail -n 1 "$out/model.txt" > "$out/model.json"
+python3 - "$out/model.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["bench"] == "ddp-model-scaling" and r["latency_us"] > 0 and r["bandwidth_gbs"] > 0, r
+c = r["check"]
+assert 0 < c["efficiency_predicted"] <= 1 and 0 <= c["hidden_predicted"] <= 1, c
+p = r["predictions"]
+assert len(p) == 14 and {x["model"] for x in p} == {"tutorial CNN", "small ResNet"}, p
+for x in p:
+    # overlap never hurts, and a quarter of the bytes never costs time
+    assert 0 < x["efficiency_no_overlap"] <= x["efficiency"] <= x["efficiency_grads_quarter"] <= 1, x
+print("PASS: --model-scaling fitted latency %.2f us, bandwidth %.2f GB/s, %d predictions"
+      % (r["latency_us"], r["bandwidth_gbs"], len(p)))
+PY
