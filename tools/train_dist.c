@@ -150,16 +150,23 @@ int train_dist_check(train_run *r) {
         return refuse(r, "--split",
                       "pipeline stages inside a rank are not combined with DDP across ranks; drop "
                       "--split");
-    if (r->dev.type != KILN_DEVICE_CPU) {
-        char dev[32];
-        kiln_device_str(r->dev, dev, sizeof dev);
-        if (a->device)
-            return refuse(r, "--device",
-                          "DDP reduces CPU tensors only (NCCL is not built); pass --device cpu");
+    if (r->dev.type == KILN_DEVICE_CUDA) {
+        /* One device per process: the rank's local rank picks it (NCCL
+         * reduces the gradients, kiln_dist_backend says so). */
+        int n = kiln_device_count(KILN_DEVICE_CUDA);
+        int local = kiln_dist_local_rank(r->group);
+        if (n < 1) return refuse(r, "--device", "this process sees no CUDA device; pass --device cpu");
+        r->dev = r->out_dev = (kiln_device){KILN_DEVICE_CUDA, local % n};
         if (r->rank == 0)
-            fprintf(stderr, "kiln train: %d ranks: training on cpu, not %s (DDP reduces CPU tensors only)\n",
-                    r->world, dev);
-        r->dev = r->out_dev = KILN_CPU;
+            fprintf(
+                stderr,
+                "kiln train: %d ranks on CUDA: each rank on cuda:(its local rank mod %d), gradients through "
+                "%s%s\n",
+                r->world, n, kiln_dist_backend(r->group, r->dev),
+                r->world > n ? " (more ranks than devices: NCCL on GPUs refuses two ranks on one device)"
+                             : "");
+    } else if (r->dev.type != KILN_DEVICE_CPU) {
+        return refuse(r, "--device", "DDP reduces CPU and CUDA tensors; pass --device cpu or cuda");
     }
     if (!a->no_auto_batch) {
         /* The recovery halves the micro-batch on the rank that ran out; the
