@@ -92,6 +92,27 @@ kiln_status kiln_program_stats_get(const kiln_program *p, kiln_program_stats *ou
  * f (for `kiln export --traced --verbose` and debugging). */
 void kiln_program_print(const kiln_program *p, FILE *f);
 
+/* Saving and loading inference programs (docs/trace.md, "File format").
+ *
+ * kiln_program_save writes p to `path` as one safetensors file: the
+ * tensors the program uses in place (named as names_from's state dict
+ * names them when names_from is not NULL, else "const.N") and the
+ * versioned program description in its metadata. CPU inference programs
+ * only (no optimizer step, no random draw); atomic (temporary file,
+ * fsync, rename). Borrows p. Blocks. */
+typedef struct kiln_module kiln_module;
+kiln_status kiln_program_save(const kiln_program *p, const char *path, kiln_module *names_from);
+
+/* Loads a program kiln_program_save wrote, validating everything first
+ * (counts, shapes, every view inside the memory it names, each step
+ * against the op's shape inference and against the kernel this build
+ * picks, the arena plan, the tensors' dtypes and shapes): errors are
+ * KILN_ERR_IO naming the file and the step. Needs no model spec and no
+ * autograd; *out runs with kiln_program_run (no grad-mode or autocast
+ * guard: there is no eager call it stands for) and is freed with
+ * kiln_program_free. Blocks (reads the file). */
+kiln_status kiln_program_load(const char *path, kiln_program **out);
+
 /* Frees the program: its arena, its outputs (references handed out stay
  * valid until released) and its references to tensors used in place.
  * NULL is a no-op. */

@@ -48,11 +48,14 @@ static kiln_status check_input(const kiln_program *p, int i, const kiln_tensor *
     return KILN_OK;
 }
 
+static kiln_status check_externals(const kiln_program *p);
+
 static kiln_status check_guards(const kiln_program *p, int n_inputs, kiln_tensor *const *inputs) {
     if (n_inputs != p->n_inputs || (n_inputs && !inputs))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the inputs the call was traced with",
                           "kiln_program_run: %d inputs given, the program was traced with %d", n_inputs, p->n_inputs);
     for (int i = 0; i < n_inputs; i++) KILN_TRY(check_input(p, i, inputs[i]));
+    if (p->loaded) return check_externals(p);
     if (kiln_is_grad_enabled() != p->grad_enabled)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE, "kiln_program_run: grad mode is %s, traced with it %s",
                           p->grad_enabled ? "off" : "on", p->grad_enabled ? "on" : "off");
@@ -62,6 +65,10 @@ static kiln_status check_guards(const kiln_program *p, int n_inputs, kiln_tensor
                           "kiln_program_run: autocast is %s%s, traced with it %s%s", ac ? "on in " : "off",
                           ac ? kiln_dtype_name(kiln_autocast_dtype(p->device.type)) : "",
                           p->autocast ? "on in " : "off", p->autocast ? kiln_dtype_name(p->autocast_dtype) : "");
+    return check_externals(p);
+}
+
+static kiln_status check_externals(const kiln_program *p) {
     for (int i = 0; i < p->n_ext; i++) {
         const trace_external *e = &p->ext[i];
         if (e->t->storage != e->storage || e->t->storage->base != e->base ||
@@ -255,7 +262,10 @@ void kiln_program_free(kiln_program *p) {
     if (p->arena) kiln_memory_free(p->device, p->arena);
     for (int i = 0; p->outputs && i < p->n_outputs; i++)
         if (p->outputs[i]) kiln_tensor_drop(p->outputs[i]);
-    for (int i = 0; i < p->n_ext; i++) kiln_tensor_drop(p->ext[i].t);
+    for (int i = 0; i < p->n_ext; i++) {
+        if (p->ext[i].t) kiln_tensor_drop(p->ext[i].t);
+        free(p->ext[i].name);
+    }
     for (int i = 0; i < p->n_steps; i++)
         if (p->steps[i].optim) {
             free(p->steps[i].optim->as), free(p->steps[i].optim->ss);

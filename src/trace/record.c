@@ -227,8 +227,14 @@ static kiln_status record_kernel(void *ctx, const kiln_op_call *c, const kiln_op
     s->args = *args;
     s->attrs = *args->attrs;
     if (c->op == KILN_OP_DROPOUT || c->op == KILN_OP_RANDPERM) KILN_TRY(kiln_trace_draw(r, c->device, args->attrs->rng, &s->draw));
-    for (int i = 0; i < args->n_in; i++)
+    for (int i = 0; i < args->n_in; i++) {
+        s->in_ndim[i] = c->in[i] ? c->in[i]->ndim : -1;
+        if (c->in[i]) {
+            s->in_dtype[i] = c->in[i]->dtype;
+            memcpy(s->in_shape[i], c->in[i]->shape, sizeof s->in_shape[i]);
+        }
         if (args->in[i].ndim >= 0) KILN_TRY(kiln_trace_classify(r, c->in[i], args->in[i].data, idx, false, &s->in[i]));
+    }
     for (int i = 0; i < args->n_out; i++) KILN_TRY(kiln_trace_classify(r, c->out[i], args->out[i].data, idx, true, &s->out[i]));
     if (args->workspace) {
         KILN_TRY(kiln_trace_classify(r, NULL, args->workspace, idx, true, &s->ws));

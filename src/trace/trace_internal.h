@@ -67,6 +67,11 @@ typedef struct trace_step {
     /* reorder: the 4-D shape and element size; in[0] -> out[0] */
     size_t elem;
     int64_t shape[4];
+    /* the inputs as the op saw them before broadcasting (ndim -1: absent),
+     * for checking a loaded step against the op's shape inference */
+    int in_ndim[KILN_OP_MAX_IN];
+    kiln_dtype in_dtype[KILN_OP_MAX_IN];
+    int64_t in_shape[KILN_OP_MAX_IN][KILN_MAX_DIMS];
     /* random ops: the draw (program's draw list) whose position a run
      * takes from the device's generator; -1: none */
     int draw;
@@ -92,10 +97,14 @@ typedef struct trace_buffer {
 
 /* A tensor used in place, and what the guard expects of it. */
 typedef struct trace_external {
-    kiln_tensor *t; /* a reference the program holds */
+    kiln_tensor *t; /* a reference the program holds (NULL while a loaded program is being validated) */
     const void *storage;
     const void *base;
     int first_step;
+    /* A loaded program's: the tensor's name in the file, dtype and shape. */
+    char *name;
+    kiln_dtype dtype;
+    kiln_shape shape;
 } trace_external;
 
 typedef struct trace_input_guard {
@@ -118,6 +127,7 @@ struct kiln_program {
     trace_input_guard *inputs;
     trace_draw *draws;
     int n_draws, cap_draws;
+    bool loaded; /* from a file: no eager call to stand for, so no grad-mode or autocast guard */
     /* guards on the thread's state */
     bool grad_enabled;
     bool autocast;
@@ -168,6 +178,18 @@ kiln_status kiln_trace_draw(trace_recording *r, kiln_device device, kiln_rng rng
 /* record_tensor.c: install / remove the tensor-layer and optimizer
  * recorders on this thread for recording r (NULL removes). */
 void kiln_trace_extra_recorders(trace_recording *r);
+
+/* program_file.c / program_check.c: the versioned description of an
+ * inference program (docs/trace.md), and its validation. */
+#define KILN_PROGRAM_FORMAT "kiln.program"
+#define KILN_PROGRAM_VERSION 1
+/* Parses and validates a description (len bytes, need not end in NUL):
+ * every count, shape, stride, offset, reference and attribute, the kernel
+ * this build picks for each step against the one recorded, each step's
+ * shapes against the op's inference, workspaces and the arena plan. *out
+ * is a program whose externals are described (name, dtype, shape) but not
+ * loaded. `file` names the source in errors. KILN_ERR_IO on a bad one. */
+kiln_status kiln_program_parse(const char *file, const char *text, size_t len, kiln_program **out);
 
 /* memory_plan.c: assigns every non-output buffer an arena offset (first fit
  * on lifetime intervals, aligned) and sets p->arena_bytes. */
