@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../bench/bench.h"
+#include "infer.h"
 #include "diag_commands.h"
 #include "kiln/kiln.h"
 #include "ops/op_registry.h"
@@ -173,7 +174,9 @@ static void usage(FILE *f) {
             "  info            version, build options, devices with memory, threads\n"
             "  train [opts]    train a model spec on Fashion-MNIST (kiln train --help)\n"
             "  eval --checkpoint FILE   test accuracy and loss of a checkpoint (kiln eval --help)\n"
-            "  export --checkpoint FILE --out DIR   weights + model spec for inference\n"
+            "  export --checkpoint FILE --out DIR   weights + model spec for inference (--traced --example\n"
+            "                  NxCxHxW: DIR/model.kiln, a traced program)\n"
+            "  infer --program FILE --input X.safetensors   run a traced program (kiln infer --help)\n"
             "  plan [opts]     a training step's peak memory, before it runs (kiln plan --help)\n"
             "  bench NAME      run a benchmark (kiln bench --list)\n"
             "  ops             the op list as a markdown table (docs/ops.md)\n"
@@ -212,6 +215,7 @@ int main(int argc, char **argv) {
     else if (strcmp(cmd, "train") == 0) rc = kiln_cmd_train(argc - 2, argv + 2);
     else if (strcmp(cmd, "eval") == 0) rc = kiln_cmd_eval(argc - 2, argv + 2);
     else if (strcmp(cmd, "export") == 0) rc = kiln_cmd_export(argc - 2, argv + 2);
+    else if (strcmp(cmd, "infer") == 0) rc = kiln_cmd_infer(argc - 2, argv + 2);
     else if (strcmp(cmd, "plan") == 0) rc = kiln_cmd_plan(argc - 2, argv + 2);
     else if (strcmp(cmd, "bench") == 0) rc = cmd_bench(argc - 2, argv + 2);
     else if (strcmp(cmd, "smi") == 0) rc = kiln_cmd_smi(argc - 2, argv + 2);

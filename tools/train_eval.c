@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "kiln/kiln.h"
+#include "infer.h"
 #include "train.h"
 
 typedef struct tool_args {
@@ -260,9 +261,12 @@ int kiln_cmd_eval(int argc, char **argv) {
 
 int kiln_cmd_export(int argc, char **argv) {
     tool_args a;
-    int rc = parse("export", argc, argv, &a, true);
+    export_traced traced; /* --traced --example SHAPE: tools/infer.c */
+    int rc = kiln_export_traced_flags(&argc, argv, &traced);
+    if (!rc) rc = parse("export", argc, argv, &a, true);
     if (rc < 0) {
-        printf("usage: kiln export --checkpoint FILE --out DIR [--model SPEC]\n"
+        printf("usage: kiln export --checkpoint FILE --out DIR [--model SPEC] [--traced --example NxCxHxW]\n"
+               "  --traced: DIR/model.kiln, the inference forward traced on an N-image example (kiln infer)\n"
                "  writes DIR/model.safetensors (weights only: the state dict, no optimizer state) and\n"
                "  DIR/model.txt (the model spec) for inference; it runs no model, only reads the checkpoint\n"
                "  and writes host files, so it takes no --device (a checkpoint from any device, --devices or\n"
@@ -276,6 +280,12 @@ int kiln_cmd_export(int argc, char **argv) {
     kiln_module *m = NULL;
     char *spec = NULL;
     rc = build("export", &a, c, h, w, &m, &spec);
+    if (!rc && traced.on) {
+        rc = kiln_export_traced(m, &traced, a.out, c, h, w);
+        kiln_module_free(m);
+        free(spec);
+        return rc;
+    }
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/model.safetensors", a.out);
     if (!rc && kiln_safetensors_save(path, m) != KILN_OK) rc = train_fail("export", "weights");

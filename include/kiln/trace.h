@@ -88,6 +88,10 @@ typedef struct kiln_program_stats {
 } kiln_program_stats;
 kiln_status kiln_program_stats_get(const kiln_program *p, kiln_program_stats *out);
 
+/* The shape and dtype program input i was traced with (what
+ * kiln_program_run's guard expects). KILN_ERR_INVALID_ARGUMENT for a bad i. */
+kiln_status kiln_program_input_info(const kiln_program *p, int i, kiln_shape *shape, kiln_dtype *dtype);
+
 /* One line per step, "step 3: conv2d (fast) in [1, 3, 32, 32] f32 ..." into
  * f (for `kiln export --traced --verbose` and debugging). */
 void kiln_program_print(const kiln_program *p, FILE *f);

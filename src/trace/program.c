@@ -227,6 +227,17 @@ kiln_status kiln_program_stats_get(const kiln_program *p, kiln_program_stats *ou
     return KILN_OK;
 }
 
+kiln_status kiln_program_input_info(const kiln_program *p, int i, kiln_shape *shape, kiln_dtype *dtype) {
+    if (!p || i < 0 || i >= p->n_inputs)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_program_input_info: no input %d", i);
+    if (shape) {
+        shape->ndim = p->inputs[i].ndim;
+        memcpy(shape->d, p->inputs[i].shape, sizeof(int64_t) * (size_t)shape->ndim);
+    }
+    if (dtype) *dtype = p->inputs[i].dtype;
+    return KILN_OK;
+}
+
 static const char *ref_kind(int k) {
     static const char *names[] = {"-", "arena", "input", "tensor"};
     return k >= 0 && k < 4 ? names[k] : "?";
