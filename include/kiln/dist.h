@@ -247,7 +247,9 @@ bool kiln_ddp_is_sync(const kiln_ddp *d);
  * .grad (a parameter without .grad gets a new one). Errors: a parameter
  * without a gradient (named; not with find_unused_parameters), a gradient
  * delivered twice in one backward (named), no backward since the last
- * call, a timeout. After an error the next backward starts afresh. In
+ * call, a timeout. After an error the next backward starts afresh. The
+ * first call that succeeds also broadcasts rank 0's gradient order and
+ * rebuilds the buckets in it (not with opts.static_bucket_order). In
  * no_sync mode it does nothing. Blocks the host. */
 kiln_status kiln_ddp_finish_grads(kiln_ddp *d);
 

@@ -12,7 +12,11 @@
  * whatever order its gradients arrive in. Each flat buffer ends with one
  * extra element holding the rank's sample count: after the SUM it is the
  * total, and finish divides by it, which gives the sample-weighted average
- * without a separate collective. */
+ * without a separate collective. After the first synchronised step the
+ * buckets are rebuilt in the order rank 0's gradients arrived in
+ * (PyTorch's rebuild_buckets). On a CUDA device the flat buffers live
+ * there and are filled and read back with device ops; the all-reduces go
+ * through NCCL (nccl.c). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
