@@ -38,6 +38,10 @@ done
 if grep -q "cudnn=on" "$d/generated/kiln_config.h"; then
   echo "$needed" | grep -q libcudnn || fail "libkiln_cuda.so does not link cuDNN: $needed"
 fi
+# CUDA tensors' collectives (src/dist/nccl_cuda.c) are the module's too.
+if grep -q "nccl=on" "$d/generated/kiln_config.h"; then
+  echo "$needed" | grep -q libnccl || fail "libkiln_cuda.so does not link NCCL: $needed"
+fi
 
 # kiln info, as the loader decided.
 "$kiln" info > "$tmp/info" 2>&1 || fail "kiln info: $(cat "$tmp/info")"

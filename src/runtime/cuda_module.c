@@ -112,6 +112,12 @@ static void module_path(char *out, size_t size) {
     snprintf(out, size, "%s/libkiln_cuda.so", KILN_CUDA_MODULE_DIR);
 }
 
+/* A refused module stays mapped, unused: its constructors may already have
+ * registered tables with libkiln (NCCL's, src/dist/nccl_cuda.c), which an
+ * unmapped module would leave dangling. Its backend is never registered,
+ * so no CUDA device exists and nothing reaches them. */
+static void leave_mapped(void *h) { (void)h; }
+
 #define LOOKUP(field)                                                                                       \
     do {                                                                                                    \
         *(void **)&mod.field = dlsym(h, "kiln_cudamod_" #field);                                            \
@@ -149,7 +155,7 @@ static void load(void) {
     bool (*same_core)(void *) = (bool (*)(void *))dlsym(h, "kiln_cudamod_same_core");
     if (!same_core) {
         snprintf(reason, sizeof reason, "%s is not a Kiln CUDA module (no kiln_cudamod_same_core)", path);
-        dlclose(h);
+        leave_mapped(h);
         return;
     }
     if (!same_core((void *)kiln_init)) {
@@ -157,14 +163,14 @@ static void load(void) {
                  "%s binds to another libkiln than this one (a program linking the static libkiln cannot load "
                  "it: link libkiln.so)",
                  path);
-        dlclose(h);
+        leave_mapped(h);
         return;
     }
     const char *(*build)(void) = (const char *(*)(void))dlsym(h, "kiln_cudamod_build");
     if (!build || strcmp(build(), KILN_VERSION_STRING " " KILN_BUILD_OPTIONS_STRING) != 0) {
         snprintf(reason, sizeof reason, "%s was built for another libkiln (%s; this one: %s)", path,
                  build ? build() : "no build string", KILN_VERSION_STRING " " KILN_BUILD_OPTIONS_STRING);
-        dlclose(h);
+        leave_mapped(h);
         return;
     }
     LOOKUP(backend);
@@ -181,7 +187,7 @@ static void load(void) {
     return;
 mismatch:
     memset(&mod, 0, sizeof mod);
-    dlclose(h);
+    leave_mapped(h);
 }
 
 kiln_status kiln_cuda_module_load(void) {
