@@ -15,16 +15,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NVML_SUCCESS                  0
-#define NVML_ERROR_INVALID_ARGUMENT   2
-#define NVML_ERROR_INSUFFICIENT_SIZE  7
-#define NVML_ERROR_DRIVER_NOT_LOADED  9
-#define NVML_ERROR_NOT_SUPPORTED      3
-#define GIB                           (1024ULL * 1024 * 1024)
-#define NOT_AVAILABLE                 0xFFFFFFFFFFFFFFFFULL
+#define NVML_SUCCESS                 0
+#define NVML_ERROR_INVALID_ARGUMENT  2
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_DRIVER_NOT_LOADED 9
+#define NVML_ERROR_NOT_SUPPORTED     3
+#define GIB                          (1024ULL * 1024 * 1024)
+#define NOT_AVAILABLE                0xFFFFFFFFFFFFFFFFULL
 
-typedef struct fake_util { unsigned int gpu, memory; } fake_util;
-typedef struct fake_memory { unsigned long long total, free, used; } fake_memory;
+typedef struct fake_util {
+    unsigned int gpu, memory;
+} fake_util;
+typedef struct fake_memory {
+    unsigned long long total, free, used;
+} fake_memory;
 typedef struct fake_process { /* nvmlProcessInfo_v3_t */
     unsigned int pid;
     unsigned long long used_gpu_memory;
@@ -42,7 +46,15 @@ typedef struct fake_gpu {
 } fake_gpu;
 
 static const fake_gpu gpus[2] = {
-    {"Fake GPU 0 (scripted)", {87, 45}, 40 * GIB, 312500, 61, 1755, 2619, 0x4, 2,
+    {"Fake GPU 0 (scripted)",
+     {87, 45},
+     40 * GIB,
+     312500,
+     61,
+     1755,
+     2619,
+     0x4,
+     2,
      {{4242, 12 * GIB, 0xFFFFFFFFu, 0xFFFFFFFFu}, {4343, NOT_AVAILABLE, 0xFFFFFFFFu, 0xFFFFFFFFu}}},
     {"Fake GPU 1 (scripted)", {3, 0}, 1 * GIB, 70000, 35, 210, 405, 0x1, 0, {{0, 0, 0, 0}}},
 };
@@ -70,11 +82,16 @@ int nvmlShutdown(void) {
 
 const char *nvmlErrorString(int r) {
     switch (r) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded (fake NVML, FAKE_NVML_FAIL=init)";
-    default: return "Unknown Error";
+    case NVML_SUCCESS:
+        return "Success";
+    case NVML_ERROR_INVALID_ARGUMENT:
+        return "Invalid Argument";
+    case NVML_ERROR_INSUFFICIENT_SIZE:
+        return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED:
+        return "Driver Not Loaded (fake NVML, FAKE_NVML_FAIL=init)";
+    default:
+        return "Unknown Error";
     }
 }
 

@@ -33,7 +33,8 @@ static double conv_on(kiln_device dev, uint64_t *fast_runs) {
     uint64_t before = kiln_ops_fast_runs(KILN_OP_CONV2D);
     kiln_tensor *y = kiln_conv2d(kiln_to(x, dev, KILN_F32, 0), kiln_to(w, dev, KILN_F32, 0), NULL, &o);
     *fast_runs = kiln_ops_fast_runs(KILN_OP_CONV2D) - before;
-    kiln_tensor *d = y ? kiln_max(kiln_abs(kiln_sub(kiln_to(y, KILN_CPU, KILN_F32, 0), ref)), 0, NULL, false) : NULL;
+    kiln_tensor *d =
+        y ? kiln_max(kiln_abs(kiln_sub(kiln_to(y, KILN_CPU, KILN_F32, 0), ref)), 0, NULL, false) : NULL;
     double m = -1;
     CHECK(d != NULL);
     if (d) CHECK_OK(kiln_item(d, &m));
@@ -51,9 +52,13 @@ static void test_cudnn_switch(kiln_device dev) {
     kiln_set_cudnn_enabled(true);
     err = conv_on(dev, &runs);
     CHECK_MSG(err >= 0 && err < 1e-4, "cuDNN on: conv2d differs from the CPU by %g", err);
-    if (built) CHECK_MSG(runs == 1, "cuDNN on (built): conv2d ran cuDNN %llu times", (unsigned long long)runs);
-    else CHECK_MSG(runs == 0, "no cuDNN in this build, yet conv2d took a fast path %llu times", (unsigned long long)runs);
-    printf("cuDNN switch: off -> Kiln's conv2d kernel; on -> %s\n", built ? "cuDNN" : "Kiln's too (built without cuDNN)");
+    if (built)
+        CHECK_MSG(runs == 1, "cuDNN on (built): conv2d ran cuDNN %llu times", (unsigned long long)runs);
+    else
+        CHECK_MSG(runs == 0, "no cuDNN in this build, yet conv2d took a fast path %llu times",
+                  (unsigned long long)runs);
+    printf("cuDNN switch: off -> Kiln's conv2d kernel; on -> %s\n",
+           built ? "cuDNN" : "Kiln's too (built without cuDNN)");
 }
 
 #ifdef KILN_CUDA_EMULATION

@@ -17,7 +17,8 @@ extern "C" {
  * launch's device guard made the kernel's), as KILN_ERR_DEVICE naming the
  * op being dispatched (kiln_dispatch_current_op), the kernel `what`, the
  * device and the CUDA error. */
-kiln_status kiln_cuda_launch_check(int launch_error, int device, const char *what, const char *file, int line);
+kiln_status kiln_cuda_launch_check(int launch_error, int device, const char *what, const char *file,
+                                   int line);
 /* After a library call that launched kernels (cuBLASLt, cuDNN) and
  * returned success: launch blocking off, KILN_OK at once; on, the wait and
  * the error as kiln_cuda_launch_check. */

@@ -23,15 +23,17 @@ static kiln_status op_failed(int launch_error, int device, const char *what, con
 #ifdef KILN_CUDA_EMULATION
     detail = kiln_emu_error_detail();
 #endif
-    return kiln_error_raise(KILN_ERR_DEVICE, file, line,
-                            "the op's inputs or the kernel are at fault; the CUDA context is unusable after a "
-                            "kernel fault: restart the process",
-                            "KILN_LAUNCH_BLOCKING: op %s: kernel %s failed on cuda:%d: %s (%s)%s%s",
-                            op ? op : "(none: a call outside an op)", what ? what : "?", device,
-                            cudaGetErrorName(err), cudaGetErrorString(err), detail[0] ? ": " : "", detail);
+    return kiln_error_raise(
+        KILN_ERR_DEVICE, file, line,
+        "the op's inputs or the kernel are at fault; the CUDA context is unusable after a "
+        "kernel fault: restart the process",
+        "KILN_LAUNCH_BLOCKING: op %s: kernel %s failed on cuda:%d: %s (%s)%s%s",
+        op ? op : "(none: a call outside an op)", what ? what : "?", device, cudaGetErrorName(err),
+        cudaGetErrorString(err), detail[0] ? ": " : "", detail);
 }
 
-kiln_status kiln_cuda_launch_check(int launch_error, int device, const char *what, const char *file, int line) {
+kiln_status kiln_cuda_launch_check(int launch_error, int device, const char *what, const char *file,
+                                   int line) {
     if (!kiln_is_launch_blocking()) return kiln_cuda_check_at(launch_error, what, device, file, line);
     return op_failed(launch_error, device, what, file, line);
 }
