@@ -5,7 +5,8 @@
 
 typedef struct op_row {
     char name[64];
-    double self_ms[EX_MAX_ROUNDS], share[EX_MAX_ROUNDS], calls[EX_MAX_ROUNDS];
+    /* per round; share[EX_MAX_ROUNDS] holds the median share, the sort key */
+    double self_ms[EX_MAX_ROUNDS], dev_ms[EX_MAX_ROUNDS], share[EX_MAX_ROUNDS + 1], calls[EX_MAX_ROUNDS];
 } op_row;
 
 static double to_ms(double v, const char *unit) {
@@ -39,7 +40,7 @@ static int parse_profile(const char *err, op_row *rows, int n_rows, int r) {
                 if (i == n_rows && n_rows < EX_MAX_OPS) {
                     memset(&rows[i], 0, sizeof rows[i]);
                     for (int j = 0; j < EX_MAX_ROUNDS; j++)
-                        rows[i].self_ms[j] = rows[i].share[j] = rows[i].calls[j] = NAN;
+                        rows[i].self_ms[j] = rows[i].dev_ms[j] = rows[i].share[j] = rows[i].calls[j] = NAN;
                     snprintf(rows[i].name, sizeof rows[i].name, "%s", name);
                     n_rows++;
                 }
@@ -47,6 +48,9 @@ static int parse_profile(const char *err, op_row *rows, int n_rows, int r) {
                     rows[i].self_ms[r] = to_ms(self, u_self);
                     rows[i].share[r] = pct;
                     rows[i].calls[r] = atof(f[8]);
+                    char unit[16] = "";
+                    double dev = NAN;
+                    if (sscanf(f[6], "%lf%15s", &dev, unit) == 2) rows[i].dev_ms[r] = to_ms(dev, unit);
                 }
             }
         }
@@ -56,8 +60,7 @@ static int parse_profile(const char *err, op_row *rows, int n_rows, int r) {
 }
 
 static int cmp_rows(const void *a, const void *b) {
-    double x = ((const op_row *)a)->share[EX_MAX_ROUNDS - 1],
-           y = ((const op_row *)b)->share[EX_MAX_ROUNDS - 1];
+    double x = ((const op_row *)a)->share[EX_MAX_ROUNDS], y = ((const op_row *)b)->share[EX_MAX_ROUNDS];
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
@@ -93,13 +96,24 @@ void ex_profile(ex *e) {
         }
         free(err);
     }
-    /* Order by the median share (kept in the last slot for the sort). */
-    for (int i = 0; i < n; i++) rows[i].share[EX_MAX_ROUNDS - 1] = ex_spread_of(rows[i].share, e->rounds).med;
+    /* On a GPU the ops' own device time ranks them (their CPU time is the
+     * launch); its share is of the ops' device time in the round. */
+    for (int r = 0; e->cuda && r < e->rounds; r++) {
+        double total = 0;
+        for (int i = 0; i < n; i++)
+            if (isfinite(rows[i].dev_ms[r])) total += rows[i].dev_ms[r];
+        for (int i = 0; i < n; i++)
+            rows[i].self_ms[r] = rows[i].dev_ms[r],
+            rows[i].share[r] = total > 0 ? 100 * rows[i].dev_ms[r] / total : NAN;
+    }
+    /* Order by the median share. */
+    for (int i = 0; i < n; i++) rows[i].share[EX_MAX_ROUNDS] = ex_spread_of(rows[i].share, e->rounds).med;
     qsort(rows, (size_t)n, sizeof rows[0], cmp_rows);
     kiln_strbuf_printf(
         &e->body,
-        "<table class=\"sortable\"><thead><tr><th>Op</th><th>Self CPU per step</th><th>Share of the "
-        "profiled steps</th><th>Calls per step</th></tr></thead><tbody>\n");
+        "<table class=\"sortable\"><thead><tr><th>Op</th><th>Self %s time per step</th><th>Share of the "
+        "profiled steps</th><th>Calls per step</th></tr></thead><tbody>\n",
+        e->cuda ? "device" : "CPU");
     cJSON *top = cJSON_AddArrayToObject(j, "top_ops");
     spread plot_s[8];
     int shown = n < 8 ? n : 8;
@@ -140,8 +154,8 @@ void ex_profile(ex *e) {
         TEXT(answer,
              "%s (%.1f%%), %s (%.1f%%) and %s (%.1f%%) of the profiled steps' time, over %d of %d rounds of "
              "%d steps at batch %d on %s.",
-             rows[0].name, rows[0].share[EX_MAX_ROUNDS - 1], rows[1].name, rows[1].share[EX_MAX_ROUNDS - 1],
-             rows[2].name, rows[2].share[EX_MAX_ROUNDS - 1], ok, e->rounds, steps, batch, e->device);
+             rows[0].name, rows[0].share[EX_MAX_ROUNDS], rows[1].name, rows[1].share[EX_MAX_ROUNDS],
+             rows[2].name, rows[2].share[EX_MAX_ROUNDS], ok, e->rounds, steps, batch, e->device);
     else
         TEXT(answer, "no profile table was produced (see %s/logs/ex1_round1.err).", e->out);
     ex_section_end(
