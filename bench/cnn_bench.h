@@ -50,6 +50,11 @@ typedef struct cnn_results {
     bench_cpu_info cpu;
     bench_fma_peak peak;
     bool kiln_bf16_fast; /* Kiln's fast CPU kernels cover bf16 conv2d and mm */
+    /* Peak resident sets, KiB (0: not measured): this process's at the end
+     * of its rounds (every mode and precision it ran), and each peer
+     * setup's largest over its rounds (wait4 on the peer process). */
+    long kiln_rss_kib;
+    long peer_rss_kib[CNN_PRECISIONS][CNN_MODES][CNN_WHO];
 } cnn_results;
 
 /* Direct-convolution FLOP equivalents of the model's forward and training

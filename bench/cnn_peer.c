@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -111,6 +112,10 @@ static void read_output(int fd, char *result, size_t result_n, char *last, size_
     fclose(f);
 }
 
+static _Thread_local long last_rss_kib;
+
+long bench_peer_last_rss_kib(void) { return last_rss_kib; }
+
 int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *last, size_t last_n,
                      int *code) {
     result[0] = last[0] = '\0';
@@ -133,8 +138,11 @@ int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *la
     }
     read_output(fds[0], result, result_n, last, last_n);
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    while (wait4(pid, &status, 0, &ru) < 0 && errno == EINTR) {
     }
+    last_rss_kib = ru.ru_maxrss;
     *code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     return 0;
 }
@@ -175,6 +183,7 @@ void bench_cnn_peer_run(const char *python, const char *script, const char *mode
                  "cannot run %s: %s (install python3-torch, or pass --python PATH)", python, strerror(err));
         return;
     }
+    out->rss_kib = bench_peer_last_rss_kib();
     char why[160] = "no RESULT line";
     if (code == 0 && result[0] && parse_result(result, out, why, sizeof why)) {
         if (out->threads == threads) {

@@ -12,6 +12,7 @@ typedef struct bench_cnn_peer_result {
     char torch_version[32]; /* torch.__version__ as the peer reports it */
     bool skipped;     /* the peer declined the setup (exit 3: bf16 on a CPU without it); reason says why */
     char reason[512]; /* why there is no result (python or torch missing, a crash) */
+    long rss_kib;     /* the peer process's peak resident set (KiB, wait4's ru_maxrss); 0: unknown */
 } bench_cnn_peer_result;
 
 /* A peer's exit status for "this setup does not apply here" (bf16 on a
@@ -33,6 +34,10 @@ const char *bench_peer_find(const char *name, const char *explicit_path, char *b
  * when it died of signal N, as a shell reports it). Returns 0, or the
  * errno that kept it from starting. */
 int bench_peer_spawn(char *const argv[], char *result, size_t result_n, char *last, size_t last_n, int *code);
+/* The peak resident set (KiB) of the child the last bench_peer_spawn on
+ * this thread waited for (wait4's ru_maxrss: the child alone, not its own
+ * children); 0 before any. */
+long bench_peer_last_rss_kib(void);
 
 /* The CNN peer script (bench_peer_find for torch_cnn_bench.py): `explicit_path` when given (it must be
  * readable), else bench/peer/torch_cnn_bench.py under the working directory, beside this source file, or two

@@ -150,6 +150,27 @@ static void print_bars(const cnn_config *cfg, const cnn_results *r) {
     }
 }
 
+/* The peak resident sets: this process (every mode and precision it ran:
+ * with --mode train, the training alone) against each peer setup's
+ * process, and the footprint bar (training, against PyTorch's best setup:
+ * at most 0.3x). */
+static void print_rss(const cnn_config *cfg, const cnn_results *r) {
+    if (!r->kiln_rss_kib) return;
+    printf("peak resident set: kiln %.0f MiB (this process, %s)", r->kiln_rss_kib / 1024.0,
+           cfg->mode[CNN_INFER] ? "training and inference" : "training");
+    for (int p = 0; p < CNN_PRECISIONS; p++)
+        for (int m = 0; m < CNN_MODES; m++)
+            for (int w = CNN_EAGER; w < CNN_WHO; w++)
+                if (r->peer_rss_kib[p][m][w])
+                    printf("; %s %s %s %.0f MiB", WHO_NAME[w], PRECISION_NAME[p], MODE_NAME[m],
+                           r->peer_rss_kib[p][m][w] / 1024.0);
+    long best = r->peer_rss_kib[CNN_F32][CNN_TRAIN][CNN_BEST];
+    if (best && !cfg->mode[CNN_INFER])
+        printf("\nbar: f32 train kiln / torch best resident set %.2fx, bar <= 0.30x: %s", (double)r->kiln_rss_kib / best,
+               (double)r->kiln_rss_kib / best <= 0.30 ? "met" : "not met");
+    printf("\n");
+}
+
 void cnn_print_table(const cnn_config *cfg, const cnn_results *r) {
     printf("\n");
     print_machine(r);
@@ -193,6 +214,7 @@ void cnn_print_table(const cnn_config *cfg, const cnn_results *r) {
                    rel, 100.0 * r->wait_frac);
     }
     if (r->peer_reason[0]) printf("peer figures missing: %s\n", r->peer_reason);
+    print_rss(cfg, r);
     printf("load average (1 min): %.2f before, %.2f after; other processes used %.2f cores meanwhile%s\n",
            r->load_before, r->load_after, r->foreign_cores,
            r->foreign_cores > 0.1 ? " (above 0.1: the figures are disturbed, run again)" : "");
@@ -310,6 +332,9 @@ void cnn_print_json(const cnn_config *cfg, const cnn_results *r) {
     else
         printf("null,\"loader_vs_preloaded\":null,");
     json_number("data_wait_frac", r->wait_frac, r->wait_frac >= 0, true);
+    json_number("kiln_rss_mib", r->kiln_rss_kib / 1024.0, r->kiln_rss_kib > 0, true);
+    json_number("peer_best_train_rss_mib", r->peer_rss_kib[CNN_F32][CNN_TRAIN][CNN_BEST] / 1024.0,
+                r->peer_rss_kib[CNN_F32][CNN_TRAIN][CNN_BEST] > 0, true);
     json_string_or_null("peer_reason", r->peer_reason);
     printf(",\"config\":{\"batch\":%d,\"steps\":%d,\"repeats\":%d,\"warmup\":%d,\"mode\":\"%s\",\"data\":%s,"
            "\"workers\":%d,\"peer\":%s,\"peer_threads\":%d,",

@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -407,6 +408,7 @@ static void peer_round(const cnn_config *cfg, const char *script, int prec, int 
         return;
     }
     p->v[p->n++] = pr.img_s;
+    if (pr.rss_kib > r->peer_rss_kib[prec][mode][who]) r->peer_rss_kib[prec][mode][who] = pr.rss_kib;
     snprintf(r->torch_version, sizeof r->torch_version, "%s", pr.torch_version);
 }
 
@@ -540,6 +542,8 @@ int kiln_bench_cnn(int argc, char **argv) {
     kiln_status st = cnn_setup(&b, &cfg);
     if (!st) st = cnn_flops(b.model, cfg.batch, &r.gflop_fwd, &r.gflop_train);
     if (!st) st = run_all(&b, &cfg, script, &r);
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) r.kiln_rss_kib = ru.ru_maxrss;
     r.load_after = load_1m();
     if (!st) cnn_print_table(&cfg, &r);
     if (!st && cfg.profile_rows > 0) st = profile_step(&b, cfg.profile_rows);
