@@ -431,8 +431,9 @@ fail:
  * themselves allocate nothing and an out-of-memory leaves the optimizer
  * and the parameters as they were (states made here are dropped again).
  * Parameters the op-by-op path updates (no fused kernel for their device
- * and dtype) make their state and temporaries as they go: a failure there
- * can leave earlier parameters updated (docs/memory.md). */
+ * and dtype) make their state and temporaries as they go: step_body keeps
+ * an undo log for them and updates them first, so a failure there puts
+ * everything back (docs/memory.md). */
 static kiln_status prepare(kiln_optimizer *o, bool adam, bool **fresh_out) {
     kiln_status st = KILN_OK;
     int i = 0;
@@ -471,27 +472,123 @@ static kiln_status prepare(kiln_optimizer *o, bool adam, bool **fresh_out) {
     return st;
 }
 
+/* What the op-by-op updates change, kept until the whole step succeeded
+ * (the fused updates need none: prepare() made everything they allocate,
+ * and they run after every op-by-op update). For each parameter the
+ * op-by-op path updates: a copy of its values (it is written in place) and
+ * the states it had (the path replaces them with new tensors); and every
+ * parameter's step count. */
+typedef struct undo_log {
+    int64_t *steps;
+    kiln_tensor **values;               /* [n]: NULL for parameters the fused path updates */
+    kiln_tensor **states;               /* [n * KILN_OPTIM_STATES]: the states before (references) */
+    bool *op_by_op;                     /* [n] */
+} undo_log;
+
+static void undo_free(kiln_optimizer *o, undo_log *u) {
+    for (int i = 0; u->values && i < o->n; i++) kiln_tensor_drop(u->values[i]);
+    for (int j = 0; u->states && j < o->n * KILN_OPTIM_STATES; j++) kiln_tensor_drop(u->states[j]);
+    free(u->steps);
+    free(u->values);
+    free(u->states);
+    free(u->op_by_op);
+    *u = (undo_log){0};
+}
+
+/* The log made before anything moves; an out-of-memory here changes nothing. */
+static kiln_status undo_begin(kiln_optimizer *o, undo_log *u) {
+    *u = (undo_log){0};
+    u->steps = KILN_MALLOC((size_t)(o->n ? o->n : 1) * sizeof *u->steps);
+    u->values = KILN_CALLOC((size_t)(o->n ? o->n : 1), sizeof *u->values);
+    u->states = KILN_CALLOC((size_t)(o->n ? o->n : 1) * KILN_OPTIM_STATES, sizeof *u->states);
+    u->op_by_op = KILN_CALLOC((size_t)(o->n ? o->n : 1), sizeof *u->op_by_op);
+    if (!u->steps || !u->values || !u->states || !u->op_by_op) {
+        undo_free(o, u);
+        return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "kiln_optimizer_step: out of memory for its undo log");
+    }
+    memcpy(u->steps, o->steps, (size_t)o->n * sizeof *u->steps);
+    for (int i = 0; i < o->n; i++) {
+        kiln_tensor *p = o->params[i], *g = kiln_grad(p);
+        kiln_error_clear();
+        if (!g) continue;
+        bool fused = fused_for((kiln_tensor *[]){p, g}, 2) != NULL;
+        kiln_tensor_drop(g);
+        if (fused) continue;
+        u->op_by_op[i] = true;
+        u->values[i] = kiln_to(p, kiln_get_device(p), kiln_dtype_of(p), KILN_COPY);
+        if (!u->values[i]) {
+            kiln_status st = kiln_error_last()->status;
+            undo_free(o, u);
+            return st ? st : KILN_ERR_OUT_OF_MEMORY;
+        }
+        for (int k = 0; k < KILN_OPTIM_STATES; k++)
+            u->states[(size_t)i * KILN_OPTIM_STATES + k] = o->state[k][i] ? ref(o->state[k][i]) : NULL;
+    }
+    return KILN_OK;
+}
+
+/* Put back what the op-by-op updates changed: values copied in place (no
+ * allocation), the states' tensors, the step counts. */
+static void undo_apply(kiln_optimizer *o, undo_log *u) {
+    for (int i = 0; i < o->n; i++) {
+        o->steps[i] = u->steps[i];
+        if (!u->op_by_op[i]) continue;
+        kiln_status st = kiln_copy_(o->params[i], u->values[i], 0);
+        if (st) kiln_error_clear(); /* a copy between buffers of one shape and dtype allocates nothing */
+        else kiln_tensor_bump_version(o->params[i]);
+        for (int k = 0; k < KILN_OPTIM_STATES; k++) {
+            kiln_tensor **slot = &o->state[k][i], **old = &u->states[(size_t)i * KILN_OPTIM_STATES + k];
+            if (*slot == *old) continue;
+            kiln_tensor_drop(*slot);
+            *slot = *old;
+            *old = NULL;
+        }
+    }
+}
+
+/* The parameters' updates: the op-by-op ones first, then the fused ones,
+ * whose launches only flush() completes. All or nothing: an error in an
+ * op-by-op update puts back what the earlier ones changed and launches no
+ * fused update (the order between parameters does not change any bit:
+ * each update reads only its own parameter, gradient and states). */
 static kiln_status step_body(kiln_optimizer *o) {
     fused_batch b = {.o = o, .n = 0};
     bool adam = o->kind != KILN_OPTIM_SGD;
     bool *fresh = NULL;
     KILN_TRY(prepare(o, adam, &fresh));
-    kiln_status st = KILN_OK;
-    for (int i = 0; i < o->n && !st; i++) {
-        kiln_error_clear();
-        kiln_tensor *g = kiln_grad(o->params[i]);
-        if (!g) {
-            st = kiln_error_last()->status;
-            continue; /* no gradient: skipped, as in PyTorch */
-        }
-        if (!adam) {
-            o->steps[i]++;
-            st = sgd_update(o, i, g, &b, fresh[(size_t)i * KILN_OPTIM_STATES]);
-        } else {
-            st = adam_update(o, i, g, &b);
+    undo_log u;
+    kiln_status st = undo_begin(o, &u);
+    for (int pass = 0; pass < 2 && !st; pass++) {
+        for (int i = 0; i < o->n && !st; i++) {
+            if (u.op_by_op[i] != (pass == 0)) continue;
+            kiln_error_clear();
+            kiln_tensor *g = kiln_grad(o->params[i]);
+            if (!g) {
+                st = kiln_error_last()->status;
+                continue; /* no gradient: skipped, as in PyTorch */
+            }
+            if (!adam) {
+                o->steps[i]++;
+                st = sgd_update(o, i, g, &b, fresh[(size_t)i * KILN_OPTIM_STATES]);
+            } else {
+                st = adam_update(o, i, g, &b);
+            }
         }
     }
+    if (st && u.steps) {
+        /* Nothing launched: the fused entries queued are dropped unlaunched. */
+        undo_apply(o, &u);
+        for (int k = 0; k < b.n; k++) kiln_tensor_drop(b.hold[k]);
+        b.n = 0;
+        for (int j = 0; j < o->n; j++)
+            for (int k = 0; k < KILN_OPTIM_STATES; k++)
+                if (fresh[(size_t)j * KILN_OPTIM_STATES + k]) {
+                    kiln_tensor_drop(o->state[k][j]);
+                    o->state[k][j] = NULL;
+                }
+    }
     kiln_status fs = flush(&b, adam);
+    undo_free(o, &u);
     free(fresh);
     if (st || fs) return st ? st : fs;
     o->step_count++;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "optim/optim_internal.h"
 #include "test_util.h"
 
 #include <kiln/kiln.h>
@@ -35,6 +36,7 @@ typedef struct config {
     kiln_device device;
     bool amp;         /* bf16 autocast on the CPU, f16 + grad scaler on CUDA */
     int checkpoint;   /* segments, 0: off */
+    bool op_by_op;    /* the optimizer's op-by-op path (no fused kernels), as for dtypes they do not cover */
 } config;
 
 typedef struct net {
@@ -298,6 +300,7 @@ static void test_loader(kiln_tensor *x, kiln_tensor *y, int workers) {
 
 /* The walks of one configuration, on x and y moved to its device. */
 static void walk(const config *cfg, kiln_tensor *x, kiln_tensor *y) {
+    kiln_optim_use_fused(!cfg->op_by_op);
     kiln_scope_begin();
     kiln_tensor *dx = kiln_to(x, cfg->device, KILN_F32, 0), *dy = kiln_to(y, cfg->device, KILN_I64, 0);
     CHECK_MSG(dx && dy, "%s: %s", cfg->name, kiln_error_message());
@@ -306,6 +309,7 @@ static void walk(const config *cfg, kiln_tensor *x, kiln_tensor *y) {
         test_steady_state(cfg, dx, dy);
     }
     kiln_scope_end();
+    kiln_optim_use_fused(true);
 }
 
 int main(void) {
@@ -319,6 +323,7 @@ int main(void) {
         const config configs[] = {
             {"cpu", {KILN_DEVICE_CPU, 0}, false, 0},
             {"cpu bf16 autocast + checkpointing", {KILN_DEVICE_CPU, 0}, true, 2},
+            {"cpu, the optimizer op by op", {KILN_DEVICE_CPU, 0}, false, 0, true},
             {"cuda:0", {KILN_DEVICE_CUDA, 0}, false, 0},
             {"cuda:0 f16 + scaler + checkpointing", {KILN_DEVICE_CUDA, 0}, true, 2},
         };
