@@ -196,12 +196,18 @@ static int parse(int argc, char **argv, trace_cfg *c) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool v = i + 1 < argc;
-        if (!strcmp(a, "--rounds") && v) c->rounds = atoi(argv[++i]);
-        else if (!strcmp(a, "--round-ms") && v) c->round_s = atof(argv[++i]) / 1000.0;
-        else if (!strcmp(a, "--quick")) c->quick = true, c->rounds = 3, c->round_s = 0.02;
-        else if (!strcmp(a, "--no-peer")) c->peer = false;
-        else if (!strcmp(a, "--python") && v) c->python = argv[++i];
-        else if (!strcmp(a, "--peer-script") && v) c->peer_script = argv[++i];
+        if (!strcmp(a, "--rounds") && v)
+            c->rounds = atoi(argv[++i]);
+        else if (!strcmp(a, "--round-ms") && v)
+            c->round_s = atof(argv[++i]) / 1000.0;
+        else if (!strcmp(a, "--quick"))
+            c->quick = true, c->rounds = 3, c->round_s = 0.02;
+        else if (!strcmp(a, "--no-peer"))
+            c->peer = false;
+        else if (!strcmp(a, "--python") && v)
+            c->python = argv[++i];
+        else if (!strcmp(a, "--peer-script") && v)
+            c->peer_script = argv[++i];
         else {
             fprintf(stderr, "usage: kiln bench trace [--rounds N] [--round-ms MS] [--quick] [--no-peer] "
                             "[--python PATH] [--peer-script PATH]\n");
@@ -228,14 +234,18 @@ static void peer_row(const trace_cfg *cfg, const char *setup, double *ms, char *
     bench_cnn_peer_result r;
     bench_cnn_peer_run(cfg->python, script, "infer", setup, false, false, 1, cfg->quick ? 20 : 500, 20,
                        kiln_num_threads(), &r);
-    if (r.ok && r.img_s > 0) *ms = 1000.0 / r.img_s;
-    else snprintf(why, n, "%s", r.reason[0] ? r.reason : "the peer gave no result");
+    if (r.ok && r.img_s > 0)
+        *ms = 1000.0 / r.img_s;
+    else
+        snprintf(why, n, "%s", r.reason[0] ? r.reason : "the peer gave no result");
 }
 
 /* A figure, or null where there is none. */
 static void json_ms(double ms) {
-    if (ms > 0) printf("%.4f", ms);
-    else printf("null");
+    if (ms > 0)
+        printf("%.4f", ms);
+    else
+        printf("null");
 }
 
 int kiln_bench_trace(int argc, char **argv) {
@@ -259,21 +269,25 @@ int kiln_bench_trace(int argc, char **argv) {
            kiln_num_threads(), cfg.rounds);
     printf("\ninference      eager calls/s  traced calls/s  eager ms  traced ms  traced/eager\n");
     for (int i = 0; i < 3; i++)
-        printf("  batch %-5lld %14.1f %15.1f %9.3f %10.3f %12.2fx\n", (long long)(cfg.quick ? 1 + i : infer_b[i]),
-               1 / inf[i].eager_s, 1 / inf[i].traced_s, inf[i].eager_s * 1e3, inf[i].traced_s * 1e3,
-               inf[i].traced_s / inf[i].eager_s);
+        printf("  batch %-5lld %14.1f %15.1f %9.3f %10.3f %12.2fx\n",
+               (long long)(cfg.quick ? 1 + i : infer_b[i]), 1 / inf[i].eager_s, 1 / inf[i].traced_s,
+               inf[i].eager_s * 1e3, inf[i].traced_s * 1e3, inf[i].traced_s / inf[i].eager_s);
     printf("\ntraining step  eager steps/s  replay steps/s  eager ms  replay ms  speed-up\n");
     for (int i = 0; i < 4; i++)
-        printf("  batch %-5lld %14.1f %15.1f %9.3f %10.3f %9.2fx\n", (long long)(cfg.quick ? 1 + i : train_b[i]),
-               1 / tr[i].eager_s, 1 / tr[i].traced_s, tr[i].eager_s * 1e3, tr[i].traced_s * 1e3,
-               tr[i].eager_s / tr[i].traced_s);
-    printf("\nhost overhead per op (relu on 1 element, %d in a chain): eager %.0f ns, replay %.0f ns\n", RELU_CHAIN,
-           op.eager_s * 1e9, op.traced_s * 1e9);
+        printf("  batch %-5lld %14.1f %15.1f %9.3f %10.3f %9.2fx\n",
+               (long long)(cfg.quick ? 1 + i : train_b[i]), 1 / tr[i].eager_s, 1 / tr[i].traced_s,
+               tr[i].eager_s * 1e3, tr[i].traced_s * 1e3, tr[i].eager_s / tr[i].traced_s);
+    printf("\nhost overhead per op (relu on 1 element, %d in a chain): eager %.0f ns, replay %.0f ns\n",
+           RELU_CHAIN, op.eager_s * 1e9, op.traced_s * 1e9);
     printf("\nPyTorch at batch 1 (bench/peer/torch_cnn_bench.py --mode infer):\n");
-    if (peer_eager > 0) printf("  eager                     %.3f ms\n", peer_eager);
-    else printf("  eager                     no figure: %s\n", why_e);
-    if (peer_frozen > 0) printf("  jit.trace + jit.freeze    %.3f ms\n", peer_frozen);
-    else printf("  jit.trace + jit.freeze    no figure: %s\n", why_f);
+    if (peer_eager > 0)
+        printf("  eager                     %.3f ms\n", peer_eager);
+    else
+        printf("  eager                     no figure: %s\n", why_e);
+    if (peer_frozen > 0)
+        printf("  jit.trace + jit.freeze    %.3f ms\n", peer_frozen);
+    else
+        printf("  jit.trace + jit.freeze    no figure: %s\n", why_f);
     printf("{\"bench\":\"trace\",\"threads\":%d,\"rounds\":%d,\"infer\":[", kiln_num_threads(), cfg.rounds);
     for (int i = 0; i < 3; i++)
         printf("%s{\"batch\":%lld,\"eager_ms\":%.4f,\"traced_ms\":%.4f}", i ? "," : "",

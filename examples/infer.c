@@ -35,7 +35,9 @@ static int make_program(kiln_module *m, const char *path) {
     kiln_no_grad_begin();
     kiln_tensor *x = kiln_zeros(KILN_SHAPE(1, 1, 28, 28), KILN_F32, KILN_CPU);
     kiln_program *p = NULL;
-    int rc = x && !kiln_trace(forward, m, 1, &x, 1, NULL, &p) && !kiln_program_save(p, path, m) ? 0 : fail("trace");
+    int rc = x && !kiln_trace(forward, m, 1, &x, 1, NULL, &p) && !kiln_program_save(p, path, m)
+                 ? 0
+                 : fail("trace");
     kiln_program_free(p);
     kiln_release(x);
     kiln_grad_mode_end();
@@ -64,7 +66,8 @@ static int run_program(const char *path, kiln_module *check_against) {
         bool same = ref && kiln_numel(ref) == kiln_numel(y) &&
                     !memcmp(kiln_data_ptr(ref), kiln_data_ptr(y), (size_t)kiln_numel(y) * sizeof(float));
         kiln_grad_mode_end();
-        printf("the loaded program %s the eager model's output bit for bit\n", same ? "gives" : "does NOT give");
+        printf("the loaded program %s the eager model's output bit for bit\n",
+               same ? "gives" : "does NOT give");
         if (!same) rc = 1;
         kiln_release(ref);
     }

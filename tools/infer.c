@@ -51,7 +51,9 @@ int kiln_export_traced_flags(int *argc, char **argv, export_traced *out) {
     }
     *argc = w;
     if (out->on != have_example) {
-        fprintf(stderr, "kiln export: --traced and --example SHAPE go together (e.g. --traced --example 1x3x32x32)\n");
+        fprintf(
+            stderr,
+            "kiln export: --traced and --example SHAPE go together (e.g. --traced --example 1x3x32x32)\n");
         return 2;
     }
     return 0;
@@ -62,13 +64,15 @@ static kiln_status forward(void *user, kiln_tensor *const *in, kiln_tensor **out
     return out[0] ? KILN_OK : kiln_error_last()->status;
 }
 
-int kiln_export_traced(kiln_module *m, const export_traced *t, const char *dir, int64_t c, int64_t h, int64_t w) {
+int kiln_export_traced(kiln_module *m, const export_traced *t, const char *dir, int64_t c, int64_t h,
+                       int64_t w) {
     if (t->example[1] != c || t->example[2] != h || t->example[3] != w) {
-        fprintf(stderr, "kiln export: --example %lldx%lldx%lldx%lld: the model takes %lldx%lldx%lld images; pass "
-                        "--example Nx%lldx%lldx%lld\n",
+        fprintf(stderr,
+                "kiln export: --example %lldx%lldx%lldx%lld: the model takes %lldx%lldx%lld images; pass "
+                "--example Nx%lldx%lldx%lld\n",
                 (long long)t->example[0], (long long)t->example[1], (long long)t->example[2],
-                (long long)t->example[3], (long long)c, (long long)h, (long long)w, (long long)c, (long long)h,
-                (long long)w);
+                (long long)t->example[3], (long long)c, (long long)h, (long long)w, (long long)c,
+                (long long)h, (long long)w);
         return 2;
     }
     kiln_device cpu = {KILN_DEVICE_CPU, 0};
@@ -83,16 +87,18 @@ int kiln_export_traced(kiln_module *m, const export_traced *t, const char *dir, 
     char path[4096];
     snprintf(path, sizeof path, "%s/model.kiln", dir);
     int rc = 0;
-    if (!x || kiln_trace(forward, m, 1, &x, 1, NULL, &p) != KILN_OK || kiln_program_save(p, path, m) != KILN_OK) {
+    if (!x || kiln_trace(forward, m, 1, &x, 1, NULL, &p) != KILN_OK ||
+        kiln_program_save(p, path, m) != KILN_OK) {
         fprintf(stderr, "kiln export: tracing the model: %s\n", kiln_error_message());
         rc = 1;
     } else {
         kiln_program_stats st;
         kiln_program_stats_get(p, &st);
-        printf("kiln export: %s: traced inference program for input %lldx%lldx%lldx%lld (%d steps, %d tensors, "
-               "arena %.1f KiB)\n",
-               path, (long long)t->example[0], (long long)c, (long long)h, (long long)w, st.n_steps, st.n_external,
-               st.arena_bytes / 1024.0);
+        printf(
+            "kiln export: %s: traced inference program for input %lldx%lldx%lldx%lld (%d steps, %d tensors, "
+            "arena %.1f KiB)\n",
+            path, (long long)t->example[0], (long long)c, (long long)h, (long long)w, st.n_steps,
+            st.n_external, st.arena_bytes / 1024.0);
     }
     kiln_program_free(p);
     kiln_release(x);
@@ -107,9 +113,12 @@ typedef struct infer_args {
 } infer_args;
 
 static int usage(FILE *f, int rc) {
-    fprintf(f, "usage: kiln infer --program FILE (--input FILE.safetensors [--input-name NAME] | --random [--seed S])\n"
-               "                  [--out FILE.safetensors]\n"
-               "  runs a traced inference program (kiln export --traced) on the CPU: no model spec, no autograd\n");
+    fprintf(
+        f,
+        "usage: kiln infer --program FILE (--input FILE.safetensors [--input-name NAME] | --random [--seed "
+        "S])\n"
+        "                  [--out FILE.safetensors]\n"
+        "  runs a traced inference program (kiln export --traced) on the CPU: no model spec, no autograd\n");
     return rc;
 }
 
@@ -119,12 +128,18 @@ static int parse(int argc, char **argv, infer_args *a) {
         const char *s = argv[i];
         bool v = i + 1 < argc;
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) return -1;
-        if (!strcmp(s, "--program") && v) a->program = argv[++i];
-        else if (!strcmp(s, "--input") && v) a->input = argv[++i];
-        else if (!strcmp(s, "--input-name") && v) a->input_name = argv[++i];
-        else if (!strcmp(s, "--out") && v) a->out = argv[++i];
-        else if (!strcmp(s, "--random")) a->random = true;
-        else if (!strcmp(s, "--seed") && v) a->seed = strtoull(argv[++i], NULL, 10);
+        if (!strcmp(s, "--program") && v)
+            a->program = argv[++i];
+        else if (!strcmp(s, "--input") && v)
+            a->input = argv[++i];
+        else if (!strcmp(s, "--input-name") && v)
+            a->input_name = argv[++i];
+        else if (!strcmp(s, "--out") && v)
+            a->out = argv[++i];
+        else if (!strcmp(s, "--random"))
+            a->random = true;
+        else if (!strcmp(s, "--seed") && v)
+            a->seed = strtoull(argv[++i], NULL, 10);
         else {
             fprintf(stderr, "kiln infer: unknown or incomplete argument '%s'\n", s);
             return 2;
@@ -146,8 +161,8 @@ static kiln_tensor *read_input(const infer_args *a) {
     }
     const char *name = a->input_name;
     if (!name && kiln_safetensors_tensor_count(f) != 1)
-        fprintf(stderr, "kiln infer: --input %s holds %d tensors: name the input with --input-name\n", a->input,
-                kiln_safetensors_tensor_count(f));
+        fprintf(stderr, "kiln infer: --input %s holds %d tensors: name the input with --input-name\n",
+                a->input, kiln_safetensors_tensor_count(f));
     else if (!name)
         name = kiln_safetensors_tensor_name(f, 0);
     kiln_tensor *x = name ? kiln_safetensors_get(f, name, (kiln_device){KILN_DEVICE_CPU, 0}) : NULL;
@@ -215,7 +230,8 @@ int kiln_cmd_infer(int argc, char **argv) {
         char shape[128];
         int o = snprintf(shape, sizeof shape, "[");
         for (int d = 0; d < kiln_ndim(y) && o < 100; d++)
-            o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%lld", d ? "," : "", (long long)kiln_size(y, d));
+            o += snprintf(shape + o, sizeof shape - (size_t)o, "%s%lld", d ? "," : "",
+                          (long long)kiln_size(y, d));
         snprintf(shape + o, sizeof shape - (size_t)o, "]");
         printf("{\"event\":\"infer\",\"program\":\"%s\",\"output_shape\":%s}\n", a.program, shape);
     }

@@ -20,7 +20,8 @@ int kiln_export_traced_flags(int *argc, char **argv, export_traced *out);
 /* Traces m's inference forward (eval mode, grad off) on an example of
  * t->example, which must be (N, c, h, w) of the checkpoint's input, and
  * writes DIR/model.kiln (kiln_program_save). 0, or 1 after a message. */
-int kiln_export_traced(kiln_module *m, const export_traced *t, const char *dir, int64_t c, int64_t h, int64_t w);
+int kiln_export_traced(kiln_module *m, const export_traced *t, const char *dir, int64_t c, int64_t h,
+                       int64_t w);
 /* kiln infer --program FILE (--input FILE.safetensors [--input-name NAME] | --random) [--out FILE] */
 int kiln_cmd_infer(int argc, char **argv);
 

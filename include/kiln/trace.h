@@ -80,10 +80,10 @@ kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *
 
 /* What a program holds (kiln bench trace and the tests print it). */
 typedef struct kiln_program_stats {
-    int n_steps;          /* kernels and conversions replayed per run */
-    int n_buffers;        /* blocks the trace allocated, planned into the arena */
-    int n_external;       /* tensors used in place */
-    size_t arena_bytes;   /* the arena the plan needs */
+    int n_steps;            /* kernels and conversions replayed per run */
+    int n_buffers;          /* blocks the trace allocated, planned into the arena */
+    int n_external;         /* tensors used in place */
+    size_t arena_bytes;     /* the arena the plan needs */
     size_t unplanned_bytes; /* the sum of the planned blocks' sizes (no reuse) */
 } kiln_program_stats;
 kiln_status kiln_program_stats_get(const kiln_program *p, kiln_program_stats *out);

@@ -23,7 +23,9 @@ static int cmp_placed(const void *a, const void *b) {
     return x->lo < y->lo ? -1 : x->lo > y->lo;
 }
 
-static size_t align_up(size_t n) { return (n + TRACE_ARENA_ALIGN - 1) / TRACE_ARENA_ALIGN * TRACE_ARENA_ALIGN; }
+static size_t align_up(size_t n) {
+    return (n + TRACE_ARENA_ALIGN - 1) / TRACE_ARENA_ALIGN * TRACE_ARENA_ALIGN;
+}
 
 kiln_status kiln_trace_plan_memory(kiln_program *p) {
     /* Buffers are numbered in order of first use already (recording). */

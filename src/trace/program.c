@@ -31,17 +31,22 @@ static kiln_status check_input(const kiln_program *p, int i, const kiln_tensor *
     KILN_TRY(kiln_tensor_check(t, "kiln_program_run"));
     char a[96], b[96];
     if (t->ndim != g->ndim || memcmp(t->shape, g->shape, sizeof(int64_t) * (size_t)g->ndim))
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE, "kiln_program_run: input %d has shape %s, traced with %s",
-                          i, kiln_shape_format(t->ndim, t->shape, a, sizeof a),
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE,
+                          "kiln_program_run: input %d has shape %s, traced with %s", i,
+                          kiln_shape_format(t->ndim, t->shape, a, sizeof a),
                           kiln_shape_format(g->ndim, g->shape, b, sizeof b));
     if (t->dtype != g->dtype)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE, "kiln_program_run: input %d is %s, traced with %s", i,
-                          kiln_dtype_name(t->dtype), kiln_dtype_name(g->dtype));
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE,
+                          "kiln_program_run: input %d is %s, traced with %s", i, kiln_dtype_name(t->dtype),
+                          kiln_dtype_name(g->dtype));
     if (!kiln_device_equal(t->storage->device, g->device))
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE, "kiln_program_run: input %d is on %s, traced on %s", i,
-                          kiln_device_str(t->storage->device, a, sizeof a), kiln_device_str(g->device, b, sizeof b));
-    if (memcmp(t->strides, g->strides, sizeof(int64_t) * (size_t)g->ndim) || kiln_layout_of(t) != KILN_LAYOUT_STRIDED)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass a tensor laid out as the traced one (kiln_contiguous), or " RETRACE,
+        return KILN_RAISE(
+            KILN_ERR_INVALID_ARGUMENT, RETRACE, "kiln_program_run: input %d is on %s, traced on %s", i,
+            kiln_device_str(t->storage->device, a, sizeof a), kiln_device_str(g->device, b, sizeof b));
+    if (memcmp(t->strides, g->strides, sizeof(int64_t) * (size_t)g->ndim) ||
+        kiln_layout_of(t) != KILN_LAYOUT_STRIDED)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                          "pass a tensor laid out as the traced one (kiln_contiguous), or " RETRACE,
                           "kiln_program_run: input %d has strides %s, traced with %s", i,
                           kiln_shape_format(t->ndim, t->strides, a, sizeof a),
                           kiln_shape_format(g->ndim, g->strides, b, sizeof b));
@@ -53,18 +58,20 @@ static kiln_status check_externals(const kiln_program *p);
 static kiln_status check_guards(const kiln_program *p, int n_inputs, kiln_tensor *const *inputs) {
     if (n_inputs != p->n_inputs || (n_inputs && !inputs))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the inputs the call was traced with",
-                          "kiln_program_run: %d inputs given, the program was traced with %d", n_inputs, p->n_inputs);
+                          "kiln_program_run: %d inputs given, the program was traced with %d", n_inputs,
+                          p->n_inputs);
     for (int i = 0; i < n_inputs; i++) KILN_TRY(check_input(p, i, inputs[i]));
     if (p->loaded) return check_externals(p);
     if (kiln_is_grad_enabled() != p->grad_enabled)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE, "kiln_program_run: grad mode is %s, traced with it %s",
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE,
+                          "kiln_program_run: grad mode is %s, traced with it %s",
                           p->grad_enabled ? "off" : "on", p->grad_enabled ? "on" : "off");
     bool ac = kiln_autocast_enabled(p->device.type);
     if (ac != p->autocast || (ac && kiln_autocast_dtype(p->device.type) != p->autocast_dtype))
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE,
-                          "kiln_program_run: autocast is %s%s, traced with it %s%s", ac ? "on in " : "off",
-                          ac ? kiln_dtype_name(kiln_autocast_dtype(p->device.type)) : "",
-                          p->autocast ? "on in " : "off", p->autocast ? kiln_dtype_name(p->autocast_dtype) : "");
+        return KILN_RAISE(
+            KILN_ERR_INVALID_ARGUMENT, RETRACE, "kiln_program_run: autocast is %s%s, traced with it %s%s",
+            ac ? "on in " : "off", ac ? kiln_dtype_name(kiln_autocast_dtype(p->device.type)) : "",
+            p->autocast ? "on in " : "off", p->autocast ? kiln_dtype_name(p->autocast_dtype) : "");
     return check_externals(p);
 }
 
@@ -74,11 +81,12 @@ static kiln_status check_externals(const kiln_program *p) {
         if (e->t->storage != e->storage || e->t->storage->base != e->base ||
             kiln_layout_of(e->t) == KILN_LAYOUT_NCHW16C) {
             char s[96];
-            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, RETRACE,
-                              "kiln_program_run: the tensor %s first used by step %d (%s) has new storage since the "
-                              "trace (moved, reloaded by swapping, or converted): the program would use the old one",
-                              kiln_shape_format(e->t->ndim, e->t->shape, s, sizeof s), e->first_step,
-                              op_name(p->steps[e->first_step].op));
+            return KILN_RAISE(
+                KILN_ERR_INVALID_ARGUMENT, RETRACE,
+                "kiln_program_run: the tensor %s first used by step %d (%s) has new storage since the "
+                "trace (moved, reloaded by swapping, or converted): the program would use the old one",
+                kiln_shape_format(e->t->ndim, e->t->shape, s, sizeof s), e->first_step,
+                op_name(p->steps[e->first_step].op));
         }
     }
     return KILN_OK;
@@ -93,7 +101,8 @@ static kiln_status materialise(kiln_program *p) {
     if (!p->base || !p->outputs || !p->in_data || !p->rng_now) return kiln_error_last()->status;
     if (p->arena_bytes) KILN_TRY(kiln_memory_alloc(p->device, p->arena_bytes, NULL, &p->arena));
     for (int i = 0; i < p->n_outputs; i++) {
-        p->outputs[i] = kiln_tensor_alloc("kiln_program_run", p->out_shape[i], p->out_dtype[i], p->device, false);
+        p->outputs[i] =
+            kiln_tensor_alloc("kiln_program_run", p->out_shape[i], p->out_dtype[i], p->device, false);
         if (!p->outputs[i]) return kiln_error_last()->status;
     }
     for (int i = 0; i < p->n_buffers; i++) {
@@ -105,10 +114,14 @@ static kiln_status materialise(kiln_program *p) {
 
 static inline void *resolve(const kiln_program *p, trace_ref r) {
     switch (r.kind) {
-    case TRACE_REF_BUFFER: return (char *)p->base[r.index] + r.offset;
-    case TRACE_REF_INPUT: return (char *)p->in_data[r.index] + r.offset;
-    case TRACE_REF_EXTERNAL: return (char *)p->ext[r.index].t->storage->base + r.offset;
-    default: return NULL;
+    case TRACE_REF_BUFFER:
+        return (char *)p->base[r.index] + r.offset;
+    case TRACE_REF_INPUT:
+        return (char *)p->in_data[r.index] + r.offset;
+    case TRACE_REF_EXTERNAL:
+        return (char *)p->ext[r.index].t->storage->base + r.offset;
+    default:
+        return NULL;
     }
 }
 
@@ -158,12 +171,14 @@ static kiln_status run_tensor_step(kiln_program *p, trace_step *s) {
     kiln_op_args *a = &s->args;
     a->out[0].data = resolve(p, s->out[0]);
     switch (s->kind) {
-    case TRACE_STEP_FILL: return k->fill(&a->out[0], s->attrs.scalar[0], p->stream);
+    case TRACE_STEP_FILL:
+        return k->fill(&a->out[0], s->attrs.scalar[0], p->stream);
     case TRACE_STEP_COPY:
         a->in[0].data = resolve(p, s->in[0]);
         return k->copy_strided(&a->out[0], &a->in[0], p->stream);
     case TRACE_STEP_ARANGE:
-        return k->arange(a->out[0].data, s->attrs.dtype, s->n, s->attrs.scalar[0], s->attrs.scalar[1], p->stream);
+        return k->arange(a->out[0].data, s->attrs.dtype, s->n, s->attrs.scalar[0], s->attrs.scalar[1],
+                         p->stream);
     default: {
         kiln_rng rng = p->rng_now[s->draw];
         return s->attrs.flag ? k->rand_normal(a->out[0].data, s->attrs.dtype, s->n, rng, p->stream)
@@ -175,12 +190,15 @@ static kiln_status run_tensor_step(kiln_program *p, trace_step *s) {
 static kiln_status run_step(kiln_program *p, trace_step *s) {
     kiln_op_args *a = &s->args;
     switch (s->kind) {
-    case TRACE_STEP_KERNEL: break;
+    case TRACE_STEP_KERNEL:
+        break;
     case TRACE_STEP_REORDER:
         kiln_cpu_reorder_nchw16c(resolve(p, s->out[0]), resolve(p, s->in[0]), s->elem, s->shape, false);
         return KILN_OK;
-    case TRACE_STEP_OPTIM: return run_optim(p, s->optim);
-    default: return run_tensor_step(p, s);
+    case TRACE_STEP_OPTIM:
+        return run_optim(p, s->optim);
+    default:
+        return run_tensor_step(p, s);
     }
     if (s->draw >= 0) s->attrs.rng = p->rng_now[s->draw];
     for (int i = 0; i < a->n_in; i++)
@@ -190,7 +208,8 @@ static kiln_status run_step(kiln_program *p, trace_step *s) {
     if (s->prep_external >= 0) {
         fill_ctx f = {s->k, a};
         void *copy = NULL;
-        KILN_TRY(kiln_tensor_prepared(p->ext[s->prep_external].t, s->prep_key, s->prep_bytes, fill_prepared, &f, &copy));
+        KILN_TRY(kiln_tensor_prepared(p->ext[s->prep_external].t, s->prep_key, s->prep_bytes, fill_prepared,
+                                      &f, &copy));
         a->prepared = copy;
     }
     return s->k->run(a);
@@ -201,14 +220,17 @@ kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *
     if (!p) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_program_run: program is NULL");
     if (n_outputs != p->n_outputs || !outputs)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass room for the traced call's outputs",
-                          "kiln_program_run: %d outputs asked for, the program has %d", n_outputs, p->n_outputs);
+                          "kiln_program_run: %d outputs asked for, the program has %d", n_outputs,
+                          p->n_outputs);
     KILN_TRY(check_guards(p, n_inputs, inputs));
     if (!p->base) KILN_TRY(materialise(p));
     for (int i = 0; i < n_inputs; i++)
-        p->in_data[i] = (char *)inputs[i]->storage->base + inputs[i]->offset * (int64_t)kiln_dtype_size(inputs[i]->dtype);
+        p->in_data[i] =
+            (char *)inputs[i]->storage->base + inputs[i]->offset * (int64_t)kiln_dtype_size(inputs[i]->dtype);
     /* Fresh numbers each run: the draws take the generator's position now,
      * in the order the eager call reserved them. */
-    for (int i = 0; i < p->n_draws; i++) p->rng_now[i] = kiln_device_rng_reserve(p->device, p->draws[i].words);
+    for (int i = 0; i < p->n_draws; i++)
+        p->rng_now[i] = kiln_device_rng_reserve(p->device, p->draws[i].words);
     for (int i = 0; i < p->n_steps; i++) {
         kiln_status st = run_step(p, &p->steps[i]);
         if (st) return st;
@@ -218,7 +240,8 @@ kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *
 }
 
 kiln_status kiln_program_stats_get(const kiln_program *p, kiln_program_stats *out) {
-    if (!p || !out) return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_program_stats_get: NULL argument");
+    if (!p || !out)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "kiln_program_stats_get: NULL argument");
     *out = (kiln_program_stats){.n_steps = p->n_steps,
                                 .n_buffers = p->n_buffers,
                                 .n_external = p->n_ext,
@@ -254,12 +277,15 @@ void kiln_program_print(const kiln_program *p, FILE *f) {
             fprintf(f, " %s x%d\n", s->optim->adam ? "adam" : "sgd", s->optim->n);
             continue;
         }
-        int n_in = s->kind == TRACE_STEP_REORDER ? 1 : s->args.n_in, n_out = s->kind == TRACE_STEP_REORDER ? 1 : s->args.n_out;
+        int n_in = s->kind == TRACE_STEP_REORDER ? 1 : s->args.n_in,
+            n_out = s->kind == TRACE_STEP_REORDER ? 1 : s->args.n_out;
         for (int j = 0; j < n_in; j++) {
             if (s->kind == TRACE_STEP_KERNEL && s->args.in[j].ndim < 0) continue;
             char sh[96];
             fprintf(f, " in%d=%s%s", j, ref_kind(s->in[j].kind),
-                    s->kind == TRACE_STEP_KERNEL ? kiln_shape_format(s->args.in[j].ndim, s->args.in[j].shape, sh, sizeof sh) : "");
+                    s->kind == TRACE_STEP_KERNEL
+                        ? kiln_shape_format(s->args.in[j].ndim, s->args.in[j].shape, sh, sizeof sh)
+                        : "");
         }
         for (int j = 0; j < n_out; j++) fprintf(f, " out%d=%s", j, ref_kind(s->out[j].kind));
         if (s->args.workspace_bytes) fprintf(f, " ws=%zu", s->args.workspace_bytes);

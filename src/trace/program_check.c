@@ -22,7 +22,7 @@
 #include "tensor/tensor_internal.h"
 #include "trace/trace_internal.h"
 
-#define FIX "export the program again with kiln export --traced"
+#define FIX       "export the program again with kiln export --traced"
 #define MAX_BYTES (INT64_C(1) << 40)
 #define MAX_COUNT (1 << 20)
 
@@ -104,7 +104,8 @@ static bool view_extent(const kiln_strided *v, int64_t *bytes) {
             return true;
         }
         int64_t d;
-        if (!kiln_checked_mul_i64(v->shape[i] - 1, v->strides[i], &d) || !kiln_checked_add_i64(last, d, &last))
+        if (!kiln_checked_mul_i64(v->shape[i] - 1, v->strides[i], &d) ||
+            !kiln_checked_add_i64(last, d, &last))
             return false;
     }
     return kiln_checked_mul_i64(last + 1, (int64_t)kiln_dtype_size(v->dtype), bytes);
@@ -123,7 +124,8 @@ static kiln_status check_ref(const parser *ps, trace_ref r, int64_t extent, bool
     const kiln_program *p = ps->p;
     int64_t size = -1;
     switch (r.kind) {
-    case TRACE_REF_NONE: return extent == 0 ? KILN_OK : bad(ps, "a view with elements has no memory");
+    case TRACE_REF_NONE:
+        return extent == 0 ? KILN_OK : bad(ps, "a view with elements has no memory");
     case TRACE_REF_BUFFER:
         if (r.index < p->n_buffers) size = (int64_t)p->buffers[r.index].bytes;
         break;
@@ -133,7 +135,8 @@ static kiln_status check_ref(const parser *ps, trace_ref r, int64_t extent, bool
         break;
     default:
         if (r.index < p->n_ext)
-            size = shape_numel(p->ext[r.index].shape) * (int64_t)kiln_dtype_size(p->ext[r.index].dtype); /* bounded on read */
+            size = shape_numel(p->ext[r.index].shape) *
+                   (int64_t)kiln_dtype_size(p->ext[r.index].dtype); /* bounded on read */
         break;
     }
     if (size < 0) return bad(ps, "a reference names a buffer, input or tensor that does not exist");
@@ -163,11 +166,12 @@ static kiln_status parse_attrs(const parser *ps, const cJSON *o, kiln_op_attrs *
     int n = 0, k = 0;
     bool ok = cJSON_IsObject(o) && cJSON_GetArraySize(sc) == 3;
     for (int i = 0; ok && i < 3; i++) ok = get_double(kiln_json_at(sc, i), &a->scalar[i]);
-    ok = ok && get_int(kiln_json_get(o, "flag"), INT32_MIN, INT32_MAX, &flag) &&
-         int_array(kiln_json_get(o, "dims"), KILN_MAX_DIMS, -KILN_MAX_DIMS, KILN_MAX_DIMS, dims, &a->n_dims) &&
-         get_bool(kiln_json_get(o, "keepdim"), &a->keepdim) &&
-         int_array(kiln_json_get(o, "ints"), KILN_MAX_DIMS * 2, -(INT64_C(1) << 40), INT64_C(1) << 40, a->ints,
-                   &a->n_ints);
+    ok =
+        ok && get_int(kiln_json_get(o, "flag"), INT32_MIN, INT32_MAX, &flag) &&
+        int_array(kiln_json_get(o, "dims"), KILN_MAX_DIMS, -KILN_MAX_DIMS, KILN_MAX_DIMS, dims, &a->n_dims) &&
+        get_bool(kiln_json_get(o, "keepdim"), &a->keepdim) &&
+        int_array(kiln_json_get(o, "ints"), KILN_MAX_DIMS * 2, -(INT64_C(1) << 40), INT64_C(1) << 40, a->ints,
+                  &a->n_ints);
     static const char *pairs[] = {"kernel", "stride", "padding", "dilation"};
     int64_t *dst[] = {a->kernel, a->stride, a->padding, a->dilation};
     for (int i = 0; ok && i < 4; i++) {
@@ -180,7 +184,8 @@ static kiln_status parse_attrs(const parser *ps, const cJSON *o, kiln_op_attrs *
          get_int(kiln_json_get(o, "reduction"), 0, KILN_REDUCTION_SUM, &red) &&
          get_int(kiln_json_get(o, "ignore_index"), -(INT64_C(1) << 53), INT64_C(1) << 53, &ign) &&
          get_double(kiln_json_get(o, "label_smoothing"), &a->label_smoothing) &&
-         get_bool(kiln_json_get(o, "training"), &a->training) && get_double(kiln_json_get(o, "momentum"), &a->momentum) &&
+         get_bool(kiln_json_get(o, "training"), &a->training) &&
+         get_double(kiln_json_get(o, "momentum"), &a->momentum) &&
          get_double(kiln_json_get(o, "eps"), &a->eps) && get_dtype(kiln_json_get(o, "dtype"), &a->dtype);
     if (!ok) return bad(ps, "the op's attributes are missing or out of range");
     (void)n;
@@ -217,8 +222,7 @@ static kiln_status check_inference(const parser *ps, trace_step *s, const kiln_o
     char fn[64];
     snprintf(fn, sizeof fn, "kiln_%s", info->name);
     if (!st && !info->infer) st = bad(ps, "the op has no shape inference in this build");
-    if (!st && info->infer(fn, &s->attrs, s->args.n_in, in, meta, want))
-        st = bad(ps, kiln_error_message());
+    if (!st && info->infer(fn, &s->attrs, s->args.n_in, in, meta, want)) st = bad(ps, kiln_error_message());
     for (int i = 0; i < s->args.n_in && !st; i++)
         if (in[i] && want[i] != s->in_dtype[i]) st = bad(ps, "an input has a dtype the op would cast");
     for (int i = 0; i < s->args.n_out && !st; i++) {
@@ -238,7 +242,8 @@ static kiln_status check_inference(const parser *ps, trace_step *s, const kiln_o
         int nd = s->in_ndim[i], lead = v->ndim - nd;
         if (!bcast && (v->ndim != nd || memcmp(v->shape, s->in_shape[i], sizeof(int64_t) * (size_t)nd)))
             st = bad(ps, "an input view's shape is not the input's");
-        if (bcast && (lead < 0 || v->ndim != meta[0].ndim || memcmp(v->shape, meta[0].shape, sizeof(int64_t) * (size_t)v->ndim)))
+        if (bcast && (lead < 0 || v->ndim != meta[0].ndim ||
+                      memcmp(v->shape, meta[0].shape, sizeof(int64_t) * (size_t)v->ndim)))
             st = bad(ps, "a broadcast input view does not have the output's shape");
         for (int d = 0; bcast && !st && d < v->ndim; d++)
             if ((d < lead || s->in_shape[i][d - lead] != v->shape[d]) && v->strides[d] != 0)
@@ -257,9 +262,10 @@ static kiln_status check_kernel(const parser *ps, trace_step *s, bool fast) {
     bool got_fast = false;
     const kiln_op_kernel *k = kiln_ops_select_kernel(KILN_DEVICE_CPU, s->op, dt, a, &got_fast);
     if (!k || !k->run || !(k->dtypes & KILN_DT(dt)) || got_fast != fast)
-        return bad(ps, fast ? "this build has not the fast kernel the program was traced with (a build without "
-                              "oneDNN, or other CPU kernels)"
-                            : "this build picks another kernel for the step than the one recorded");
+        return bad(ps,
+                   fast ? "this build has not the fast kernel the program was traced with (a build without "
+                          "oneDNN, or other CPU kernels)"
+                        : "this build picks another kernel for the step than the one recorded");
     bool opaque = false;
     for (int i = 0; i < a->n_in; i++) opaque |= a->in[i].ndim >= 0 && a->in[i].layout != KILN_LAYOUT_STRIDED;
     kiln_layout lay[KILN_OP_MAX_OUT] = {KILN_LAYOUT_STRIDED};
@@ -286,7 +292,8 @@ static kiln_status parse_prepared(const parser *ps, trace_step *s, bool recorded
     bool has = pr.input >= 0 && pr.bytes > 0;
     if (has != recorded) return bad(ps, "the kernel's prepared weight copy is not as recorded");
     if (!has) return KILN_OK;
-    if (pr.input >= s->args.n_in || s->in[pr.input].kind != TRACE_REF_EXTERNAL || pr.bytes > (size_t)MAX_BYTES)
+    if (pr.input >= s->args.n_in || s->in[pr.input].kind != TRACE_REF_EXTERNAL ||
+        pr.bytes > (size_t)MAX_BYTES)
         return bad(ps, "a prepared copy of a tensor that is not from the file");
     s->prep_external = s->in[pr.input].index, s->prep_input = pr.input;
     s->prep_key = pr.key, s->prep_bytes = pr.bytes;
@@ -298,25 +305,29 @@ static kiln_status parse_kernel_step(parser *ps, const cJSON *o, trace_step *s) 
     if (op < 0) return bad(ps, "unknown op (a newer Kiln wrote it?)");
     const kiln_op_info *info = kiln_op_info_get((kiln_op_id)op);
     s->op = (kiln_op_id)op;
-    const cJSON *in = kiln_json_get(o, "in"), *meta = kiln_json_get(o, "in_meta"), *out = kiln_json_get(o, "out");
+    const cJSON *in = kiln_json_get(o, "in"), *meta = kiln_json_get(o, "in_meta"),
+                *out = kiln_json_get(o, "out");
     int n_in = cJSON_GetArraySize(in), n_out = cJSON_GetArraySize(out);
     bool variadic = info->flags & OPF_VARIADIC;
-    if (!cJSON_IsArray(in) || !cJSON_IsArray(meta) || !cJSON_IsArray(out) || cJSON_GetArraySize(meta) != n_in ||
-        (variadic ? n_in < 1 || n_in > info->n_in : n_in != info->n_in) || n_out != info->n_out ||
-        n_in > KILN_OP_MAX_IN || n_out > KILN_OP_MAX_OUT)
+    if (!cJSON_IsArray(in) || !cJSON_IsArray(meta) || !cJSON_IsArray(out) ||
+        cJSON_GetArraySize(meta) != n_in || (variadic ? n_in < 1 || n_in > info->n_in : n_in != info->n_in) ||
+        n_out != info->n_out || n_in > KILN_OP_MAX_IN || n_out > KILN_OP_MAX_OUT)
         return bad(ps, "the op's inputs and outputs are not as many as it takes");
     bool fast = false, prepared = false;
     int64_t ws_bytes, draw;
     if (!get_bool(kiln_json_get(o, "fast"), &fast) || !get_bool(kiln_json_get(o, "prepared"), &prepared) ||
-        !get_int(kiln_json_get(o, "ws_bytes"), 0, MAX_BYTES, &ws_bytes) || !get_int(kiln_json_get(o, "draw"), -1, -1, &draw))
-        return bad(ps, "fast, prepared, ws_bytes or draw is missing or out of range (saved programs draw nothing)");
+        !get_int(kiln_json_get(o, "ws_bytes"), 0, MAX_BYTES, &ws_bytes) ||
+        !get_int(kiln_json_get(o, "draw"), -1, -1, &draw))
+        return bad(
+            ps, "fast, prepared, ws_bytes or draw is missing or out of range (saved programs draw nothing)");
     KILN_TRY(parse_attrs(ps, kiln_json_get(o, "attrs"), &s->attrs));
     s->args.n_in = n_in, s->args.n_out = n_out, s->args.workspace_bytes = (size_t)ws_bytes;
     for (int i = 0; i < n_in; i++) {
         const cJSON *v = kiln_json_at(in, i), *m = kiln_json_at(meta, i);
         s->in_ndim[i] = -1;
         s->args.in[i].ndim = -1;
-        if (cJSON_IsNull(v) != cJSON_IsNull(m)) return bad(ps, "an input is present in one list, absent in the other");
+        if (cJSON_IsNull(v) != cJSON_IsNull(m))
+            return bad(ps, "an input is present in one list, absent in the other");
         if (cJSON_IsNull(v)) {
             if (variadic || !(i >= 1 && i <= 4 && (info->flags & OPF_OPTIONAL(i))))
                 return bad(ps, "a required input is absent");
@@ -329,7 +340,8 @@ static kiln_status parse_kernel_step(parser *ps, const cJSON *o, trace_step *s) 
         s->in_ndim[i] = nd;
         KILN_TRY(parse_view(ps, v, &s->args.in[i], &s->in[i]));
     }
-    for (int i = 0; i < n_out; i++) KILN_TRY(parse_view(ps, kiln_json_at(out, i), &s->args.out[i], &s->out[i]));
+    for (int i = 0; i < n_out; i++)
+        KILN_TRY(parse_view(ps, kiln_json_at(out, i), &s->args.out[i], &s->out[i]));
     if (ws_bytes) KILN_TRY(parse_ref(ps, kiln_json_get(o, "ws"), &s->ws));
     KILN_TRY(check_inference(ps, s, info));
     for (int i = 0; i < n_in; i++) {
@@ -356,27 +368,34 @@ static kiln_status parse_tensor_step(parser *ps, const cJSON *o, trace_step *s, 
         KILN_TRY(parse_ref(ps, kiln_json_get(o, "in"), &s->in[0]));
         KILN_TRY(parse_ref(ps, kiln_json_get(o, "out"), &s->out[0]));
         if (!get_int(kiln_json_get(o, "elem"), 4, 4, &elem) ||
-            !int_array(kiln_json_get(o, "shape"), 4, 1, INT64_C(1) << 31, shape, &nd) || nd != 4 || shape[1] % 16 ||
-            s->in[0].kind != TRACE_REF_BUFFER || s->out[0].kind != TRACE_REF_BUFFER)
-            return bad(ps, "a layout conversion that is not f32 (N, C, H, W), C a multiple of 16, buffer to buffer");
+            !int_array(kiln_json_get(o, "shape"), 4, 1, INT64_C(1) << 31, shape, &nd) || nd != 4 ||
+            shape[1] % 16 || s->in[0].kind != TRACE_REF_BUFFER || s->out[0].kind != TRACE_REF_BUFFER)
+            return bad(
+                ps, "a layout conversion that is not f32 (N, C, H, W), C a multiple of 16, buffer to buffer");
         s->elem = (size_t)elem;
         memcpy(s->shape, shape, sizeof s->shape);
         int64_t bytes = 4;
         for (int i = 0; i < 4; i++)
-            if (!kiln_checked_mul_i64(bytes, shape[i], &bytes)) return bad(ps, "a conversion's size overflows");
+            if (!kiln_checked_mul_i64(bytes, shape[i], &bytes))
+                return bad(ps, "a conversion's size overflows");
         KILN_TRY(check_ref(ps, s->in[0], bytes, false));
         return check_ref(ps, s->out[0], bytes, true);
     }
-    s->kind = !strcmp(kind, "fill") ? TRACE_STEP_FILL : !strcmp(kind, "copy") ? TRACE_STEP_COPY
-              : !strcmp(kind, "arange")                                    ? TRACE_STEP_ARANGE
-                                                                           : -1;
-    if (s->kind < 0) return bad(ps, "unknown step kind (saved programs hold kernel, reorder, fill, copy, arange)");
+    s->kind = !strcmp(kind, "fill")     ? TRACE_STEP_FILL
+              : !strcmp(kind, "copy")   ? TRACE_STEP_COPY
+              : !strcmp(kind, "arange") ? TRACE_STEP_ARANGE
+                                        : -1;
+    if (s->kind < 0)
+        return bad(ps, "unknown step kind (saved programs hold kernel, reorder, fill, copy, arange)");
     KILN_TRY(parse_view(ps, kiln_json_get(o, "out"), &s->args.out[0], &s->out[0]));
     s->args.n_out = 1;
-    if (s->args.out[0].layout != KILN_LAYOUT_STRIDED) return bad(ps, "a tensor-layer step on an opaque layout");
+    if (s->args.out[0].layout != KILN_LAYOUT_STRIDED)
+        return bad(ps, "a tensor-layer step on an opaque layout");
     if (!get_double(kiln_json_get(o, "value"), &s->attrs.scalar[0]) ||
-        !get_double(kiln_json_get(o, "step"), &s->attrs.scalar[1]) || !get_dtype(kiln_json_get(o, "t"), &s->attrs.dtype) ||
-        !get_int(kiln_json_get(o, "n"), 0, INT64_C(1) << 40, &n) || !get_int(kiln_json_get(o, "normal"), 0, 1, &normal) ||
+        !get_double(kiln_json_get(o, "step"), &s->attrs.scalar[1]) ||
+        !get_dtype(kiln_json_get(o, "t"), &s->attrs.dtype) ||
+        !get_int(kiln_json_get(o, "n"), 0, INT64_C(1) << 40, &n) ||
+        !get_int(kiln_json_get(o, "normal"), 0, 1, &normal) ||
         !get_int(kiln_json_get(o, "draw"), -1, -1, &draw))
         return bad(ps, "a tensor-layer step's value, step, t, n, normal or draw is missing or out of range");
     s->n = n;
@@ -389,7 +408,8 @@ static kiln_status parse_tensor_step(parser *ps, const cJSON *o, trace_step *s, 
         KILN_TRY(parse_view(ps, kiln_json_get(o, "in"), &s->args.in[0], &s->in[0]));
         s->args.n_in = 1;
         const kiln_strided *a = &s->args.in[0], *b = &s->args.out[0];
-        if (a->layout != KILN_LAYOUT_STRIDED || a->ndim != b->ndim || memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim))
+        if (a->layout != KILN_LAYOUT_STRIDED || a->ndim != b->ndim ||
+            memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim))
             return bad(ps, "a copy between views of two shapes");
         if (!view_extent(a, &e)) return bad(ps, "a view's extent overflows");
         KILN_TRY(check_ref(ps, s->in[0], e, false));
@@ -405,12 +425,14 @@ static kiln_status parse_header(parser *ps, const cJSON *root) {
     const char *format = kiln_json_string(kiln_json_get(root, "format"), NULL);
     if (!format || strcmp(format, KILN_PROGRAM_FORMAT)) return bad(ps, "format is not \"kiln.program\"");
     if (!get_int(kiln_json_get(root, "version"), 1, 1 << 20, &version) || version != KILN_PROGRAM_VERSION)
-        return KILN_RAISE(KILN_ERR_IO, "export it again with this Kiln, or run it with the Kiln that wrote it",
+        return KILN_RAISE(KILN_ERR_IO,
+                          "export it again with this Kiln, or run it with the Kiln that wrote it",
                           "%s: Kiln program version %lld; this Kiln reads version %d", ps->file,
                           (long long)kiln_json_int(kiln_json_get(root, "version"), -1), KILN_PROGRAM_VERSION);
     const char *dev = kiln_json_string(kiln_json_get(root, "device"), NULL);
     if (!dev || strcmp(dev, "cpu")) return bad(ps, "device is not \"cpu\"");
-    if (!get_int(kiln_json_get(root, "arena_bytes"), 0, MAX_BYTES, &arena)) return bad(ps, "arena_bytes out of range");
+    if (!get_int(kiln_json_get(root, "arena_bytes"), 0, MAX_BYTES, &arena))
+        return bad(ps, "arena_bytes out of range");
     p->arena_bytes = (size_t)arena;
     int ni = cJSON_GetArraySize(in), no = cJSON_GetArraySize(out);
     if (!cJSON_IsArray(in) || !cJSON_IsArray(out) || ni < 0 || ni > 64 || no < 1 || no > 64)
@@ -445,7 +467,8 @@ static kiln_status parse_header(parser *ps, const cJSON *root) {
 static kiln_status parse_buffers(parser *ps, const cJSON *bufs) {
     kiln_program *p = ps->p;
     int n = cJSON_GetArraySize(bufs);
-    if (!cJSON_IsArray(bufs) || n > MAX_COUNT) return bad(ps, "buffers is not a list of [bytes, offset, output]");
+    if (!cJSON_IsArray(bufs) || n > MAX_COUNT)
+        return bad(ps, "buffers is not a list of [bytes, offset, output]");
     p->buffers = KILN_CALLOC((size_t)n + 1, sizeof *p->buffers);
     if (!p->buffers) return kiln_error_last()->status;
     p->n_buffers = n;
@@ -464,7 +487,8 @@ static kiln_status parse_buffers(parser *ps, const cJSON *bufs) {
             if (!kiln_checked_mul_i64(shape_numel(p->out_shape[t->output]),
                                       (int64_t)kiln_dtype_size(p->out_dtype[t->output]), &want))
                 want = -1;
-            if (seen[t->output] || want != v[0]) return bad(ps, "an output buffer repeats or is not its output's size");
+            if (seen[t->output] || want != v[0])
+                return bad(ps, "an output buffer repeats or is not its output's size");
             seen[t->output] = true;
         } else if (t->offset % 512 || t->bytes > p->arena_bytes || t->offset > p->arena_bytes - t->bytes) {
             return bad(ps, "a buffer lies outside the arena or off its alignment");
@@ -494,7 +518,8 @@ static kiln_status parse_externals(parser *ps, const cJSON *ext) {
         for (int j = 0; j < p->n_ext; j++)
             if (!strcmp(p->ext[j].name, name)) return bad(ps, "two externals have one name");
         t->name = strdup(name);
-        if (!t->name) return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "kiln_program_load: out of host memory");
+        if (!t->name)
+            return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "kiln_program_load: out of host memory");
         p->n_ext++;
     }
     return KILN_OK;
@@ -544,7 +569,8 @@ kiln_status kiln_program_parse(const char *file, const char *text, size_t len, k
     kiln_status st = cJSON_IsObject(root) ? parse_header(&ps, root) : bad(&ps, "not a JSON object");
     if (!st) st = parse_buffers(&ps, kiln_json_get(root, "buffers"));
     if (!st) st = parse_externals(&ps, kiln_json_get(root, "externals"));
-    if (!st && cJSON_GetArraySize(kiln_json_get(root, "draws")) != 0) st = bad(&ps, "a saved program draws nothing");
+    if (!st && cJSON_GetArraySize(kiln_json_get(root, "draws")) != 0)
+        st = bad(&ps, "a saved program draws nothing");
     if (!st) st = parse_steps(&ps, kiln_json_get(root, "steps"));
     if (!st) st = kiln_tensor_kernel_stream(p->device, &p->stream);
     cJSON_Delete(root);

@@ -107,7 +107,8 @@ static cJSON *step_json(const trace_step *s) {
         cJSON_AddNumberToObject(o, "elem", (double)s->elem);
         cJSON_AddItemToObject(o, "shape", ints(s->shape, 4));
         break;
-    case TRACE_STEP_COPY: cJSON_AddItemToObject(o, "in", view_json(&a->in[0], s->in[0])); /* fall through */
+    case TRACE_STEP_COPY:
+        cJSON_AddItemToObject(o, "in", view_json(&a->in[0], s->in[0])); /* fall through */
     default:
         cJSON_AddItemToObject(o, "out", view_json(&a->out[0], s->out[0]));
         cJSON_AddItemToObject(o, "value", hexf(s->attrs.scalar[0]));
@@ -157,7 +158,8 @@ static cJSON *program_json(const kiln_program *p, char **names) {
         cJSON_AddItemToArray(ext, e);
     }
     cJSON *draws = cJSON_AddArrayToObject(o, "draws");
-    for (int i = 0; i < p->n_draws; i++) cJSON_AddItemToArray(draws, cJSON_CreateNumber((double)p->draws[i].words));
+    for (int i = 0; i < p->n_draws; i++)
+        cJSON_AddItemToArray(draws, cJSON_CreateNumber((double)p->draws[i].words));
     cJSON *steps = cJSON_AddArrayToObject(o, "steps");
     for (int i = 0; i < p->n_steps; i++) cJSON_AddItemToArray(steps, step_json(&p->steps[i]));
     return o;
@@ -198,10 +200,11 @@ kiln_status kiln_program_save(const kiln_program *p, const char *path, kiln_modu
     for (int i = 0; i < p->n_steps; i++)
         if (p->steps[i].kind == TRACE_STEP_OPTIM || p->steps[i].kind == TRACE_STEP_RAND ||
             p->steps[i].draw >= 0)
-            return KILN_RAISE(KILN_ERR_UNSUPPORTED, "trace an inference forward (eval mode) to save it",
-                              "kiln_program_save: step %d is an optimizer update or a random draw; saved programs "
-                              "are inference programs",
-                              i);
+            return KILN_RAISE(
+                KILN_ERR_UNSUPPORTED, "trace an inference forward (eval mode) to save it",
+                "kiln_program_save: step %d is an optimizer update or a random draw; saved programs "
+                "are inference programs",
+                i);
     char **names = KILN_CALLOC((size_t)p->n_ext + 1, sizeof *names);
     kiln_named_tensor *items = KILN_CALLOC((size_t)p->n_ext + 1, sizeof *items);
     kiln_status st = names && items ? name_externals(p, names_from, names) : kiln_error_last()->status;
@@ -209,7 +212,8 @@ kiln_status kiln_program_save(const kiln_program *p, const char *path, kiln_modu
     char *text = doc ? cJSON_PrintUnformatted(doc) : NULL;
     if (!st && !text) st = KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "kiln_program_save: out of host memory");
     if (!st) {
-        for (int i = 0; i < p->n_ext; i++) items[i] = (kiln_named_tensor){.name = names[i], .tensor = p->ext[i].t};
+        for (int i = 0; i < p->n_ext; i++)
+            items[i] = (kiln_named_tensor){.name = names[i], .tensor = p->ext[i].t};
         const char *meta[2] = {"kiln.program", text};
         st = kiln_st_write(path, items, p->n_ext, meta, 1);
     }
@@ -227,9 +231,10 @@ kiln_status kiln_program_load(const char *path, kiln_program **out) {
     KILN_TRY(kiln_safetensors_open(path, &f));
     const char *text = kiln_safetensors_metadata(f, "kiln.program");
     kiln_program *p = NULL;
-    kiln_status st = text ? kiln_program_parse(path, text, strlen(text), &p)
-                          : KILN_RAISE(KILN_ERR_IO, "write it with kiln export --traced",
-                                       "%s: not a Kiln program (no kiln.program entry in its metadata)", path);
+    kiln_status st = text
+                         ? kiln_program_parse(path, text, strlen(text), &p)
+                         : KILN_RAISE(KILN_ERR_IO, "write it with kiln export --traced",
+                                      "%s: not a Kiln program (no kiln.program entry in its metadata)", path);
     for (int i = 0; !st && i < p->n_ext; i++) {
         trace_external *e = &p->ext[i];
         kiln_dtype dt;
@@ -237,8 +242,10 @@ kiln_status kiln_program_load(const char *path, kiln_program **out) {
         st = kiln_safetensors_tensor_info(f, e->name, &dt, &shape);
         if (!st && (dt != e->dtype || shape.ndim != e->shape.ndim ||
                     memcmp(shape.d, e->shape.d, sizeof(int64_t) * (size_t)shape.ndim)))
-            st = KILN_RAISE(KILN_ERR_IO, "export the program again", "%s: tensor '%s' is %s of another shape than "
-                            "the program uses", path, e->name, kiln_dtype_name(dt));
+            st = KILN_RAISE(KILN_ERR_IO, "export the program again",
+                            "%s: tensor '%s' is %s of another shape than "
+                            "the program uses",
+                            path, e->name, kiln_dtype_name(dt));
         if (!st) {
             e->t = kiln_safetensors_get(f, e->name, (kiln_device){KILN_DEVICE_CPU, 0});
             if (!e->t) st = kiln_error_last()->status;

@@ -22,8 +22,7 @@
 
 typedef trace_recording recording;
 
-#define GROW(arr, n, cap)                                                                          \
-    ((n) < (cap) ? KILN_OK : grow_array((void **)&(arr), &(cap), sizeof *(arr)))
+#define GROW(arr, n, cap) ((n) < (cap) ? KILN_OK : grow_array((void **)&(arr), &(cap), sizeof *(arr)))
 
 static kiln_status grow_array(void **arr, int *cap, size_t elem) {
     int nc = *cap ? *cap * 2 : 64;
@@ -48,7 +47,8 @@ static void memory_event(void *ctx, kiln_device device, void *ptr, size_t bytes,
         r->failed = kiln_error_last()->status;
         return;
     }
-    r->blocks[r->n_blocks++] = (trace_block){.device = device, .base = ptr, .bytes = bytes, .live = true, .buffer = -1};
+    r->blocks[r->n_blocks++] =
+        (trace_block){.device = device, .base = ptr, .bytes = bytes, .live = true, .buffer = -1};
 }
 
 /* The newest block holding [p, p + 1): live ones, or, for a block just
@@ -69,7 +69,8 @@ static int block_buffer(recording *r, int bi, int step) {
     kiln_program *p = r->p;
     if (b->buffer < 0) {
         if (GROW(p->buffers, p->n_buffers, p->cap_buffers)) return -1;
-        p->buffers[p->n_buffers] = (trace_buffer){.bytes = b->bytes, .first = step, .last = step, .output = -1};
+        p->buffers[p->n_buffers] =
+            (trace_buffer){.bytes = b->bytes, .first = step, .last = step, .output = -1};
         b->buffer = p->n_buffers++;
     }
     trace_buffer *tb = &p->buffers[b->buffer];
@@ -85,8 +86,8 @@ static kiln_status external_index(recording *r, kiln_tensor *t, int step, int *o
             return KILN_OK;
         }
     KILN_TRY(GROW(p->ext, p->n_ext, p->cap_ext));
-    p->ext[p->n_ext] =
-        (trace_external){.t = kiln_retain(t), .storage = t->storage, .base = t->storage->base, .first_step = step};
+    p->ext[p->n_ext] = (trace_external){
+        .t = kiln_retain(t), .storage = t->storage, .base = t->storage->base, .first_step = step};
     *out = p->n_ext++;
     return KILN_OK;
 }
@@ -97,14 +98,16 @@ static const char *op_name(kiln_op_id op) {
 }
 
 static const char *step_name(const trace_step *s) {
-    static const char *names[] = {"", "layout conversion", "fill", "copy", "arange", "random draw", "optimizer step"};
+    static const char *names[] = {"",       "layout conversion", "fill",          "copy",
+                                  "arange", "random draw",       "optimizer step"};
     return s->kind == TRACE_STEP_KERNEL ? op_name(s->op) : names[s->kind];
 }
 
 /* Where pointer `data` of tensor t (NULL t: a raw block such as the
  * workspace) lies, for step `step`; `write` marks the buffer written, a
  * read of a buffer not yet written is refused. */
-kiln_status kiln_trace_classify(recording *r, const kiln_tensor *t, const void *data, int step, bool write, trace_ref *ref) {
+kiln_status kiln_trace_classify(recording *r, const kiln_tensor *t, const void *data, int step, bool write,
+                                trace_ref *ref) {
     kiln_program *p = r->p;
     *ref = (trace_ref){.kind = TRACE_REF_NONE};
     if (!data) return KILN_OK;
@@ -112,28 +115,33 @@ kiln_status kiln_trace_classify(recording *r, const kiln_tensor *t, const void *
     if (bi >= 0) {
         if (!kiln_device_equal(r->blocks[bi].device, p->device))
             return KILN_RAISE(KILN_ERR_UNSUPPORTED, "trace the part on each device separately",
-                              "kiln_trace: step %d (%s) uses a second device", step, step_name(&p->steps[step]));
+                              "kiln_trace: step %d (%s) uses a second device", step,
+                              step_name(&p->steps[step]));
         int b = block_buffer(r, bi, step);
         if (b < 0) return kiln_error_last()->status;
         trace_buffer *tb = &p->buffers[b];
         if (!write && !tb->written)
-            return KILN_RAISE(KILN_ERR_UNSUPPORTED,
-                              "do that work before kiln_trace (a warm-up step), or with ops instead of direct writes",
-                              "kiln_trace: step %d (%s) reads a tensor the traced call allocated but that no traced "
-                              "kernel wrote: work outside the dispatcher (a tensor-layer fill, copy or layout "
-                              "conversion) made it, and a replay could not",
-                              step, step_name(&p->steps[step]));
+            return KILN_RAISE(
+                KILN_ERR_UNSUPPORTED,
+                "do that work before kiln_trace (a warm-up step), or with ops instead of direct writes",
+                "kiln_trace: step %d (%s) reads a tensor the traced call allocated but that no traced "
+                "kernel wrote: work outside the dispatcher (a tensor-layer fill, copy or layout "
+                "conversion) made it, and a replay could not",
+                step, step_name(&p->steps[step]));
         if (write) tb->written = true;
-        *ref = (trace_ref){.kind = TRACE_REF_BUFFER, .index = b, .offset = (const char *)data - r->blocks[bi].base};
+        *ref = (trace_ref){
+            .kind = TRACE_REF_BUFFER, .index = b, .offset = (const char *)data - r->blocks[bi].base};
         return KILN_OK;
     }
     for (int i = 0; i < p->n_inputs; i++) {
         const kiln_tensor *in = r->inputs[i];
         const char *lo = in->storage->base;
-        if (t ? in->storage != t->storage : !(lo && (const char *)data >= lo && (const char *)data < lo + in->storage->nbytes))
+        if (t ? in->storage != t->storage
+              : !(lo && (const char *)data >= lo && (const char *)data < lo + in->storage->nbytes))
             continue;
         if (write)
-            return KILN_RAISE(KILN_ERR_UNSUPPORTED, "clone the input inside the traced call before writing it",
+            return KILN_RAISE(KILN_ERR_UNSUPPORTED,
+                              "clone the input inside the traced call before writing it",
                               "kiln_trace: step %d (%s) writes program input %d in place", step,
                               step_name(&p->steps[step]), i);
         const char *d0 = (const char *)in->storage->base + in->offset * (int64_t)kiln_dtype_size(in->dtype);
@@ -151,19 +159,23 @@ kiln_status kiln_trace_classify(recording *r, const kiln_tensor *t, const void *
         }
     }
     if (!t)
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED,
-                          "use that tensor in a dispatched op first, do the work before kiln_trace, and read "
-                          "values on the host only after the replay",
-                          "kiln_trace: step %d (%s) %s memory the trace does not know: a tensor that existed before "
-                          "the call, used outside the dispatcher, or the host (kiln_item, a copy to the host), "
-                          "which a replay cannot follow",
-                          step, step_name(&p->steps[step]), write ? "writes" : "reads");
+        return KILN_RAISE(
+            KILN_ERR_UNSUPPORTED,
+            "use that tensor in a dispatched op first, do the work before kiln_trace, and read "
+            "values on the host only after the replay",
+            "kiln_trace: step %d (%s) %s memory the trace does not know: a tensor that existed before "
+            "the call, used outside the dispatcher, or the host (kiln_item, a copy to the host), "
+            "which a replay cannot follow",
+            step, step_name(&p->steps[step]), write ? "writes" : "reads");
     if (!kiln_device_equal(t->storage->device, p->device))
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "trace the part on each device separately",
-                          "kiln_trace: step %d (%s) uses a tensor on a second device", step, step_name(&p->steps[step]));
+                          "kiln_trace: step %d (%s) uses a tensor on a second device", step,
+                          step_name(&p->steps[step]));
     int e;
     KILN_TRY(external_index(r, (kiln_tensor *)t, step, &e));
-    *ref = (trace_ref){.kind = TRACE_REF_EXTERNAL, .index = e, .offset = (const char *)data - (const char *)t->storage->base};
+    *ref = (trace_ref){.kind = TRACE_REF_EXTERNAL,
+                       .index = e,
+                       .offset = (const char *)data - (const char *)t->storage->base};
     return KILN_OK;
 }
 
@@ -190,7 +202,8 @@ kiln_status kiln_trace_draw(recording *r, kiln_device device, kiln_rng rng, int 
      * moved past it by exactly its size. */
     kiln_rng now = kiln_device_rng_reserve(device, 0);
     if (now.seed != rng.seed || now.subsequence != rng.subsequence || now.offset < rng.offset)
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "draw random numbers inside the traced call, from the device generator",
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED,
+                          "draw random numbers inside the traced call, from the device generator",
                           "kiln_trace: a random op uses numbers drawn outside the traced call");
     KILN_TRY(GROW(p->draws, p->n_draws, p->cap_draws));
     p->draws[p->n_draws] = (trace_draw){.recorded = rng, .words = (now.offset - rng.offset) * 4};
@@ -226,16 +239,19 @@ static kiln_status record_kernel(void *ctx, const kiln_op_call *c, const kiln_op
     s->op = c->op, s->k = k, s->fast = fast;
     s->args = *args;
     s->attrs = *args->attrs;
-    if (c->op == KILN_OP_DROPOUT || c->op == KILN_OP_RANDPERM) KILN_TRY(kiln_trace_draw(r, c->device, args->attrs->rng, &s->draw));
+    if (c->op == KILN_OP_DROPOUT || c->op == KILN_OP_RANDPERM)
+        KILN_TRY(kiln_trace_draw(r, c->device, args->attrs->rng, &s->draw));
     for (int i = 0; i < args->n_in; i++) {
         s->in_ndim[i] = c->in[i] ? c->in[i]->ndim : -1;
         if (c->in[i]) {
             s->in_dtype[i] = c->in[i]->dtype;
             memcpy(s->in_shape[i], c->in[i]->shape, sizeof s->in_shape[i]);
         }
-        if (args->in[i].ndim >= 0) KILN_TRY(kiln_trace_classify(r, c->in[i], args->in[i].data, idx, false, &s->in[i]));
+        if (args->in[i].ndim >= 0)
+            KILN_TRY(kiln_trace_classify(r, c->in[i], args->in[i].data, idx, false, &s->in[i]));
     }
-    for (int i = 0; i < args->n_out; i++) KILN_TRY(kiln_trace_classify(r, c->out[i], args->out[i].data, idx, true, &s->out[i]));
+    for (int i = 0; i < args->n_out; i++)
+        KILN_TRY(kiln_trace_classify(r, c->out[i], args->out[i].data, idx, true, &s->out[i]));
     if (args->workspace) {
         KILN_TRY(kiln_trace_classify(r, NULL, args->workspace, idx, true, &s->ws));
     }
@@ -243,7 +259,8 @@ static kiln_status record_kernel(void *ctx, const kiln_op_call *c, const kiln_op
         kiln_op_prepare pr = {.input = -1};
         k->prepare(args, &pr);
         if (pr.input < 0 || pr.input >= c->n_in || s->in[pr.input].kind != TRACE_REF_EXTERNAL)
-            return KILN_RAISE(KILN_ERR_UNSUPPORTED, "trace with the weights as tensors that exist before the call",
+            return KILN_RAISE(KILN_ERR_UNSUPPORTED,
+                              "trace with the weights as tensors that exist before the call",
                               "kiln_trace: step %d (%s) keeps a prepared copy of a tensor the call made", idx,
                               op_name(c->op));
         s->prep_external = s->in[pr.input].index;
@@ -252,10 +269,12 @@ static kiln_status record_kernel(void *ctx, const kiln_op_call *c, const kiln_op
     return KILN_OK;
 }
 
-static kiln_status record_reorder(void *ctx, const kiln_tensor *t, const void *old_base, kiln_layout old_layout) {
+static kiln_status record_reorder(void *ctx, const kiln_tensor *t, const void *old_base,
+                                  kiln_layout old_layout) {
     recording *r = ctx;
     if (t->storage->device.type != KILN_DEVICE_CPU || old_layout != KILN_LAYOUT_NCHW16C || t->ndim != 4)
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "report this: the trace knows the CPU's nChw16c conversion only",
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED,
+                          "report this: the trace knows the CPU's nChw16c conversion only",
                           "kiln_trace: a layout conversion it cannot replay");
     KILN_TRY(kiln_trace_step_device(r, t->storage->device, r->have_device ? r->p->stream : NULL));
     int bi = find_block(r, old_base, true);
@@ -313,10 +332,10 @@ static kiln_status bind_outputs(recording *r, int n_outputs, kiln_tensor **outs)
         int b = bi >= 0 ? r->blocks[bi].buffer : -1;
         if (b < 0 || t->offset != 0 || !kiln_is_contiguous(t) || kiln_layout_of(t) != KILN_LAYOUT_STRIDED ||
             (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype) != p->buffers[b].bytes)
-            return KILN_RAISE(KILN_ERR_UNSUPPORTED,
-                              "return a result a traced kernel computed (kiln_clone(x) for an input or a parameter)",
-                              "kiln_trace: output %d is not a contiguous tensor of its own that a traced kernel wrote",
-                              i);
+            return KILN_RAISE(
+                KILN_ERR_UNSUPPORTED,
+                "return a result a traced kernel computed (kiln_clone(x) for an input or a parameter)",
+                "kiln_trace: output %d is not a contiguous tensor of its own that a traced kernel wrote", i);
         if (p->buffers[b].output >= 0)
             return KILN_RAISE(KILN_ERR_UNSUPPORTED, "return each result once",
                               "kiln_trace: outputs %d and %d are the same tensor", p->buffers[b].output, i);
@@ -334,8 +353,8 @@ kiln_status kiln_trace(kiln_trace_fn fn, void *user, int n_inputs, kiln_tensor *
     *out = NULL;
     if (!fn || n_inputs < 0 || n_inputs > 64 || n_outputs < 1 || n_outputs > 64 || (n_inputs && !inputs))
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass fn, 0..64 inputs and 1..64 outputs",
-                          "kiln_trace: bad arguments (fn %s, %d inputs, %d outputs)", fn ? "set" : "NULL", n_inputs,
-                          n_outputs);
+                          "kiln_trace: bad arguments (fn %s, %d inputs, %d outputs)", fn ? "set" : "NULL",
+                          n_inputs, n_outputs);
     kiln_program *p = KILN_CALLOC(1, sizeof *p);
     if (!p) return kiln_error_last()->status;
     p->n_inputs = n_inputs, p->n_outputs = n_outputs;
@@ -361,11 +380,12 @@ kiln_status kiln_trace(kiln_trace_fn fn, void *user, int n_inputs, kiln_tensor *
         kiln_counters_read(after);
         if (!st && r.failed) st = r.failed;
         if (!st && after[KILN_COUNTER_HOST_SYNCS] != before[KILN_COUNTER_HOST_SYNCS])
-            st = KILN_RAISE(KILN_ERR_UNSUPPORTED,
-                            "move host reads (kiln_item, copies to the host) out of the traced call",
-                            "kiln_trace: the call synchronised the host with the device %llu time(s); a replay "
-                            "cannot follow what the host decided from the values read",
-                            (unsigned long long)(after[KILN_COUNTER_HOST_SYNCS] - before[KILN_COUNTER_HOST_SYNCS]));
+            st = KILN_RAISE(
+                KILN_ERR_UNSUPPORTED,
+                "move host reads (kiln_item, copies to the host) out of the traced call",
+                "kiln_trace: the call synchronised the host with the device %llu time(s); a replay "
+                "cannot follow what the host decided from the values read",
+                (unsigned long long)(after[KILN_COUNTER_HOST_SYNCS] - before[KILN_COUNTER_HOST_SYNCS]));
         if (!st && !p->n_steps)
             st = KILN_RAISE(KILN_ERR_UNSUPPORTED, "trace a call that computes something",
                             "kiln_trace: the call ran no kernel");
@@ -374,8 +394,10 @@ kiln_status kiln_trace(kiln_trace_fn fn, void *user, int n_inputs, kiln_tensor *
     if (!st) st = kiln_trace_plan_memory(p);
     free(r.blocks);
     for (int i = 0; i < n_outputs; i++) {
-        if (eager_outputs && !st) eager_outputs[i] = outs[i];
-        else if (outs[i]) kiln_release(outs[i]);
+        if (eager_outputs && !st)
+            eager_outputs[i] = outs[i];
+        else if (outs[i])
+            kiln_release(outs[i]);
     }
     if (st) {
         kiln_program_free(p);

@@ -17,11 +17,14 @@ static _Thread_local trace_recording *active;
 
 static const kiln_tensor_kernels *real_table(kiln_device_type type) {
     switch (type) {
-    case KILN_DEVICE_CPU: return kiln_cpu_tensor_kernels();
+    case KILN_DEVICE_CPU:
+        return kiln_cpu_tensor_kernels();
 #ifdef KILN_WITH_CUDA
-    case KILN_DEVICE_CUDA: return kiln_cuda_tensor_kernels();
+    case KILN_DEVICE_CUDA:
+        return kiln_cuda_tensor_kernels();
 #endif
-    default: return NULL;
+    default:
+        return NULL;
     }
 }
 
@@ -32,9 +35,10 @@ static kiln_status tensor_step(kiln_device_type type, int kind, void *stream, tr
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "trace the part on each device separately",
                           "kiln_trace: the call does tensor-layer work on a second device type");
     if (type == KILN_DEVICE_CUDA && !r->have_device)
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "start the traced call with an op",
-                          "kiln_trace: the call's first kernel is tensor-layer work on a CUDA device, whose index "
-                          "the trace cannot know");
+        return KILN_RAISE(
+            KILN_ERR_UNSUPPORTED, "start the traced call with an op",
+            "kiln_trace: the call's first kernel is tensor-layer work on a CUDA device, whose index "
+            "the trace cannot know");
     KILN_TRY(kiln_trace_step_device(r, d, stream));
     KILN_TRY(kiln_trace_new_step(r, s, idx));
     (*s)->kind = kind;
@@ -48,54 +52,55 @@ static kiln_status view_out(trace_step *s, int idx, const kiln_strided *dst) {
     return kiln_trace_classify(active, NULL, dst->data, idx, true, &s->out[0]);
 }
 
-#define DEFINE_RECORDERS(suffix, TYPE)                                                                          \
-    static kiln_status fill_##suffix(const kiln_strided *dst, double value, void *stream) {                   \
-        trace_step *s;                                                                                          \
-        int idx;                                                                                                \
-        KILN_TRY(tensor_step(TYPE, TRACE_STEP_FILL, stream, &s, &idx));                                         \
-        s->attrs.scalar[0] = value;                                                                             \
-        KILN_TRY(view_out(s, idx, dst));                                                                        \
-        return real_table(TYPE)->fill(dst, value, stream);                                                      \
-    }                                                                                                           \
-    static kiln_status copy_##suffix(const kiln_strided *dst, const kiln_strided *src, void *stream) {         \
-        trace_step *s;                                                                                          \
-        int idx;                                                                                                \
-        KILN_TRY(tensor_step(TYPE, TRACE_STEP_COPY, stream, &s, &idx));                                         \
-        s->args.n_in = 1;                                                                                       \
-        s->args.in[0] = *src;                                                                                   \
-        KILN_TRY(kiln_trace_classify(active, NULL, src->data, idx, false, &s->in[0]));                          \
-        KILN_TRY(view_out(s, idx, dst));                                                                        \
-        return real_table(TYPE)->copy_strided(dst, src, stream);                                                \
-    }                                                                                                           \
-    static kiln_status arange_##suffix(void *dst, kiln_dtype dtype, int64_t n, double start, double step,      \
-                                       void *stream) {                                                          \
-        trace_step *s;                                                                                          \
-        int idx;                                                                                                \
-        KILN_TRY(tensor_step(TYPE, TRACE_STEP_ARANGE, stream, &s, &idx));                                       \
-        s->attrs.scalar[0] = start, s->attrs.scalar[1] = step, s->attrs.dtype = dtype, s->n = n;                \
-        kiln_strided v = {.data = dst, .dtype = dtype, .ndim = 1, .shape = {n}, .strides = {1}};                \
-        KILN_TRY(view_out(s, idx, &v));                                                                         \
-        return real_table(TYPE)->arange(dst, dtype, n, start, step, stream);                                    \
-    }                                                                                                           \
-    static kiln_status rand_##suffix(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream,       \
-                                     bool normal) {                                                             \
-        trace_step *s;                                                                                          \
-        int idx;                                                                                                \
-        KILN_TRY(tensor_step(TYPE, TRACE_STEP_RAND, stream, &s, &idx));                                         \
-        s->attrs.flag = normal, s->attrs.dtype = dtype, s->n = n;                                               \
-        KILN_TRY(kiln_trace_draw(active, active->p->device, rng, &s->draw));                                    \
-        kiln_strided v = {.data = dst, .dtype = dtype, .ndim = 1, .shape = {n}, .strides = {1}};                \
-        KILN_TRY(view_out(s, idx, &v));                                                                         \
-        return normal ? real_table(TYPE)->rand_normal(dst, dtype, n, rng, stream)                              \
-                      : real_table(TYPE)->rand_uniform(dst, dtype, n, rng, stream);                             \
-    }                                                                                                           \
-    static kiln_status uniform_##suffix(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream) {  \
-        return rand_##suffix(dst, dtype, n, rng, stream, false);                                                \
-    }                                                                                                           \
-    static kiln_status normal_##suffix(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream) {   \
-        return rand_##suffix(dst, dtype, n, rng, stream, true);                                                 \
-    }                                                                                                           \
-    static const kiln_tensor_kernels recording_##suffix = {copy_##suffix, fill_##suffix, arange_##suffix,     \
+#define DEFINE_RECORDERS(suffix, TYPE)                                                                       \
+    static kiln_status fill_##suffix(const kiln_strided *dst, double value, void *stream) {                  \
+        trace_step *s;                                                                                       \
+        int idx;                                                                                             \
+        KILN_TRY(tensor_step(TYPE, TRACE_STEP_FILL, stream, &s, &idx));                                      \
+        s->attrs.scalar[0] = value;                                                                          \
+        KILN_TRY(view_out(s, idx, dst));                                                                     \
+        return real_table(TYPE)->fill(dst, value, stream);                                                   \
+    }                                                                                                        \
+    static kiln_status copy_##suffix(const kiln_strided *dst, const kiln_strided *src, void *stream) {       \
+        trace_step *s;                                                                                       \
+        int idx;                                                                                             \
+        KILN_TRY(tensor_step(TYPE, TRACE_STEP_COPY, stream, &s, &idx));                                      \
+        s->args.n_in = 1;                                                                                    \
+        s->args.in[0] = *src;                                                                                \
+        KILN_TRY(kiln_trace_classify(active, NULL, src->data, idx, false, &s->in[0]));                       \
+        KILN_TRY(view_out(s, idx, dst));                                                                     \
+        return real_table(TYPE)->copy_strided(dst, src, stream);                                             \
+    }                                                                                                        \
+    static kiln_status arange_##suffix(void *dst, kiln_dtype dtype, int64_t n, double start, double step,    \
+                                       void *stream) {                                                       \
+        trace_step *s;                                                                                       \
+        int idx;                                                                                             \
+        KILN_TRY(tensor_step(TYPE, TRACE_STEP_ARANGE, stream, &s, &idx));                                    \
+        s->attrs.scalar[0] = start, s->attrs.scalar[1] = step, s->attrs.dtype = dtype, s->n = n;             \
+        kiln_strided v = {.data = dst, .dtype = dtype, .ndim = 1, .shape = {n}, .strides = {1}};             \
+        KILN_TRY(view_out(s, idx, &v));                                                                      \
+        return real_table(TYPE)->arange(dst, dtype, n, start, step, stream);                                 \
+    }                                                                                                        \
+    static kiln_status rand_##suffix(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream,     \
+                                     bool normal) {                                                          \
+        trace_step *s;                                                                                       \
+        int idx;                                                                                             \
+        KILN_TRY(tensor_step(TYPE, TRACE_STEP_RAND, stream, &s, &idx));                                      \
+        s->attrs.flag = normal, s->attrs.dtype = dtype, s->n = n;                                            \
+        KILN_TRY(kiln_trace_draw(active, active->p->device, rng, &s->draw));                                 \
+        kiln_strided v = {.data = dst, .dtype = dtype, .ndim = 1, .shape = {n}, .strides = {1}};             \
+        KILN_TRY(view_out(s, idx, &v));                                                                      \
+        return normal ? real_table(TYPE)->rand_normal(dst, dtype, n, rng, stream)                            \
+                      : real_table(TYPE)->rand_uniform(dst, dtype, n, rng, stream);                          \
+    }                                                                                                        \
+    static kiln_status uniform_##suffix(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng,                \
+                                        void *stream) {                                                      \
+        return rand_##suffix(dst, dtype, n, rng, stream, false);                                             \
+    }                                                                                                        \
+    static kiln_status normal_##suffix(void *dst, kiln_dtype dtype, int64_t n, kiln_rng rng, void *stream) { \
+        return rand_##suffix(dst, dtype, n, rng, stream, true);                                              \
+    }                                                                                                        \
+    static const kiln_tensor_kernels recording_##suffix = {copy_##suffix, fill_##suffix, arange_##suffix,    \
                                                            uniform_##suffix, normal_##suffix};
 
 DEFINE_RECORDERS(cpu, KILN_DEVICE_CPU)
@@ -105,17 +110,20 @@ DEFINE_RECORDERS(cuda, KILN_DEVICE_CUDA)
 
 static const kiln_tensor_kernels *recording_table(kiln_device_type type) {
     switch (type) {
-    case KILN_DEVICE_CPU: return &recording_cpu;
+    case KILN_DEVICE_CPU:
+        return &recording_cpu;
 #ifdef KILN_WITH_CUDA
-    case KILN_DEVICE_CUDA: return &recording_cuda;
+    case KILN_DEVICE_CUDA:
+        return &recording_cuda;
 #endif
-    default: return NULL;
+    default:
+        return NULL;
     }
 }
 
-static kiln_status record_optim(void *ctx, kiln_optimizer *o, const kiln_optim_kernels *k, bool adam, const int *idx,
-                                kiln_tensor *const *grads, const kiln_adam_step *as, const kiln_sgd_step *ss, int n,
-                                void *stream) {
+static kiln_status record_optim(void *ctx, kiln_optimizer *o, const kiln_optim_kernels *k, bool adam,
+                                const int *idx, kiln_tensor *const *grads, const kiln_adam_step *as,
+                                const kiln_sgd_step *ss, int n, void *stream) {
     trace_recording *r = ctx;
     kiln_device d = kiln_get_device(o->params[idx[0]]);
     KILN_TRY(kiln_trace_step_device(r, d, stream));
@@ -141,22 +149,26 @@ static kiln_status record_optim(void *ctx, kiln_optimizer *o, const kiln_optim_k
             KILN_TRY(kiln_trace_classify(r, grads[u], as[u].g, si, false, &t->ref[u][1]));
             KILN_TRY(kiln_trace_classify(r, o->state[0][i], as[u].m, si, false, &t->ref[u][2]));
             KILN_TRY(kiln_trace_classify(r, o->state[1][i], as[u].v, si, false, &t->ref[u][3]));
-            if (as[u].vmax) KILN_TRY(kiln_trace_classify(r, o->state[2][i], as[u].vmax, si, false, &t->ref[u][4]));
+            if (as[u].vmax)
+                KILN_TRY(kiln_trace_classify(r, o->state[2][i], as[u].vmax, si, false, &t->ref[u][4]));
         } else {
             t->ss[u] = ss[u];
             KILN_TRY(kiln_trace_classify(r, p, ss[u].p, si, false, &t->ref[u][0]));
             KILN_TRY(kiln_trace_classify(r, grads[u], ss[u].g, si, false, &t->ref[u][1]));
-            if (ss[u].buf) KILN_TRY(kiln_trace_classify(r, o->state[0][i], ss[u].buf, si, false, &t->ref[u][2]));
+            if (ss[u].buf)
+                KILN_TRY(kiln_trace_classify(r, o->state[0][i], ss[u].buf, si, false, &t->ref[u][2]));
             if (ss[u].first)
-                return KILN_RAISE(KILN_ERR_UNSUPPORTED, "run one eager step before kiln_trace",
-                                  "kiln_trace: SGD's first momentum step is traced; the replay would repeat it");
+                return KILN_RAISE(
+                    KILN_ERR_UNSUPPORTED, "run one eager step before kiln_trace",
+                    "kiln_trace: SGD's first momentum step is traced; the replay would repeat it");
         }
         for (int j = 0; j < 5; j++)
             if (j != 1 && t->ref[u][j].kind == TRACE_REF_BUFFER)
-                return KILN_RAISE(KILN_ERR_UNSUPPORTED, "run one eager step before kiln_trace (a warm-up)",
-                                  "kiln_trace: the optimizer's state for parameter %d was created by the traced "
-                                  "call; a replay would start it again each step",
-                                  i);
+                return KILN_RAISE(
+                    KILN_ERR_UNSUPPORTED, "run one eager step before kiln_trace (a warm-up)",
+                    "kiln_trace: the optimizer's state for parameter %d was created by the traced "
+                    "call; a replay would start it again each step",
+                    i);
     }
     return KILN_OK;
 }

@@ -134,13 +134,13 @@ struct kiln_program {
     kiln_dtype autocast_dtype;
     /* plan and run state */
     size_t arena_bytes;
-    void *arena;              /* from kiln_memory_alloc at the first run */
-    kiln_tensor **outputs;    /* n_outputs, allocated at the first run */
-    kiln_shape *out_shape;    /* n_outputs */
+    void *arena;           /* from kiln_memory_alloc at the first run */
+    kiln_tensor **outputs; /* n_outputs, allocated at the first run */
+    kiln_shape *out_shape; /* n_outputs */
     kiln_dtype *out_dtype;
-    void **base;              /* per buffer, resolved at the first run */
-    void **in_data;           /* per input, this run's data pointers */
-    kiln_rng *rng_now;        /* per draw, this run's position */
+    void **base;       /* per buffer, resolved at the first run */
+    void **in_data;    /* per input, this run's data pointers */
+    kiln_rng *rng_now; /* per draw, this run's position */
 };
 
 /* A block the traced call allocated (memory observer). */
@@ -169,8 +169,8 @@ typedef struct trace_recording {
  * workspaces), which must lie in a block the call made or in an input. */
 kiln_status kiln_trace_new_step(trace_recording *r, trace_step **out, int *index);
 kiln_status kiln_trace_step_device(trace_recording *r, kiln_device d, void *stream);
-kiln_status kiln_trace_classify(trace_recording *r, const kiln_tensor *t, const void *data, int step, bool write,
-                                trace_ref *ref);
+kiln_status kiln_trace_classify(trace_recording *r, const kiln_tensor *t, const void *data, int step,
+                                bool write, trace_ref *ref);
 /* The draw index for a random step whose attrs carry `rng` on `device`
  * (a new draw when not seen before: the forward; the backward reuses it). */
 kiln_status kiln_trace_draw(trace_recording *r, kiln_device device, kiln_rng rng, int *out);
@@ -181,7 +181,7 @@ void kiln_trace_extra_recorders(trace_recording *r);
 
 /* program_file.c / program_check.c: the versioned description of an
  * inference program (docs/trace.md), and its validation. */
-#define KILN_PROGRAM_FORMAT "kiln.program"
+#define KILN_PROGRAM_FORMAT  "kiln.program"
 #define KILN_PROGRAM_VERSION 1
 /* Parses and validates a description (len bytes, need not end in NUL):
  * every count, shape, stride, offset, reference and attribute, the kernel

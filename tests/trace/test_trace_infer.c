@@ -25,7 +25,9 @@ static kiln_status forward(void *user, kiln_tensor *const *in, kiln_tensor **out
 static bool same_bits(kiln_tensor *a, kiln_tensor *b) {
     if (!a || !b || kiln_numel(a) != kiln_numel(b) || kiln_dtype_of(a) != kiln_dtype_of(b)) return false;
     kiln_tensor *ha = kiln_contiguous(a), *hb = kiln_contiguous(b);
-    bool same = ha && hb && !memcmp(kiln_data_ptr(ha), kiln_data_ptr(hb), (size_t)kiln_numel(a) * kiln_dtype_size(kiln_dtype_of(a)));
+    bool same = ha && hb &&
+                !memcmp(kiln_data_ptr(ha), kiln_data_ptr(hb),
+                        (size_t)kiln_numel(a) * kiln_dtype_size(kiln_dtype_of(a)));
     /* NaNs compare equal bit for bit: insist on finite results. */
     for (int64_t i = 0; same && kiln_dtype_of(a) == KILN_F32 && i < kiln_numel(a); i++)
         same = isfinite(((const float *)kiln_data_ptr(ha))[i]);
@@ -50,7 +52,8 @@ static void check_model(const char *file, int64_t c, int64_t hw) {
                   "%s: %d steps, arena %zu of %zu", file, st.n_steps, st.arena_bytes, st.unplanned_bytes);
         int64_t allocs_before = 0;
         for (int round = 0; round < 4; round++) {
-            kiln_tensor *xi = round == 0 ? kiln_retain(x) : kiln_randn(KILN_SHAPE(2, c, hw, hw), KILN_F32, KILN_CPU);
+            kiln_tensor *xi =
+                round == 0 ? kiln_retain(x) : kiln_randn(KILN_SHAPE(2, c, hw, hw), KILN_F32, KILN_CPU);
             if (round >= 2) allocs_before = kiln_memory_alloc_count();
             kiln_tensor *y = NULL;
             CHECK_OK(kiln_program_run(p, 1, &xi, 1, &y));

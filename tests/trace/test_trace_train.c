@@ -70,7 +70,8 @@ static bool same_bits(kiln_tensor *a, kiln_tensor *b) {
     if (!a || !b || kiln_numel(a) != kiln_numel(b) || kiln_dtype_of(a) != kiln_dtype_of(b)) return false;
     kiln_tensor *ha = kiln_contiguous(a), *hb = kiln_contiguous(b);
     bool same = ha && hb &&
-                !memcmp(kiln_data_ptr(ha), kiln_data_ptr(hb), (size_t)kiln_numel(a) * kiln_dtype_size(kiln_dtype_of(a)));
+                !memcmp(kiln_data_ptr(ha), kiln_data_ptr(hb),
+                        (size_t)kiln_numel(a) * kiln_dtype_size(kiln_dtype_of(a)));
     if (same && kiln_dtype_of(a) == KILN_F32) {
         const float *v = kiln_data_ptr(ha);
         for (int64_t i = 0; i < kiln_numel(a); i++)
@@ -84,7 +85,8 @@ static bool same_bits(kiln_tensor *a, kiln_tensor *b) {
 static bool same_state(kiln_module *a, kiln_module *b) {
     kiln_named_tensor *x = NULL, *y = NULL;
     int nx = 0, ny = 0;
-    bool same = !kiln_module_state_dict(a, &x, &nx) && !kiln_module_state_dict(b, &y, &ny) && nx == ny && nx > 0;
+    bool same =
+        !kiln_module_state_dict(a, &x, &nx) && !kiln_module_state_dict(b, &y, &ny) && nx == ny && nx > 0;
     for (int i = 0; same && i < nx; i++) same = same_bits(x[i].tensor, y[i].tensor);
     free(x), free(y);
     return same;
@@ -113,7 +115,8 @@ static void check_model(const char *file) {
     kiln_tensor *traced_loss = NULL;
     CHECK_OK(kiln_trace(step, &b, 2, in, 1, &traced_loss, &p));
     CHECK_OK(step(&a, in, &out));
-    CHECK_MSG(same_bits(out, traced_loss) && same_state(a.m, b.m), "%s: the traced step differs from eager", file);
+    CHECK_MSG(same_bits(out, traced_loss) && same_state(a.m, b.m), "%s: the traced step differs from eager",
+              file);
     kiln_release(out), kiln_release(traced_loss);
     kiln_release(in[0]), kiln_release(in[1]);
     for (int s = 0; p && s < 4; s++) {

@@ -73,7 +73,8 @@ static inline kiln_status tt_forward(void *user, kiln_tensor *const *in, kiln_te
 static inline bool tt_same_bits(kiln_tensor *a, kiln_tensor *b) {
     if (!a || !b || kiln_numel(a) != kiln_numel(b) || kiln_dtype_of(a) != kiln_dtype_of(b)) return false;
     kiln_device cpu = {KILN_DEVICE_CPU, 0};
-    kiln_tensor *ha = kiln_to(a, cpu, kiln_dtype_of(a), KILN_COPY), *hb = kiln_to(b, cpu, kiln_dtype_of(b), KILN_COPY);
+    kiln_tensor *ha = kiln_to(a, cpu, kiln_dtype_of(a), KILN_COPY),
+                *hb = kiln_to(b, cpu, kiln_dtype_of(b), KILN_COPY);
     kiln_tensor *ca = ha ? kiln_contiguous(ha) : NULL, *cb = hb ? kiln_contiguous(hb) : NULL;
     size_t bytes = (size_t)kiln_numel(a) * kiln_dtype_size(kiln_dtype_of(a));
     bool same = ca && cb && !memcmp(kiln_data_ptr(ca), kiln_data_ptr(cb), bytes);
@@ -87,7 +88,8 @@ static inline bool tt_same_bits(kiln_tensor *a, kiln_tensor *b) {
 static inline bool tt_same_state(kiln_module *a, kiln_module *b) {
     kiln_named_tensor *x = NULL, *y = NULL;
     int nx = 0, ny = 0;
-    bool same = !kiln_module_state_dict(a, &x, &nx) && !kiln_module_state_dict(b, &y, &ny) && nx == ny && nx > 0;
+    bool same =
+        !kiln_module_state_dict(a, &x, &nx) && !kiln_module_state_dict(b, &y, &ny) && nx == ny && nx > 0;
     for (int i = 0; same && i < nx; i++) same = tt_same_bits(x[i].tensor, y[i].tensor);
     free(x), free(y);
     return same;
@@ -115,7 +117,8 @@ static inline void tt_check_infer(const char *file, kiln_device device) {
     kiln_tensor *eager = NULL;
     CHECK_OK(kiln_trace(tt_forward, md.m, 1, &x, 1, &eager, &p));
     for (int round = 0; p && round < tt_replays; round++) {
-        kiln_tensor *xi = round == 0 ? kiln_retain(x) : kiln_randn(KILN_SHAPE(2, 3, 32, 32), KILN_F32, device);
+        kiln_tensor *xi =
+            round == 0 ? kiln_retain(x) : kiln_randn(KILN_SHAPE(2, 3, 32, 32), KILN_F32, device);
         kiln_tensor *y = NULL;
         int64_t before = kiln_memory_alloc_count();
         CHECK_OK(kiln_program_run(p, 1, &xi, 1, &y));
@@ -149,8 +152,8 @@ static inline void tt_check_train(const char *file, kiln_device device, kiln_dty
     kiln_tensor *traced_loss = NULL;
     CHECK_OK(kiln_trace(tt_step, &b, 2, in, 1, &traced_loss, &p));
     CHECK_OK(tt_step(&a, in, &out));
-    CHECK_MSG(tt_same_bits(out, traced_loss) && tt_same_state(a.m, b.m), "%s (%s): the traced step differs from eager",
-              file, kiln_dtype_name(amp));
+    CHECK_MSG(tt_same_bits(out, traced_loss) && tt_same_state(a.m, b.m),
+              "%s (%s): the traced step differs from eager", file, kiln_dtype_name(amp));
     kiln_release(out), kiln_release(traced_loss);
     kiln_release(in[0]), kiln_release(in[1]);
     for (int s = 0; p && s < tt_replays - 1; s++) {
