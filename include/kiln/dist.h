@@ -269,6 +269,22 @@ kiln_status kiln_ddp_stats_get(const kiln_ddp *d, kiln_ddp_stats *out);
  * if out of range. */
 int kiln_ddp_bucket_of(const kiln_ddp *d, int param_index);
 
+/* ---- SyncBatchNorm ------------------------------------------------------------------- */
+
+/* BatchNorm2d over num_features channels whose training statistics are the
+ * union batch's across the ranks of g (PyTorch's nn.SyncBatchNorm): the
+ * forward all-reduces each channel's sum, sum of squares and count, the
+ * backward the sums of dy and dy * x_hat, so DDP over it trains as one
+ * process on the union batch. The same parameters and buffers as
+ * kiln_nn_batch_norm2d (weight, bias, running_mean, running_var,
+ * num_batches_tracked: state dicts interchange); eval mode normalises with
+ * the running statistics, without communication. Every rank must run its
+ * forward and backward (collectives, blocking). Parameters are f32 on the
+ * CPU at creation (kiln_module_to moves them). g is borrowed and must
+ * outlive the module; the module is usable until kiln_dist_shutdown. NULL
+ * with an error for a bad argument. */
+kiln_module *kiln_nn_sync_batch_norm2d(int64_t num_features, double eps, double momentum, kiln_dist_group *g);
+
 /* ---- Distributed sampler --------------------------------------------------------------- */
 
 /* The dataset indices rank `rank` of `world` visits in `epoch`

@@ -136,6 +136,9 @@ kiln_status kiln_dist_nccl_finish(kiln_dist_work *w);
 /* Destroy g's communicators and streams (no work in flight). */
 void kiln_dist_nccl_free(kiln_dist_group *g);
 
+/* Free the SyncBatchNorm layers' configurations (kiln_dist_shutdown). */
+void kiln_dist_sync_bn_free_all(void);
+
 #if KILN_WITH_MPI
 /* All-gather the ranks' processes into g->peers (collective, blocking). */
 kiln_status kiln_dist_peers_exchange(kiln_dist_group *g);

@@ -236,6 +236,7 @@ kiln_status kiln_dist_shutdown(void) {
                           "kiln_dist_shutdown: %lld collective(s) on the world group are still in flight",
                           (long long)g->in_flight);
     kiln_dist_nccl_free(g);
+    kiln_dist_sync_bn_free_all();
 #if KILN_WITH_MPI
     if (g->comm != MPI_COMM_NULL) MPI_TRY(MPI_Comm_free(&g->comm));
     if (dist_state.mpi_ours) MPI_TRY(MPI_Finalize());
