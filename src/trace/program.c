@@ -79,7 +79,7 @@ static kiln_status check_externals(const kiln_program *p) {
     for (int i = 0; i < p->n_ext; i++) {
         const trace_external *e = &p->ext[i];
         if (e->t->storage != e->storage || e->t->storage->base != e->base ||
-            kiln_layout_of(e->t) == KILN_LAYOUT_NCHW16C) {
+            kiln_layout_of(e->t) != KILN_LAYOUT_STRIDED) {
             char s[96];
             return KILN_RAISE(
                 KILN_ERR_INVALID_ARGUMENT, RETRACE,
@@ -133,6 +133,44 @@ typedef struct fill_ctx {
 static kiln_status fill_prepared(void *ctx, void *dst) {
     const fill_ctx *f = ctx;
     return f->k->fill(f->args, dst);
+}
+
+int kiln_trace_layout_block(kiln_layout layout) {
+    if (layout == KILN_LAYOUT_NCHW16C) return 16;
+    if ((int)layout == (int)KILN_LAYOUT_NCHW16C + 1 && (int)layout < (int)KILN_LAYOUT_COUNT) return 8;
+    return 0;
+}
+
+#define UNBLOCK(T)                                                                                           \
+    do {                                                                                                     \
+        const T *in = src; /* (N, C/block, H, W, block) */                                                   \
+        T *out = dst;      /* (N, C, H, W) */                                                                \
+        for (int64_t i = 0; i < n; i++)                                                                      \
+            for (int64_t cb = 0; cb < c / block; cb++) {                                                     \
+                const T *blk = in + (i * c + cb * block) * hw;                                               \
+                for (int64_t k = 0; k < block; k++) {                                                        \
+                    T *row = out + (i * c + cb * block + k) * hw;                                            \
+                    for (int64_t x = 0; x < hw; x++) row[x] = blk[x * block + k];                            \
+                }                                                                                            \
+            }                                                                                                \
+    } while (0)
+
+void kiln_trace_unblock(void *dst, const void *src, size_t elem, const int64_t *shape, int block) {
+    const int64_t n = shape[0], c = shape[1], hw = shape[2] * shape[3];
+    switch (elem) {
+    case 1:
+        UNBLOCK(uint8_t);
+        break;
+    case 2:
+        UNBLOCK(uint16_t);
+        break;
+    case 4:
+        UNBLOCK(uint32_t);
+        break;
+    default:
+        UNBLOCK(uint64_t);
+        break;
+    }
 }
 
 /* A fused optimizer launch with this run's pointers, lr and step counts
@@ -193,7 +231,7 @@ static kiln_status run_step(kiln_program *p, trace_step *s) {
     case TRACE_STEP_KERNEL:
         break;
     case TRACE_STEP_REORDER:
-        kiln_cpu_reorder_nchw16c(resolve(p, s->out[0]), resolve(p, s->in[0]), s->elem, s->shape, false);
+        kiln_trace_unblock(resolve(p, s->out[0]), resolve(p, s->in[0]), s->elem, s->shape, s->block);
         return KILN_OK;
     case TRACE_STEP_OPTIM:
         return run_optim(p, s->optim);

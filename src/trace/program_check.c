@@ -154,8 +154,9 @@ static kiln_status parse_view(const parser *ps, const cJSON *o, kiln_strided *v,
         n_st != v->ndim || !get_int(kiln_json_get(o, "l"), 0, KILN_LAYOUT_COUNT - 1, &layout))
         return bad(ps, "a view is not {r, t, s, st, l} with a dtype, a shape, its strides and a layout");
     v->layout = (kiln_layout)layout;
-    if (v->layout == KILN_LAYOUT_NCHW16C && (v->ndim != 4 || v->shape[1] % 16 || v->dtype != KILN_F32))
-        return bad(ps, "an nChw16c view that is not 4-D f32 with channels a multiple of 16");
+    int block = kiln_trace_layout_block(v->layout);
+    if (v->layout != KILN_LAYOUT_STRIDED && (!block || v->ndim != 4 || v->shape[1] % block))
+        return bad(ps, "a blocked view that is not 4-D with channels a multiple of its block");
     return parse_ref(ps, kiln_json_get(o, "r"), r);
 }
 
@@ -362,19 +363,22 @@ static kiln_status parse_kernel_step(parser *ps, const cJSON *o, trace_step *s) 
 static kiln_status parse_tensor_step(parser *ps, const cJSON *o, trace_step *s, const char *kind) {
     int64_t e, n, normal, draw;
     if (!strcmp(kind, "reorder")) {
-        int64_t elem, shape[4];
+        int64_t elem, block, shape[4];
         int nd = 0;
         s->kind = TRACE_STEP_REORDER;
         KILN_TRY(parse_ref(ps, kiln_json_get(o, "in"), &s->in[0]));
         KILN_TRY(parse_ref(ps, kiln_json_get(o, "out"), &s->out[0]));
-        if (!get_int(kiln_json_get(o, "elem"), 4, 4, &elem) ||
+        if (!get_int(kiln_json_get(o, "elem"), 1, 8, &elem) || (elem & (elem - 1)) ||
+            !get_int(kiln_json_get(o, "block"), 8, 16, &block) || (block != 8 && block != 16) ||
             !int_array(kiln_json_get(o, "shape"), 4, 1, INT64_C(1) << 31, shape, &nd) || nd != 4 ||
-            shape[1] % 16 || s->in[0].kind != TRACE_REF_BUFFER || s->out[0].kind != TRACE_REF_BUFFER)
-            return bad(
-                ps, "a layout conversion that is not f32 (N, C, H, W), C a multiple of 16, buffer to buffer");
+            shape[1] % block || s->in[0].kind != TRACE_REF_BUFFER || s->out[0].kind != TRACE_REF_BUFFER)
+            return bad(ps, "a layout conversion that is not (N, C, H, W) of 1, 2, 4 or 8-byte elements, "
+                           "blocks of 8 or 16 channels "
+                           "dividing C, buffer to buffer");
         s->elem = (size_t)elem;
+        s->block = (int)block;
         memcpy(s->shape, shape, sizeof s->shape);
-        int64_t bytes = 4;
+        int64_t bytes = elem;
         for (int i = 0; i < 4; i++)
             if (!kiln_checked_mul_i64(bytes, shape[i], &bytes))
                 return bad(ps, "a conversion's size overflows");

@@ -105,6 +105,7 @@ static cJSON *step_json(const trace_step *s) {
         cJSON_AddItemToObject(o, "in", ref_json(s->in[0]));
         cJSON_AddItemToObject(o, "out", ref_json(s->out[0]));
         cJSON_AddNumberToObject(o, "elem", (double)s->elem);
+        cJSON_AddNumberToObject(o, "block", s->block);
         cJSON_AddItemToObject(o, "shape", ints(s->shape, 4));
         break;
     case TRACE_STEP_COPY:

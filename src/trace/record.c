@@ -35,9 +35,13 @@ static kiln_status grow_array(void **arr, int *cap, size_t elem) {
 static void memory_event(void *ctx, kiln_device device, void *ptr, size_t bytes, bool alloc) {
     recording *r = ctx;
     if (!alloc) {
+        int a = r->last_alloc;
+        r->last_alloc = -1;
         for (int i = r->n_blocks - 1; i >= 0; i--)
             if (r->blocks[i].live && r->blocks[i].base == ptr) {
                 r->blocks[i].live = false;
+                if (a >= 0 && a != i && r->blocks[a].live && r->blocks[a].bytes == r->blocks[i].bytes)
+                    r->blocks[a].converted_from = i;
                 return;
             }
         return;
@@ -47,8 +51,9 @@ static void memory_event(void *ctx, kiln_device device, void *ptr, size_t bytes,
         r->failed = kiln_error_last()->status;
         return;
     }
-    r->blocks[r->n_blocks++] =
-        (trace_block){.device = device, .base = ptr, .bytes = bytes, .live = true, .buffer = -1};
+    r->last_alloc = r->n_blocks;
+    r->blocks[r->n_blocks++] = (trace_block){
+        .device = device, .base = ptr, .bytes = bytes, .live = true, .buffer = -1, .converted_from = -1};
 }
 
 /* The newest block holding [p, p + 1): live ones, or, for a block just
@@ -228,10 +233,34 @@ kiln_status kiln_trace_step_device(recording *r, kiln_device d, void *stream) {
     return KILN_OK;
 }
 
+static kiln_status emit_reorder(recording *r, int from_block, const kiln_tensor *t, const int64_t *shape,
+                                int block);
+
+/* An input the tensor layer converted to strided outside the dispatcher
+ * (a view of a blocked activation): its block was allocated, and the
+ * blocked one it copies freed, with no kernel between. Recorded as the
+ * conversion, so the replay makes it too. */
+static kiln_status infer_conversion(recording *r, const kiln_tensor *t) {
+    if (!t || !t->storage->base) return KILN_OK;
+    int bi = find_block(r, t->storage->base, false);
+    if (bi < 0 || r->blocks[bi].converted_from < 0) return KILN_OK;
+    if (r->blocks[bi].buffer >= 0 && r->p->buffers[r->blocks[bi].buffer].written) return KILN_OK;
+    const trace_block *src = &r->blocks[r->blocks[bi].converted_from];
+    if (src->buffer < 0 || !r->p->buffers[src->buffer].written) return KILN_OK;
+    const trace_buffer *sb = &r->p->buffers[src->buffer];
+    int block = kiln_trace_layout_block((kiln_layout)sb->layout);
+    int64_t n = sb->shape4[0] * sb->shape4[1] * sb->shape4[2] * sb->shape4[3];
+    if (!block || sb->shape4[1] % block || (size_t)n * kiln_dtype_size(t->dtype) != t->storage->nbytes ||
+        t->storage->nbytes != src->bytes)
+        return KILN_OK;
+    return emit_reorder(r, r->blocks[bi].converted_from, t, sb->shape4, block);
+}
+
 static kiln_status record_kernel(void *ctx, const kiln_op_call *c, const kiln_op_kernel *k, bool fast,
                                  const kiln_op_args *args) {
     recording *r = ctx;
     KILN_TRY(kiln_trace_step_device(r, c->device, args->stream));
+    for (int i = 0; i < args->n_in; i++) KILN_TRY(infer_conversion(r, c->in[i]));
     trace_step *s;
     int idx;
     KILN_TRY(kiln_trace_new_step(r, &s, &idx));
@@ -250,8 +279,14 @@ static kiln_status record_kernel(void *ctx, const kiln_op_call *c, const kiln_op
         if (args->in[i].ndim >= 0)
             KILN_TRY(kiln_trace_classify(r, c->in[i], args->in[i].data, idx, false, &s->in[i]));
     }
-    for (int i = 0; i < args->n_out; i++)
+    for (int i = 0; i < args->n_out; i++) {
         KILN_TRY(kiln_trace_classify(r, c->out[i], args->out[i].data, idx, true, &s->out[i]));
+        if (s->out[i].kind == TRACE_REF_BUFFER) {
+            trace_buffer *tb = &r->p->buffers[s->out[i].index];
+            tb->layout = args->out[i].layout;
+            if (args->out[i].ndim == 4) memcpy(tb->shape4, args->out[i].shape, sizeof tb->shape4);
+        }
+    }
     if (args->workspace) {
         KILN_TRY(kiln_trace_classify(r, NULL, args->workspace, idx, true, &s->ws));
     }
@@ -272,10 +307,12 @@ static kiln_status record_kernel(void *ctx, const kiln_op_call *c, const kiln_op
 static kiln_status record_reorder(void *ctx, const kiln_tensor *t, const void *old_base,
                                   kiln_layout old_layout) {
     recording *r = ctx;
-    if (t->storage->device.type != KILN_DEVICE_CPU || old_layout != KILN_LAYOUT_NCHW16C || t->ndim != 4)
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED,
-                          "report this: the trace knows the CPU's nChw16c conversion only",
-                          "kiln_trace: a layout conversion it cannot replay");
+    int block = kiln_trace_layout_block(old_layout);
+    if (t->storage->device.type != KILN_DEVICE_CPU || !block || t->ndim != 4 || t->shape[1] % block)
+        return KILN_RAISE(
+            KILN_ERR_UNSUPPORTED, "report this: the trace replays the CPU's nChw16c and nChw8c conversions",
+            "kiln_trace: a layout conversion it cannot replay (%s, layout %d, %d dims)",
+            t->storage->device.type == KILN_DEVICE_CPU ? "cpu" : "not cpu", (int)old_layout, t->ndim);
     KILN_TRY(kiln_trace_step_device(r, t->storage->device, r->have_device ? r->p->stream : NULL));
     int bi = find_block(r, old_base, true);
     if (bi < 0) {
@@ -284,14 +321,22 @@ static kiln_status record_reorder(void *ctx, const kiln_tensor *t, const void *o
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "make the tensors the call reads strided before tracing it",
                           "kiln_trace: the call converts a tensor it did not make from nChw16c to strided");
     }
+    return emit_reorder(r, bi, t, t->shape, block);
+}
+
+/* A conversion of block from_block (blocked, `block` channels) into t's
+ * storage (strided). */
+static kiln_status emit_reorder(recording *r, int from_block, const kiln_tensor *t, const int64_t *shape,
+                                int block) {
     trace_step *s;
     int idx;
     KILN_TRY(kiln_trace_new_step(r, &s, &idx));
     s->kind = TRACE_STEP_REORDER;
     s->op = KILN_OP_COUNT;
     s->elem = kiln_dtype_size(t->dtype);
-    memcpy(s->shape, t->shape, sizeof s->shape);
-    int b = block_buffer(r, bi, idx);
+    s->block = block;
+    memcpy(s->shape, shape, sizeof s->shape);
+    int b = block_buffer(r, from_block, idx);
     if (b < 0) return kiln_error_last()->status;
     if (!r->p->buffers[b].written)
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, "do that work before kiln_trace",
@@ -334,7 +379,8 @@ static kiln_status bind_outputs(recording *r, int n_outputs, kiln_tensor **outs)
             (size_t)kiln_numel(t) * kiln_dtype_size(t->dtype) != p->buffers[b].bytes)
             return KILN_RAISE(
                 KILN_ERR_UNSUPPORTED,
-                "return a result a traced kernel computed (kiln_clone(x) for an input or a parameter)",
+                "return a result a traced kernel computed (a copy, kiln_to(x, device, dtype, KILN_COPY), for "
+                "an input or a parameter)",
                 "kiln_trace: output %d is not a contiguous tensor of its own that a traced kernel wrote", i);
         if (p->buffers[b].output >= 0)
             return KILN_RAISE(KILN_ERR_UNSUPPORTED, "return each result once",
@@ -358,7 +404,7 @@ kiln_status kiln_trace(kiln_trace_fn fn, void *user, int n_inputs, kiln_tensor *
     kiln_program *p = KILN_CALLOC(1, sizeof *p);
     if (!p) return kiln_error_last()->status;
     p->n_inputs = n_inputs, p->n_outputs = n_outputs;
-    recording r = {.p = p, .inputs = inputs};
+    recording r = {.p = p, .inputs = inputs, .last_alloc = -1};
     kiln_tensor *outs[64] = {NULL};
     kiln_status st = check_inputs(n_inputs, inputs, p);
     if (!st) {

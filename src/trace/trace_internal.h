@@ -27,7 +27,7 @@ typedef struct trace_ref {
 
 typedef enum trace_step_kind {
     TRACE_STEP_KERNEL = 0, /* an op kernel */
-    TRACE_STEP_REORDER,    /* nChw16c -> strided, as kiln_tensor_ensure_strided */
+    TRACE_STEP_REORDER,    /* nChw<block>c -> strided, as kiln_tensor_ensure_strided */
     TRACE_STEP_FILL,       /* tensor layer: out[0] = scalar (attrs.scalar[0]) */
     TRACE_STEP_COPY,       /* tensor layer: out[0] = convert(in[0]) */
     TRACE_STEP_ARANGE,     /* tensor layer: out[0] = start + i*step */
@@ -64,8 +64,9 @@ typedef struct trace_step {
     int prep_input;
     uint64_t prep_key;
     size_t prep_bytes;
-    /* reorder: the 4-D shape and element size; in[0] -> out[0] */
+    /* reorder: the 4-D shape, element size and channels per block; in[0] -> out[0] */
     size_t elem;
+    int block;
     int64_t shape[4];
     /* the inputs as the op saw them before broadcasting (ndim -1: absent),
      * for checking a loaded step against the op's shape inference */
@@ -89,10 +90,12 @@ typedef struct trace_draw {
 /* A block the traced call allocated and a recorded step used. */
 typedef struct trace_buffer {
     size_t bytes;
-    int first, last; /* steps of first and last use */
-    int output;      /* program output index, or -1: planned in the arena */
-    bool written;    /* (recording) a recorded step has written it */
-    size_t offset;   /* in the arena (plan) */
+    int first, last;   /* steps of first and last use */
+    int output;        /* program output index, or -1: planned in the arena */
+    bool written;      /* (recording) a recorded step has written it */
+    int layout;        /* (recording) the layout a kernel last wrote it in */
+    int64_t shape4[4]; /* (recording) and the (N, C, H, W) it wrote, when blocked */
+    size_t offset;     /* in the arena (plan) */
 } trace_buffer;
 
 /* A tensor used in place, and what the guard expects of it. */
@@ -150,6 +153,10 @@ typedef struct trace_block {
     size_t bytes;
     bool live;
     int buffer; /* -1 until a recorded step uses it */
+    /* The block this one may hold the strided copy of: a block of the same
+     * size freed right after this one was allocated, as the tensor layer's
+     * layout conversion does (kiln_tensor_ensure_strided); -1: none. */
+    int converted_from;
 } trace_block;
 
 /* The state of one kiln_trace (record.c), reached by the recorders. */
@@ -159,6 +166,7 @@ typedef struct trace_recording {
     trace_block *blocks;
     int n_blocks, cap_blocks;
     bool have_device;
+    int last_alloc;     /* the block of the last memory event when it was an allocation, else -1 */
     kiln_status failed; /* an observer's failure, reported after the call */
 } trace_recording;
 
@@ -190,6 +198,14 @@ void kiln_trace_extra_recorders(trace_recording *r);
  * is a program whose externals are described (name, dtype, shape) but not
  * loaded. `file` names the source in errors. KILN_ERR_IO on a bad one. */
 kiln_status kiln_program_parse(const char *file, const char *text, size_t len, kiln_program **out);
+
+/* program.c: the channels per block of an opaque CPU layout (oneDNN's
+ * nChw16c: 16; nChw8c, the layout after it where a build has it: 8), 0
+ * for any other; and the conversion of a contiguous (N, C, H, W) tensor
+ * of elem-byte elements (1, 2, 4, 8) from that blocked layout to strided, as the tensor
+ * layer's (a permutation: the same bits however it is done). */
+int kiln_trace_layout_block(kiln_layout layout);
+void kiln_trace_unblock(void *dst, const void *src, size_t elem, const int64_t *shape, int block);
 
 /* memory_plan.c: assigns every non-output buffer an arena offset (first fit
  * on lifetime intervals, aligned) and sets p->arena_bytes. */
