@@ -129,9 +129,14 @@ static void collectives(const char *how) {
 static void test_ordered_after_compute(void) {
 #ifdef KILN_CUDA_EMULATION
     kiln_scope_begin();
+    /* A stream of its own as the compute stream: its handle names it alone
+     * (the default stream's handle is resolved by the calling thread's
+     * current device). */
+    kiln_stream *compute = NULL;
+    CHECK_OK(kiln_stream_create(dev, 0, &compute));
+    kiln_stream_guard guard = kiln_stream_guard_begin(compute);
     kiln_tensor *t = kiln_zeros(KILN_SHAPE(1000), KILN_F32, dev);
-    CHECK_OK(kiln_stream_synchronize(kiln_current_stream(dev)));
-    kiln_stream *compute = kiln_current_stream(dev);
+    CHECK_OK(kiln_stream_synchronize(compute));
     cudaStream_t h = (cudaStream_t)kiln_stream_handle(compute);
     CHECK(kiln_emu_hold_stream(h, true) == cudaSuccess);
     kiln_tensor *src = kiln_full(KILN_SHAPE(1000), 2.0 + rank, KILN_F32, dev);
@@ -150,7 +155,10 @@ static void test_ordered_after_compute(void) {
     for (int r = 0; r < size; r++) want += 2.0 + r;
     CHECK_MSG(host_at(t, 999) == want, "the all-reduce read %g, not the compute stream's values (%g)",
               host_at(t, 999), want);
+    CHECK_OK(kiln_stream_synchronize(compute));
+    kiln_stream_guard_end(&guard);
     kiln_scope_end();
+    CHECK_OK(kiln_stream_destroy(compute));
 #endif
 }
 
