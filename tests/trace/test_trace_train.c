@@ -7,7 +7,7 @@
  * its bias corrections use, BatchNorm's running statistics update in
  * place, prepared weight copies are refilled after each update. Zero
  * allocator calls per replayed step. The tutorial CNN and the small
- * ResNet. Also: a step whose Adam state the traced call itself creates
+ * ResNet (3 replayed steps each). Also (CNN): a step whose Adam state the traced call itself creates
  * is refused (warm-up), and so is a host read inside the call. */
 #include <math.h>
 #include <string.h>
@@ -99,7 +99,7 @@ static void batch(int64_t n, kiln_tensor **x, kiln_tensor **t) {
     *t = kiln_from_data(KILN_SHAPE(n), KILN_I64, KILN_CPU, labels);
 }
 
-static void check_model(const char *file) {
+static void check_model(const char *file, bool refusals) {
     model a = make(file), b = make(file);
     if (!a.m || !b.m) return;
     CHECK_MSG(same_state(a.m, b.m), "%s: the two copies differ before training", file);
@@ -119,7 +119,7 @@ static void check_model(const char *file) {
               file);
     kiln_release(out), kiln_release(traced_loss);
     kiln_release(in[0]), kiln_release(in[1]);
-    for (int s = 0; p && s < 4; s++) {
+    for (int s = 0; p && s < 3; s++) {
         batch(4, &in[0], &in[1]);
         kiln_tensor *lr = NULL, *le = NULL;
         int64_t before = kiln_memory_alloc_count();
@@ -133,22 +133,25 @@ static void check_model(const char *file) {
     }
     CHECK_EQ_I(kiln_optimizer_step_count(a.opt) > 0, 1);
     kiln_program_free(p);
-    /* Refused: a host read inside the call. */
-    batch(4, &in[0], &in[1]);
-    CHECK_FAILS(kiln_trace(step_with_item, &b, 2, in, 1, NULL, &p), KILN_ERR_UNSUPPORTED, "the host");
+    if (refusals) {
+        /* Refused: a host read inside the call. */
+        batch(4, &in[0], &in[1]);
+        CHECK_FAILS(kiln_trace(step_with_item, &b, 2, in, 1, NULL, &p), KILN_ERR_UNSUPPORTED, "the host");
+        /* Refused: Adam's state made inside the traced call (no warm-up). */
+        model c = make(file);
+        CHECK_FAILS(kiln_trace(step, &c, 2, in, 1, NULL, &p), KILN_ERR_UNSUPPORTED,
+                    "created by the traced call");
+        kiln_release(in[0]), kiln_release(in[1]);
+        kiln_optimizer_free(c.opt), kiln_module_free(c.m);
+    }
     kiln_optimizer_free(a.opt), kiln_optimizer_free(b.opt);
     kiln_module_free(a.m), kiln_module_free(b.m);
-    /* Refused: Adam's state made inside the traced call (no warm-up). */
-    model c = make(file);
-    CHECK_FAILS(kiln_trace(step, &c, 2, in, 1, NULL, &p), KILN_ERR_UNSUPPORTED, "created by the traced call");
-    kiln_release(in[0]), kiln_release(in[1]);
-    kiln_optimizer_free(c.opt), kiln_module_free(c.m);
 }
 
 int main(void) {
     CHECK_OK(kiln_init());
-    check_model("tutorial_cnn_32x32x3.txt");
-    check_model("resnet_small_cifar10.txt");
+    check_model("tutorial_cnn_32x32x3.txt", true);
+    check_model("resnet_small_cifar10.txt", false);
     /* Autocast to bf16 (the CPU's AMP dtype) inside the traced step. */
     tt_check_train("tutorial_cnn_32x32x3.txt", (kiln_device){KILN_DEVICE_CPU, 0}, KILN_BF16);
     kiln_shutdown();
