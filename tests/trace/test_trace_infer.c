@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "tensor/tensor_internal.h"
 #include "test_util.h"
 
 static kiln_module *load(const char *file, int64_t c, int64_t h, int64_t w) {
@@ -70,6 +71,28 @@ static void check_model(const char *file, int64_t c, int64_t hw) {
         kiln_grad_mode_end();
         CHECK_FAILS(kiln_program_run(p, 1, &x, 1, &y), KILN_ERR_INVALID_ARGUMENT, "grad mode is on");
         kiln_no_grad_begin();
+        CHECK_OK(kiln_autocast_begin(KILN_DEVICE_CPU, KILN_BF16));
+        CHECK_FAILS(kiln_program_run(p, 1, &x, 1, &y), KILN_ERR_INVALID_ARGUMENT, "autocast is on in bf16");
+        CHECK_OK(kiln_autocast_end());
+        kiln_tensor *nc = kiln_randn(KILN_SHAPE(2, c, hw, hw + 1), KILN_F32, KILN_CPU);
+        kiln_tensor *view = kiln_narrow(nc, 3, 0, hw);
+        CHECK_FAILS(kiln_program_run(p, 1, &view, 1, &y), KILN_ERR_INVALID_ARGUMENT, "input 0 has strides");
+        kiln_release(view), kiln_release(nc);
+        /* A weight given new storage (as a state dict loaded by swapping
+         * would): the program would still read the old one. */
+        kiln_named_tensor *params = NULL;
+        int n = 0;
+        CHECK_OK(kiln_module_named_parameters(m, &params, &n));
+        if (n > 0) {
+            kiln_tensor *w = params[0].tensor, *fresh = kiln_to(w, KILN_CPU, kiln_dtype_of(w), KILN_COPY);
+            kiln_tensor_swap_data(w, fresh);
+            CHECK_FAILS(kiln_program_run(p, 1, &x, 1, &y), KILN_ERR_INVALID_ARGUMENT, "has new storage");
+            kiln_tensor_swap_data(w, fresh);
+            kiln_release(fresh);
+            CHECK_OK(kiln_program_run(p, 1, &x, 1, &y));
+            kiln_release(y);
+        }
+        free(params);
     }
     kiln_program_free(p);
     kiln_release(eager), kiln_release(x);
