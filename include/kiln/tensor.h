@@ -55,6 +55,9 @@ typedef enum kiln_layout {
     /* oneDNN's nChw16c: a 4-D f32 (N, C, H, W) with C a multiple of 16,
      * stored as (N, C/16, H, W, 16). Same bytes as the strided tensor. */
     KILN_LAYOUT_NCHW16C,
+    /* oneDNN's nChw8c, what its AVX2 convolutions take: C a multiple of 8,
+     * stored as (N, C/8, H, W, 8). */
+    KILN_LAYOUT_NCHW8C,
     KILN_LAYOUT_COUNT
 } kiln_layout;
 

@@ -29,9 +29,16 @@ typedef struct kiln_strided {
 } kiln_strided;
 
 /* Reorders a contiguous 4-D (N, C, H, W) tensor of `elem` bytes per element
- * between NCHW and nChw16c (C a multiple of 16): to_blocked chooses the
- * direction. dst and src do not overlap. CPU (OpenMP); blocks the host. */
+ * between NCHW and nChw<block>c (block 16 or 8, C a multiple of it):
+ * to_blocked chooses the direction. dst and src do not overlap. CPU
+ * (OpenMP); blocks the host. kiln_cpu_reorder_nchw16c is block 16. */
+void kiln_cpu_reorder_blocked(void *dst, const void *src, size_t elem, const int64_t *shape, int block,
+                              bool to_blocked);
 void kiln_cpu_reorder_nchw16c(void *dst, const void *src, size_t elem, const int64_t *shape, bool to_blocked);
+/* The channels per block of a blocked layout (16, 8), 0 for strided. */
+static inline int kiln_layout_block(kiln_layout layout) {
+    return layout == KILN_LAYOUT_NCHW16C ? 16 : layout == KILN_LAYOUT_NCHW8C ? 8 : 0;
+}
 
 typedef struct kiln_tensor_kernels {
     /* dst[i] = convert(src[i]) over dst's shape; src has the same shape

@@ -11,7 +11,7 @@
 
 #define F32 KILN_DT(KILN_F32)
 
-static bool blocked_in(const kiln_op_args *a, int i) { return a->in[i].layout == KILN_LAYOUT_NCHW16C; }
+static bool blocked_in(const kiln_op_args *a, int i) { return kiln_layout_block(a->in[i].layout) != 0; }
 
 static kiln_status max_pool2d(const kiln_op_args *a) {
     return blocked_in(a, 0) ? kiln_blocked_max_pool2d(a) : kiln_fast_max_pool2d(a);

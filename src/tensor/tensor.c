@@ -264,17 +264,18 @@ kiln_status kiln_tensor_strided(const kiln_tensor *t, kiln_strided *out) {
 kiln_status kiln_tensor_ensure_strided(const kiln_tensor *t) {
     kiln_storage *s = t->storage;
     if (s->layout == KILN_LAYOUT_STRIDED) return KILN_OK;
-    if (s->layout != KILN_LAYOUT_NCHW16C || t->ndim != 4 || t->offset || t->shape[1] % 16 ||
+    const int block = kiln_layout_block(s->layout);
+    if (!block || t->ndim != 4 || t->offset || t->shape[1] % block ||
         (s->device.type != KILN_DEVICE_CPU && s->device.type != KILN_DEVICE_META))
         return KILN_RAISE(KILN_ERR_INTERNAL, "report this", "tensor layout %d on a tensor it cannot describe",
                           (int)s->layout);
-    void *block = NULL;
+    void *plain = NULL;
     if (s->nbytes) {
-        KILN_TRY(kiln_memory_alloc(s->device, s->nbytes, s->stream, &block));
+        KILN_TRY(kiln_memory_alloc(s->device, s->nbytes, s->stream, &plain));
         if (s->device.type == KILN_DEVICE_CPU)
-            kiln_cpu_reorder_nchw16c(block, s->base, kiln_dtype_size(t->dtype), t->shape, false);
+            kiln_cpu_reorder_blocked(plain, s->base, kiln_dtype_size(t->dtype), t->shape, block, false);
         kiln_status st = kiln_memory_free(s->device, s->base);
-        s->base = block;
+        s->base = plain;
         if (st) kiln_log_write(KILN_LOG_WARN, "tensor layout conversion: freeing the old block failed: %s",
                                kiln_error_message());
     }
@@ -331,6 +332,7 @@ const char *kiln_layout_name(kiln_layout layout) {
     switch (layout) {
     case KILN_LAYOUT_STRIDED: return "strided";
     case KILN_LAYOUT_NCHW16C: return "nChw16c";
+    case KILN_LAYOUT_NCHW8C: return "nChw8c";
     default: return "invalid";
     }
 }

@@ -12,7 +12,7 @@
 
 #include "kernels/cpu/fast/fast_kernels.h"
 
-#define L 16
+#define LMAX 16 /* the largest channel block (nChw16c) */
 
 static bool f32_vec(const kiln_strided *t, int64_t C) {
     return t->ndim == 1 && t->shape[0] == C && t->dtype == KILN_F32 && (C <= 1 || t->strides[0] == 1) &&
@@ -21,10 +21,12 @@ static bool f32_vec(const kiln_strided *t, int64_t C) {
 
 static bool opt_vec(const kiln_strided *t, int64_t C) { return t->ndim < 0 || f32_vec(t, C); }
 
-/* x's layout: 0 NCHW contiguous, 1 nChw16c; -1 neither. */
+/* x's layout: 0 NCHW contiguous, its channel block for nChw16c (16) and
+ * nChw8c (8); -1 neither. */
 static int act_layout(const kiln_strided *t) {
     if (t->ndim != 4 || t->dtype != KILN_F32) return -1;
-    if (t->layout == KILN_LAYOUT_NCHW16C) return t->shape[1] % L == 0 ? 1 : -1;
+    const int block = kiln_layout_block(t->layout);
+    if (block) return t->shape[1] % block == 0 ? block : -1;
     if (t->layout != KILN_LAYOUT_STRIDED) return -1;
     int64_t expect = 1;
     for (int i = 3; i >= 0; i--) {
@@ -36,7 +38,7 @@ static int act_layout(const kiln_strided *t) {
 
 /* Element (n, c, i) of a 4-D activation in layout `lay`, i < H*W. */
 static inline int64_t at(int lay, int64_t n, int64_t c, int64_t i, int64_t C, int64_t HW) {
-    return lay ? ((n * (C / L) + c / L) * HW + i) * L + (c % L) : (n * C + c) * HW + i;
+    return lay ? ((n * (C / lay) + c / lay) * HW + i) * lay + (c % lay) : (n * C + c) * HW + i;
 }
 
 /* The sums over one channel's span of `len` values at stride `step`. */
@@ -60,46 +62,51 @@ KILN_SIMD_CLONES static void span_affine(const float *restrict x, float *restric
     for (int64_t i = 0; i < len; i++) y[i * step] = (float)((double)x[i * step] * alpha + beta);
 }
 
-/* nChw16c: one block of 16 channels at a time, 16 lanes side by side. */
-KILN_SIMD_CLONES static void blk_sum(const float *restrict x, int64_t HW, double *restrict acc) {
-    for (int64_t i = 0; i < HW; i++)
-        for (int l = 0; l < L; l++) acc[l] += (double)x[i * L + l];
-}
-
-KILN_SIMD_CLONES static void blk_sq(const float *restrict x, int64_t HW, const double *restrict mean,
-                                    double *restrict acc) {
-    for (int64_t i = 0; i < HW; i++)
-        for (int l = 0; l < L; l++) {
-            double d = (double)x[i * L + l] - mean[l];
-            acc[l] += d * d;
-        }
-}
-
-KILN_SIMD_CLONES static void blk_affine(const float *restrict x, float *restrict y, int64_t HW,
-                                        const double *restrict alpha, const double *restrict beta) {
-    for (int64_t i = 0; i < HW; i++)
-        for (int l = 0; l < L; l++) y[i * L + l] = (float)((double)x[i * L + l] * alpha[l] + beta[l]);
-}
-
-KILN_SIMD_CLONES static void blk_gsums(const float *restrict g, const float *restrict x, int64_t HW,
-                                       const double *restrict mean, double *restrict sg, double *restrict sgx) {
-    for (int64_t i = 0; i < HW; i++)
-        for (int l = 0; l < L; l++) {
-            double gi = (double)g[i * L + l];
-            sg[l] += gi, sgx[l] += gi * ((double)x[i * L + l] - mean[l]);
-        }
-}
-
-KILN_SIMD_CLONES static void blk_dx(const float *restrict g, const float *restrict x, float *restrict dx, int64_t HW,
-                                    const double *restrict mean, const double *restrict gmean,
-                                    const double *restrict proj, const double *restrict scale, bool training) {
-    for (int64_t i = 0; i < HW; i++)
-        for (int l = 0; l < L; l++) {
-            double gi = (double)g[i * L + l];
-            double r = training ? (gi - gmean[l] - ((double)x[i * L + l] - mean[l]) * proj[l]) : gi;
-            dx[i * L + l] = (float)(r * scale[l]);
-        }
-}
+/* Blocked layouts: one block of B channels at a time, B lanes side by side
+ * (written once, made for B = 16 and B = 8). */
+#define BLK_FUNCS(B) \
+KILN_SIMD_CLONES static void blk_sum_##B(const float *restrict x, int64_t HW, double *restrict acc) {            \
+    for (int64_t i = 0; i < HW; i++)                                                                             \
+        for (int l = 0; l < B; l++) acc[l] += (double)x[i * B + l];                                              \
+}                                                                                                                \
+                                                                                                                 \
+KILN_SIMD_CLONES static void blk_sq_##B(const float *restrict x, int64_t HW, const double *restrict mean,        \
+                                    double *restrict acc) {                                                      \
+    for (int64_t i = 0; i < HW; i++)                                                                             \
+        for (int l = 0; l < B; l++) {                                                                            \
+            double d = (double)x[i * B + l] - mean[l];                                                           \
+            acc[l] += d * d;                                                                                     \
+        }                                                                                                        \
+}                                                                                                                \
+                                                                                                                 \
+KILN_SIMD_CLONES static void blk_affine_##B(const float *restrict x, float *restrict y, int64_t HW,              \
+                                        const double *restrict alpha, const double *restrict beta) {             \
+    for (int64_t i = 0; i < HW; i++)                                                                             \
+        for (int l = 0; l < B; l++) y[i * B + l] = (float)((double)x[i * B + l] * alpha[l] + beta[l]);           \
+}                                                                                                                \
+                                                                                                                 \
+KILN_SIMD_CLONES static void blk_gsums_##B(const float *restrict g, const float *restrict x, int64_t HW,         \
+                                       const double *restrict mean, double *restrict sg, double *restrict sgx) { \
+    for (int64_t i = 0; i < HW; i++)                                                                             \
+        for (int l = 0; l < B; l++) {                                                                            \
+            double gi = (double)g[i * B + l];                                                                    \
+            sg[l] += gi, sgx[l] += gi * ((double)x[i * B + l] - mean[l]);                                        \
+        }                                                                                                        \
+}                                                                                                                \
+                                                                                                                 \
+KILN_SIMD_CLONES static void blk_dx_##B(const float *restrict g, const float *restrict x, float *restrict dx, int64_t HW, \
+                                    const double *restrict mean, const double *restrict gmean,                   \
+                                    const double *restrict proj, const double *restrict scale, bool training) {  \
+    for (int64_t i = 0; i < HW; i++)                                                                             \
+        for (int l = 0; l < B; l++) {                                                                            \
+            double gi = (double)g[i * B + l];                                                                    \
+            double r = training ? (gi - gmean[l] - ((double)x[i * B + l] - mean[l]) * proj[l]) : gi;             \
+            dx[i * B + l] = (float)(r * scale[l]);                                                               \
+        }                                                                                                        \
+}                                                                                                                \
+    /* end of BLK_FUNCS */
+BLK_FUNCS(16)
+BLK_FUNCS(8)
 
 bool kiln_fast_batch_norm_supports(const kiln_op_args *a) {
     const kiln_strided *x = &a->in[0], *y = &a->out[0];
@@ -124,25 +131,26 @@ kiln_status kiln_fast_batch_norm(const kiln_op_args *a) {
     float *y = a->out[0].data, *mo = a->out[1].data, *io = a->out[2].data;
     const kiln_op_attrs *at_ = a->attrs;
     const int lay = act_layout(x);
-    if (lay < 0 || (int)(a->out[0].layout == KILN_LAYOUT_NCHW16C) != lay)
+    if (lay < 0 || kiln_layout_block(a->out[0].layout) != lay)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_batch_norm: the fast kernel was given arguments it declines");
     const int64_t N = x->shape[0], C = x->shape[1], HW = x->shape[2] * x->shape[3];
     const int64_t step = 1, count = N * HW;
     if (lay) {
-        const int64_t CB = C / L;
+        const int B = lay;
+        const int64_t CB = C / B;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (N * C * HW >= 32768 && CB > 1)
 #endif
         for (int64_t cb = 0; cb < CB; cb++) {
-            double mean[L], var[L], alpha[L], beta[L], acc[L] = {0};
+            double mean[LMAX], var[LMAX], alpha[LMAX], beta[LMAX], acc[LMAX] = {0};
             if (at_->training) {
-                for (int64_t n = 0; n < N; n++) blk_sum(xd + (n * CB + cb) * HW * L, HW, acc);
-                for (int l = 0; l < L; l++) mean[l] = count ? acc[l] / (double)count : 0.0, acc[l] = 0;
-                for (int64_t n = 0; n < N; n++) blk_sq(xd + (n * CB + cb) * HW * L, HW, mean, acc);
-                for (int l = 0; l < L; l++) var[l] = count ? acc[l] / (double)count : 0.0;
+                for (int64_t n = 0; n < N; n++) (B == 8 ? blk_sum_8 : blk_sum_16)(xd + (n * CB + cb) * HW * B, HW, acc);
+                for (int l = 0; l < B; l++) mean[l] = count ? acc[l] / (double)count : 0.0, acc[l] = 0;
+                for (int64_t n = 0; n < N; n++) (B == 8 ? blk_sq_8 : blk_sq_16)(xd + (n * CB + cb) * HW * B, HW, mean, acc);
+                for (int l = 0; l < B; l++) var[l] = count ? acc[l] / (double)count : 0.0;
             }
-            for (int l = 0; l < L; l++) {
-                int64_t c = cb * L + l;
+            for (int l = 0; l < B; l++) {
+                int64_t c = cb * B + l;
                 double invstd;
                 if (at_->training) {
                     invstd = 1.0 / sqrt(var[l] + at_->eps);
@@ -160,8 +168,8 @@ kiln_status kiln_fast_batch_norm(const kiln_op_args *a) {
                 mo[c] = (float)mean[l], io[c] = (float)invstd;
             }
             for (int64_t n = 0; n < N; n++) {
-                int64_t o = (n * CB + cb) * HW * L;
-                blk_affine(xd + o, y + o, HW, alpha, beta);
+                int64_t o = (n * CB + cb) * HW * B;
+                (B == 8 ? blk_affine_8 : blk_affine_16)(xd + o, y + o, HW, alpha, beta);
             }
         }
         return KILN_OK;
@@ -243,35 +251,36 @@ kiln_status kiln_fast_batch_norm_backward(const kiln_op_args *a) {
     const float *mn = a->in[3].data, *is = a->in[4].data;
     float *dx = a->out[0].data, *dw = a->out[1].data, *db = a->out[2].data;
     const int lay = act_layout(&a->in[1]);
-    if (lay < 0 || (int)(a->out[0].layout == KILN_LAYOUT_NCHW16C) != lay)
+    if (lay < 0 || kiln_layout_block(a->out[0].layout) != lay)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
                           "kiln_batch_norm_backward: the fast kernel was given arguments it declines");
     const int64_t N = a->in[1].shape[0], C = a->in[1].shape[1], HW = a->in[1].shape[2] * a->in[1].shape[3];
     const int64_t step = 1;
     const bool training = a->attrs->training;
     if (lay) {
-        const int64_t CB = C / L;
+        const int B = lay;
+        const int64_t CB = C / B;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (N * C * HW >= 32768 && CB > 1)
 #endif
         for (int64_t cb = 0; cb < CB; cb++) {
-            double mean[L], sg[L] = {0}, sgx[L] = {0}, gmean[L], proj[L], scale[L];
-            for (int l = 0; l < L; l++) mean[l] = mn[cb * L + l];
+            double mean[LMAX], sg[LMAX] = {0}, sgx[LMAX] = {0}, gmean[LMAX], proj[LMAX], scale[LMAX];
+            for (int l = 0; l < B; l++) mean[l] = mn[cb * B + l];
             for (int64_t n = 0; n < N; n++) {
-                int64_t o = (n * CB + cb) * HW * L;
-                blk_gsums(go + o, xd + o, HW, mean, sg, sgx);
+                int64_t o = (n * CB + cb) * HW * B;
+                (B == 8 ? blk_gsums_8 : blk_gsums_16)(go + o, xd + o, HW, mean, sg, sgx);
             }
             double cnt = N * HW != 0 ? (double)(N * HW) : 1.0;
-            for (int l = 0; l < L; l++) {
-                int64_t c = cb * L + l;
+            for (int l = 0; l < B; l++) {
+                int64_t c = cb * B + l;
                 double invstd = is[c];
                 gmean[l] = sg[l] / cnt, proj[l] = sgx[l] / cnt * invstd * invstd;
                 scale[l] = invstd * (w ? (double)w[c] : 1.0);
                 dw[c] = (float)(sgx[l] * invstd), db[c] = (float)sg[l];
             }
             for (int64_t n = 0; n < N; n++) {
-                int64_t o = (n * CB + cb) * HW * L;
-                blk_dx(go + o, xd + o, dx + o, HW, mean, gmean, proj, scale, training);
+                int64_t o = (n * CB + cb) * HW * B;
+                (B == 8 ? blk_dx_8 : blk_dx_16)(go + o, xd + o, dx + o, HW, mean, gmean, proj, scale, training);
             }
         }
         return KILN_OK;

@@ -60,7 +60,7 @@ enum {
     K_ALG,         /* conv_alg */
     K_CONV_KIND,   /* reorder keys: the convolution's kind */
     K_REORDER_POS, /* reorder keys: the argument position (0, 1: inputs, 2: output) */
-    K_LX,          /* x's layout: 0 NCHW, 1 nChw16c */
+    K_LX,          /* x's layout: its channel block (kernels/kernels.h): 0 NCHW, 16 nChw16c, 8 nChw8c */
     K_LY,          /* y's layout */
     K_RELU,        /* forward: ReLU fused as a post-op (conv2d_relu) */
     K_COUNT
@@ -81,11 +81,12 @@ static bool conv_key(kiln_onednn_kind kind, const kiln_strided *x, const kiln_st
         return false;
     if (bias && (bias->ndim != 1 || bias->dtype != KILN_F32 || !kiln_onednn_is_contiguous(bias)))
         return false;
-    /* The weights and bias are always strided; activations in nChw16c have
-     * a channel count divisible by 16 (the tensor layer guarantees it). */
+    /* The weights and bias are always strided; blocked activations (nChw16c,
+     * nChw8c) have a channel count divisible by the block (the tensor layer
+     * guarantees it). */
     if (w->layout != KILN_LAYOUT_STRIDED || (bias && bias->layout != KILN_LAYOUT_STRIDED)) return false;
-    if ((x->layout != KILN_LAYOUT_STRIDED && x->layout != KILN_LAYOUT_NCHW16C) ||
-        (y->layout != KILN_LAYOUT_STRIDED && y->layout != KILN_LAYOUT_NCHW16C))
+    if ((x->layout != KILN_LAYOUT_STRIDED && !kiln_layout_block(x->layout)) ||
+        (y->layout != KILN_LAYOUT_STRIDED && !kiln_layout_block(y->layout)))
         return false;
     kiln_conv_geom g = kiln_conv_geom_of(attrs);
     if (g.groups < 1 || x->shape[1] != w->shape[1] * g.groups || w->shape[0] % g.groups) return false;
@@ -103,7 +104,7 @@ static bool conv_key(kiln_onednn_kind kind, const kiln_strided *x, const kiln_st
     v[K_OH] = y->shape[2], v[K_OW] = y->shape[3];
     v[K_SH] = g.stride[0], v[K_SW] = g.stride[1], v[K_PH] = g.padding[0], v[K_PW] = g.padding[1];
     v[K_DH] = g.dilation[0], v[K_DW] = g.dilation[1], v[K_G] = g.groups, v[K_BIAS] = bias != NULL;
-    v[K_LX] = x->layout == KILN_LAYOUT_NCHW16C, v[K_LY] = y->layout == KILN_LAYOUT_NCHW16C;
+    v[K_LX] = kiln_layout_block(x->layout), v[K_LY] = kiln_layout_block(y->layout);
     return y->shape[0] == x->shape[0] && y->shape[1] == w->shape[0];
 }
 
@@ -120,8 +121,8 @@ static kiln_status conv_mds_of_user(const int64_t *v, bool any_layout, bool user
     dnnl_format_tag_t act = any_layout ? dnnl_format_tag_any : dnnl_nchw;
     dnnl_format_tag_t src_tag = act, dst_tag = act;
     if (!any_layout && user_layouts) {
-        if (v[K_LX]) src_tag = dnnl_nChw16c;
-        if (v[K_LY]) dst_tag = dnnl_nChw16c;
+        if (v[K_LX]) src_tag = v[K_LX] == 8 ? dnnl_nChw8c : dnnl_nChw16c;
+        if (v[K_LY]) dst_tag = v[K_LY] == 8 ? dnnl_nChw8c : dnnl_nChw16c;
     }
     KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->src, 4, src, dnnl_f32, src_tag));
     KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->dst, 4, dst, dnnl_f32, dst_tag));
@@ -476,6 +477,14 @@ static const kiln_autotune_provider onednn_provider = {
     .workspace_free = onednn_workspace_free,
 };
 
+/* The activations' layouts as the autotuner's configuration names them:
+ * [x][y], each 0 NCHW, 1 nChw16c, 2 nChw8c. */
+static const char *const layout_names[3][3] = {
+    {"nchw", "x=nchw,y=nChw16c", "x=nchw,y=nChw8c"},
+    {"x=nChw16c,y=nchw", "x=nChw16c,y=nChw16c", "x=nChw16c,y=nChw8c"},
+    {"x=nChw8c,y=nchw", "x=nChw8c,y=nChw16c", "x=nChw8c,y=nChw8c"},
+};
+
 static kiln_autotune_conv tune_config(const conv_call *c) {
     const int64_t *v = c->key.v;
     kiln_autotune_conv cfg = {
@@ -493,8 +502,7 @@ static kiln_autotune_conv tune_config(const conv_call *c) {
         .dilation = {v[K_DH], v[K_DW]},
         .groups = v[K_G],
         .bias = v[K_BIAS] != 0,
-        .layout = v[K_LX] ? (v[K_LY] ? "x=nChw16c,y=nChw16c" : "x=nChw16c,y=nchw")
-                          : (v[K_LY] ? "x=nchw,y=nChw16c" : "nchw"),
+        .layout = layout_names[v[K_LX] == 16 ? 1 : v[K_LX] == 8 ? 2 : 0][v[K_LY] == 16 ? 1 : v[K_LY] == 8 ? 2 : 0],
         .math = "f32",
     };
     return cfg;
@@ -663,14 +671,15 @@ static bool conv_supports(kiln_onednn_kind kind, const kiln_op_args *a) {
     return conv_prepare(kind, a, &plan, &ok) == KILN_OK && ok;
 }
 
-/* The layout oneDNN chose for the pass's output (position 2): nChw16c when
- * it is exactly Kiln's nChw16c for that shape (and opaque layouts are on),
- * else strided. The weight gradient is always strided (OIHW). */
+/* The layout oneDNN chose for the pass's output (position 2): nChw16c or
+ * nChw8c when it is exactly Kiln's layout of that name for that shape (and
+ * opaque layouts are on), else strided. The weight gradient is always
+ * strided (OIHW). */
 static void conv_out_layout(kiln_onednn_kind kind, const kiln_op_args *a, kiln_layout *out) {
     out[0] = KILN_LAYOUT_STRIDED;
     if (kind == KILN_ONEDNN_CONV_BWD_WEIGHTS || !kiln_cpu_layouts()) return;
     const kiln_strided *y = &a->out[0];
-    if (y->ndim != 4 || y->shape[1] % 16) return;
+    if (y->ndim != 4 || y->shape[1] % 8) return;
     conv_plan plan;
     bool ok;
     if (conv_prepare(kind, a, &plan, &ok) != KILN_OK || !ok) {
@@ -678,12 +687,23 @@ static void conv_out_layout(kiln_onednn_kind kind, const kiln_op_args *a, kiln_l
         return;
     }
     const dnnl_memory_desc_t *chosen = NULL;
-    dnnl_memory_desc_t blocked;
     dnnl_dims_t dims = {y->shape[0], y->shape[1], y->shape[2], y->shape[3]};
-    if (dnnl_memory_get_memory_desc(plan.conv->mem[2], &chosen) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&blocked, 4, dims, dnnl_f32, dnnl_nChw16c) != dnnl_success)
-        return;
-    if (dnnl_memory_desc_equal(&blocked, chosen)) out[0] = KILN_LAYOUT_NCHW16C;
+    if (dnnl_memory_get_memory_desc(plan.conv->mem[2], &chosen) != dnnl_success) return;
+    static const struct {
+        dnnl_format_tag_t tag;
+        int block;
+        kiln_layout layout;
+    } blocked[] = {{dnnl_nChw16c, 16, KILN_LAYOUT_NCHW16C}, {dnnl_nChw8c, 8, KILN_LAYOUT_NCHW8C}};
+    for (size_t i = 0; i < sizeof blocked / sizeof blocked[0]; i++) {
+        dnnl_memory_desc_t md;
+        if (y->shape[1] % blocked[i].block ||
+            dnnl_memory_desc_init_by_tag(&md, 4, dims, dnnl_f32, blocked[i].tag) != dnnl_success)
+            continue;
+        if (dnnl_memory_desc_equal(&md, chosen)) {
+            out[0] = blocked[i].layout;
+            return;
+        }
+    }
 }
 
 void kiln_onednn_conv2d_layout(const kiln_op_args *a, kiln_layout *out) {

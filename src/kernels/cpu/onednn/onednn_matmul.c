@@ -169,8 +169,8 @@ bool kiln_onednn_linear_supports(const kiln_op_args *a) { return mm_supports(MM_
 
 /* ---- linear_act: (flatten +) linear + bias + ReLU ------------------------------------ */
 
-/* x (N, *) read as (N, K): a contiguous strided x is used in place, an
- * nChw16c x is first reordered to NCHW into the workspace (1 MiB for the
+/* x (N, *) read as (N, K): a contiguous strided x is used in place, a
+ * blocked (nChw16c, nChw8c) x is first reordered to NCHW into the workspace (1 MiB for the
  * tutorial CNN's fc1 input, a fraction of the matmul's time). Then the
  * oneDNN linear, then ReLU over the (N, O) result when attrs.flag is 1. */
 #define ALIGN_UP(n) (((n) + 63) / 64 * 64)
@@ -178,7 +178,7 @@ bool kiln_onednn_linear_supports(const kiln_op_args *a) { return mm_supports(MM_
 static bool linear_act_view(const kiln_op_args *a, void *x2d, kiln_op_args *b) {
     const kiln_strided *x = &a->in[0];
     if (x->ndim < 2 || x->dtype != KILN_F32 || (a->attrs->flag != 0 && a->attrs->flag != 1)) return false;
-    bool blocked = x->layout == KILN_LAYOUT_NCHW16C;
+    bool blocked = kiln_layout_block(x->layout) != 0;
     if (!blocked && (x->layout != KILN_LAYOUT_STRIDED || !kiln_onednn_is_contiguous(x))) return false;
     int64_t k = 1;
     for (int i = 1; i < x->ndim; i++) k *= x->shape[i];
@@ -192,7 +192,7 @@ static bool linear_act_view(const kiln_op_args *a, void *x2d, kiln_op_args *b) {
 }
 
 static size_t x_bytes(const kiln_op_args *a) {
-    if (a->in[0].layout != KILN_LAYOUT_NCHW16C) return 0;
+    if (!kiln_layout_block(a->in[0].layout)) return 0;
     size_t n = 1;
     for (int i = 0; i < a->in[0].ndim; i++) n *= (size_t)a->in[0].shape[i];
     return ALIGN_UP(n * sizeof(float));
@@ -222,23 +222,25 @@ void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out) {
 }
 
 /* The permutation: column j of the flat NCHW row (c, h, w) sits at
- * ((c / 16) * HW + h * W + w) * 16 + c % 16 in the nChw16c row. */
+ * ((c / B) * HW + h * W + w) * B + c % B in the nChw<B>c row. */
 void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
     p->input = -1;
     const kiln_strided *x = &a->in[0], *w = &a->in[1];
-    if (x->layout != KILN_LAYOUT_NCHW16C || x->ndim != 4 || w->ndim != 2 || w->dtype != KILN_F32 ||
-        !kiln_onednn_is_contiguous(w))
+    const int block = kiln_layout_block(x->layout);
+    if (!block || x->ndim != 4 || w->ndim != 2 || w->dtype != KILN_F32 || !kiln_onednn_is_contiguous(w))
         return;
     p->input = 1;
     /* which blocked geometry the columns follow */
-    p->key = 0x6c696e6163740000ULL ^ ((uint64_t)x->shape[1] << 40) ^ ((uint64_t)x->shape[2] << 20) ^ (uint64_t)x->shape[3];
+    p->key = 0x6c696e6163740000ULL ^ ((uint64_t)block << 60) ^ ((uint64_t)x->shape[1] << 40) ^
+             ((uint64_t)x->shape[2] << 20) ^ (uint64_t)x->shape[3];
     p->bytes = (size_t)(w->shape[0] * w->shape[1]) * sizeof(float);
 }
 
 kiln_status kiln_onednn_linear_act_fill(const kiln_op_args *a, void *dst) {
     const kiln_strided *x = &a->in[0], *w = &a->in[1];
     const int64_t O = w->shape[0], K = w->shape[1], C = x->shape[1], HW = x->shape[2] * x->shape[3];
-    if (K != C * HW) return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: weight columns do not match x");
+    const int64_t B = kiln_layout_block(x->layout);
+    if (K != C * HW || !B) return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: weight columns do not match x");
     const float *src = w->data;
     float *out = dst;
 #ifdef _OPENMP
@@ -247,13 +249,13 @@ kiln_status kiln_onednn_linear_act_fill(const kiln_op_args *a, void *dst) {
     for (int64_t o = 0; o < O; o++)
         for (int64_t c = 0; c < C; c++)
             for (int64_t i = 0; i < HW; i++)
-                out[o * K + ((c / 16) * HW + i) * 16 + c % 16] = src[o * K + c * HW + i];
+                out[o * K + ((c / B) * HW + i) * B + c % B] = src[o * K + c * HW + i];
     return KILN_OK;
 }
 
 kiln_status kiln_onednn_linear_act(const kiln_op_args *a) {
     kiln_op_args b;
-    if (a->prepared && a->in[0].layout == KILN_LAYOUT_NCHW16C) {
+    if (a->prepared && kiln_layout_block(a->in[0].layout)) {
         /* permuted weights: the matmul reads the blocked x as a flat (N, K) matrix */
         if (!linear_act_view(a, a->in[0].data, &b))
             return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: the oneDNN kernel was given arguments it declines");
@@ -266,7 +268,9 @@ kiln_status kiln_onednn_linear_act(const kiln_op_args *a) {
     size_t xb = x_bytes(a);
     if (!linear_act_view(a, a->workspace, &b) || a->workspace_bytes < xb)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: the oneDNN kernel was given arguments it declines");
-    if (xb) kiln_cpu_reorder_nchw16c(a->workspace, a->in[0].data, sizeof(float), a->in[0].shape, false);
+    if (xb)
+        kiln_cpu_reorder_blocked(a->workspace, a->in[0].data, sizeof(float), a->in[0].shape,
+                                 kiln_layout_block(a->in[0].layout), false);
     b.workspace = xb ? (char *)a->workspace + xb : a->workspace;
     b.workspace_bytes = a->workspace_bytes - xb;
     KILN_TRY(mm_run(MM_LINEAR, &b, "kiln_linear_act"));
