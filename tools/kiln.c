@@ -127,7 +127,7 @@ static const bench_entry benches[] = {
      "DataParallel's load: peak memory and device time per device, loss gathered vs in the replicas",
      "it runs on the list given by --devices (default cuda:0,cuda:1)"},
     {"ddp", kiln_bench_ddp, "DDP over mpirun processes vs PyTorch DDP (gloo): img/s, scaling, all-reduce hidden",
-     "it trains on CPU tensors over MPI, and NCCL is not built"},
+     "it measures DDP on CPU tensors over MPI (CUDA tensors go through NCCL: mpirun -np N kiln train --device cuda)"},
     {"exercises", kiln_bench_exercises,
      "the tutorial's five exercises: one HTML page + JSON (--out DIR, --quick, --device D)", NULL},
     {"trace", kiln_bench_trace,
