@@ -26,6 +26,9 @@ cmake -S "$top" -B "$d" -DCMAKE_BUILD_TYPE=Release -DKILN_WITH_CUDA=ON -DKILN_WE
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${KILN_GPU_ARCH:-native}"
 cmake --build "$d" -j"$(nproc)"
 "$d/bin/kiln" info
+# The CUDA module loaded from the build tree, with its reasons for each
+# KILN_CUDA setting (docs/cuda.md).
+sh "$top/scripts/cuda-module-check.sh" "$d" || status=1
 
 echo "=== tests (CPU and cuda:0)"
 ctest --test-dir "$d" -LE slow --output-on-failure --timeout 900 -j2 || status=$?
@@ -61,6 +64,13 @@ if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
     # DataParallel's load on the output device, with real device times
     # (docs/multi-device.md, "The main device's load"): its JSON line.
     "$d/bin/kiln" bench dataparallel --classes 20000 | tail -n 1 || status=1
+    # DDP on two GPUs through the real NCCL (docs/distributed.md): the
+    # collectives and DDP against one process, a rank killed mid-step, and
+    # kiln train under mpirun on cuda:0 and cuda:1.
+    echo "=== two GPUs: NCCL (test_dist_cuda, rank death on CUDA, mpirun -np 2 kiln train --device cuda)"
+    ctest --test-dir "$d" --output-on-failure -R "dist/test_dist_cuda_np2|rank_death|train_ddp" || status=1
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 "$d/bin/kiln" train --device cuda \
+      --out "$d/gpu-check-ddp" | tail -n 1 || status=1
   else
     echo "=== two GPUs: SKIPPED: $n_gpus GPU visible; kiln train --devices and --split need cuda:0 and cuda:1"
   fi
