@@ -207,11 +207,14 @@ kiln_status kiln_nn_sequential_set_checkpoint_starts(kiln_module *seq, int count
  * the segment count (0: off). Does not block. */
 int kiln_nn_sequential_checkpoint_starts(const kiln_module *seq, int *starts, int cap);
 /* Checkpointing in `segments` segments placed by memory rather than by
- * layer count. One forward of `sample` (a batch of a few inputs of the
+ * layer count. A forward of `sample` (a batch of a few inputs of the
  * training shape on the training device; its values do not matter) with
  * grad mode on measures what each layer, or each run of layers the
  * Sequential fuses, keeps in the allocator (its output and what it saves
- * for backward) and the size of its output. Every placement of the
+ * for backward) and the size of its output. It runs twice and the second
+ * is measured: the first makes what a model keeps from its first forward
+ * on (the kernels' prepared weight copies), so a fresh model and one that
+ * has already run get the same placement. Every placement of the
  * segments is then scored by an estimate of the step's peak (the largest
  * of: each checkpointed segment's recompute with the inputs still held
  * and the gradients in flight, the last segment's backward with every

@@ -385,7 +385,13 @@ kiln_status kiln_nn_sequential_checkpoint_by_memory(kiln_module *seq, kiln_tenso
         return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "%s: no memory for %d layers", fn, n);
     }
     int n_units = 0;
+    /* Twice, the second measured: the first forward makes what a model
+     * keeps from its first forward on (the kernels' prepared weight copies,
+     * kiln/op_args), so the placement is the same for a fresh model (kiln
+     * plan's) and one that has already run (kiln train's, after its
+     * one-image check) -- and is that of the steps that follow. */
     kiln_status st = probe(seq, sample, units, grown, out, half_kept, half_out, &n_units);
+    if (!st) st = probe(seq, sample, units, grown, out, half_kept, half_out, &n_units);
     if (!st && layer_bytes) {
         for (int i = 0; i < n; i++) layer_bytes[i] = 0;
         for (int u = 0; u < n_units; u++) layer_bytes[units[u]] = grown[u];
