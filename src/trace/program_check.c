@@ -163,7 +163,7 @@ static kiln_status parse_view(const parser *ps, const cJSON *o, kiln_strided *v,
 static kiln_status parse_attrs(const parser *ps, const cJSON *o, kiln_op_attrs *a) {
     memset(a, 0, sizeof *a);
     const cJSON *sc = kiln_json_get(o, "scalar");
-    int64_t dims[KILN_MAX_DIMS], flag, groups, red, ign, two[2];
+    int64_t dims[KILN_MAX_DIMS] = {0}, flag = 0, groups = 0, red = 0, ign = 0, two[2] = {0, 0};
     int n = 0, k = 0;
     bool ok = cJSON_IsObject(o) && cJSON_GetArraySize(sc) == 3;
     for (int i = 0; ok && i < 3; i++) ok = get_double(kiln_json_at(sc, i), &a->scalar[i]);
