@@ -65,6 +65,10 @@ const kiln_tensor_kernels *kiln_cuda_tensor_kernels(void);
 #endif
 /* The table for a device type; NULL for meta (no data to touch). */
 const kiln_tensor_kernels *kiln_tensor_kernels_for(kiln_device_type type);
+/* The device type's own table, whatever override is set (the trace layer
+ * records through its override and calls the real kernels with this). */
+const kiln_tensor_kernels *kiln_tensor_kernels_builtin(kiln_device_type type);
+
 /* While the trace layer records a call (src/trace), it puts a table of its
  * own in front of the device's on that thread (NULL: none, one predictable
  * branch in kiln_tensor_kernels_for): the tensor layer's fills and copies

@@ -13,6 +13,10 @@ kiln_tensor_kernels_override kiln_tensor_kernels_set_override(kiln_tensor_kernel
 
 const kiln_tensor_kernels *kiln_tensor_kernels_for(kiln_device_type type) {
     if (tensor_override) return tensor_override(type);
+    return kiln_tensor_kernels_builtin(type);
+}
+
+const kiln_tensor_kernels *kiln_tensor_kernels_builtin(kiln_device_type type) {
     switch (type) {
     case KILN_DEVICE_CPU:
         return kiln_cpu_tensor_kernels();

@@ -15,18 +15,7 @@
 /* The recording of this thread (one kiln_trace at a time per thread). */
 static _Thread_local trace_recording *active;
 
-static const kiln_tensor_kernels *real_table(kiln_device_type type) {
-    switch (type) {
-    case KILN_DEVICE_CPU:
-        return kiln_cpu_tensor_kernels();
-#ifdef KILN_WITH_CUDA
-    case KILN_DEVICE_CUDA:
-        return kiln_cuda_tensor_kernels();
-#endif
-    default:
-        return NULL;
-    }
-}
+static const kiln_tensor_kernels *real_table(kiln_device_type type) { return kiln_tensor_kernels_builtin(type); }
 
 static kiln_status tensor_step(kiln_device_type type, int kind, void *stream, trace_step **s, int *idx) {
     trace_recording *r = active;
