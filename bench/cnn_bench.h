@@ -55,7 +55,13 @@ typedef struct cnn_results {
      * setup's largest over its rounds (wait4 on the peer process). */
     long kiln_rss_kib;
     long peer_rss_kib[CNN_PRECISIONS][CNN_MODES][CNN_WHO];
+    /* The profiled training step's arithmetic per pass (CNN_PASS_NAMES):
+     * GFLOP/s over the pass's kernel time; 0 when not profiled. */
+    double pass_gflop_s[4];
 } cnn_results;
+
+/* The passes whose rates the profiled step reports against the FMA peak. */
+#define CNN_PASS_NAMES {"conv2d", "conv2d_grad_input", "conv2d_grad_weight", "mm"}
 
 /* Direct-convolution FLOP equivalents of the model's forward and training
  * step at `batch`, from its weight shapes (conv1..conv3, fc1, fc2) and the

@@ -336,6 +336,14 @@ void cnn_print_json(const cnn_config *cfg, const cnn_results *r) {
     json_number("peer_best_train_rss_mib", r->peer_rss_kib[CNN_F32][CNN_TRAIN][CNN_BEST] / 1024.0,
                 r->peer_rss_kib[CNN_F32][CNN_TRAIN][CNN_BEST] > 0, true);
     json_string_or_null("peer_reason", r->peer_reason);
+    static const char *const passes[] = CNN_PASS_NAMES;
+    printf(",\"passes_gflop_s\":{");
+    for (int i = 0; i < 4; i++) {
+        printf("%s\"%s\":", i ? "," : "", passes[i]);
+        if (r->pass_gflop_s[i] > 0) printf("%.2f", r->pass_gflop_s[i]);
+        else printf("null");
+    }
+    printf("}");
     printf(",\"config\":{\"batch\":%d,\"steps\":%d,\"repeats\":%d,\"warmup\":%d,\"mode\":\"%s\",\"data\":%s,"
            "\"workers\":%d,\"peer\":%s,\"peer_threads\":%d,",
            cfg->batch, cfg->steps, cfg->repeats, cfg->warmup,

@@ -264,8 +264,9 @@ static kiln_status run_steps(cnn_bench *b, bool train, int n, double *secs) {
     return st;
 }
 
-/* One training step under the profiler; prints the top `rows` by self CPU time. */
-static kiln_status profile_step(cnn_bench *b, int rows) {
+/* One training step under the profiler; prints the top `rows` by self CPU
+ * time, then each pass's GFLOP/s against the FMA peak (r->pass_gflop_s). */
+static kiln_status profile_step(cnn_bench *b, int rows, cnn_results *r) {
     kiln_module_train(b->model, true);
     kiln_status st = kiln_profiler_start(NULL);
     if (st) return st;
@@ -277,6 +278,17 @@ static kiln_status profile_step(cnn_bench *b, int rows) {
     if (!table) return kiln_error_last()->status;
     printf("\nper-op breakdown of one training step (kiln profiler, top %d by self CPU):\n%s", rows, table);
     free(table);
+    static const char *const passes[] = CNN_PASS_NAMES;
+    printf("passes of that step against the FMA peak (%.1f GFLOP/s):", r->peak.gflop_s);
+    for (int i = 0; i < 4; i++) {
+        double g = 0, s = 0;
+        if (!kiln_profiler_op_flops(passes[i], &g, &s) || s <= 0) continue;
+        r->pass_gflop_s[i] = g / s;
+        printf(" %s %.1f GFLOP/s", passes[i], g / s);
+        if (r->peak.gflop_s > 0) printf(" (%.1f%%)", 100.0 * g / s / r->peak.gflop_s);
+        printf(";");
+    }
+    printf("\n");
     return KILN_OK;
 }
 
@@ -546,7 +558,7 @@ int kiln_bench_cnn(int argc, char **argv) {
     if (getrusage(RUSAGE_SELF, &ru) == 0) r.kiln_rss_kib = ru.ru_maxrss;
     r.load_after = load_1m();
     if (!st) cnn_print_table(&cfg, &r);
-    if (!st && cfg.profile_rows > 0) st = profile_step(&b, cfg.profile_rows);
+    if (!st && cfg.profile_rows > 0) st = profile_step(&b, cfg.profile_rows, &r);
     if (st)
         fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
     else

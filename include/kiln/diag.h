@@ -107,7 +107,8 @@ typedef enum kiln_profiler_sort {
 
 /* The last recording as a table like PyTorch's key_averages().table():
  * Name, Self CPU %, Self CPU, CPU total %, CPU total, CPU time avg,
- * Self Device, Device total, # of Calls, Output bytes; rows sorted
+ * Self Device, Device total, # of Calls, Output bytes, and when any
+ * matmul or convolution ran, Total GFLOP and GFLOP/s; rows sorted
  * (descending; NAME ascending), at most row_limit rows (<= 0: all).
  * Returns a malloc'd string (free it), NULL on error. */
 char *kiln_profiler_table(kiln_profiler_sort sort, int row_limit);
@@ -117,6 +118,14 @@ char *kiln_profiler_table(kiln_profiler_sort sort, int row_limit);
  * ms; returns how many devices had device time (0: none, e.g. on the CPU).
  * Does not block. */
 int kiln_profiler_device_times(kiln_device *devices, double *ms, int cap);
+/* The last recording's arithmetic for the ops named `name`: *gflop gets
+ * their floating-point operations (a multiply-add counts 2, as PyTorch's
+ * with_flops; only convolutions in their three passes and matrix products
+ * carry any), *seconds the time their kernels ran (device time: on the CPU
+ * the kernel's own time), both summed over the calls; either may be NULL.
+ * The table shows the same as its Total GFLOP and GFLOP/s columns. Returns
+ * the number of calls (0: none). Does not block. */
+int kiln_profiler_op_flops(const char *name, double *gflop, double *seconds);
 /* Write the last recording as Chrome trace JSON (Perfetto, chrome://tracing):
  * one track per thread, one per device stream, flows from launches to
  * device work. */

@@ -141,7 +141,7 @@ static prof_event *record_of(prof_thread *t, uint64_t token) {
     return idx < t->n ? &t->ev[idx] : NULL;
 }
 
-static void close_record(uint64_t token, uint64_t out_bytes) {
+static void close_record(uint64_t token, uint64_t out_bytes, uint64_t flops) {
     prof_thread *t = tls_thread;
     if (!t || !token) return;
     uint64_t now = kiln_now_ns();
@@ -151,6 +151,7 @@ static void close_record(uint64_t token, uint64_t out_bytes) {
         e->open = false;
         e->r.end_ns = now;
         e->r.out_bytes = out_bytes;
+        e->r.flops = flops;
         int64_t idx = e - t->ev;
         /* Ranges popped out of order close everything opened above them. */
         for (int d = t->depth - 1; d >= 0; d--)
@@ -181,9 +182,51 @@ static uint64_t output_bytes(const kiln_op_call *c) {
     return bytes;
 }
 
+static double numel_of(const kiln_tensor *t) { return t ? (double)kiln_numel(t) : 0; }
+
+static int64_t dim_of(const kiln_tensor *t, int d) {
+    return t && d < kiln_ndim(t) ? kiln_size(t, d) : 0;
+}
+
+/* The op's floating-point operations, a multiply-add counting 2 (as
+ * PyTorch's profiler counts with with_flops=True), for the ops that carry
+ * a step's arithmetic: convolutions in their three passes and matrix
+ * products. Every pass of a convolution does 2 x (elements of the output
+ * of the forward) x (C/groups x kH x kW) multiply-adds' worth. 0 otherwise. */
+static uint64_t op_flops(const kiln_op_call *c) {
+    const kiln_tensor *a = c->in[0], *b = c->n_in > 1 ? c->in[1] : NULL, *y = c->out[0];
+    if (!a || !y) return 0;
+    double f = 0;
+    switch (c->op) {
+    case KILN_OP_CONV2D:
+    case KILN_OP_CONV2D_RELU: /* (x, weight (O, C/g, kH, kW)) -> y */
+        if (b && dim_of(b, 0) > 0) f = 2.0 * numel_of(y) * (numel_of(b) / (double)dim_of(b, 0));
+        break;
+    case KILN_OP_CONV2D_GRAD_INPUT: /* (grad_out, weight) -> grad_input */
+        if (b && dim_of(b, 0) > 0) f = 2.0 * numel_of(a) * (numel_of(b) / (double)dim_of(b, 0));
+        break;
+    case KILN_OP_CONV2D_GRAD_WEIGHT: /* (grad_out, input) -> grad_weight (O, C/g, kH, kW) */
+        if (dim_of(y, 0) > 0) f = 2.0 * numel_of(a) * (numel_of(y) / (double)dim_of(y, 0));
+        break;
+    case KILN_OP_MM: /* (M, K) x (K, N) */
+        f = 2.0 * numel_of(y) * (double)dim_of(a, 1);
+        break;
+    case KILN_OP_BMM: /* (B, M, K) x (B, K, N) */
+        f = 2.0 * numel_of(y) * (double)dim_of(a, 2);
+        break;
+    case KILN_OP_LINEAR:
+    case KILN_OP_LINEAR_ACT: /* (..., in) x weight (out, in) */
+        if (b) f = 2.0 * numel_of(y) * (double)dim_of(b, 1);
+        break;
+    default:
+        break;
+    }
+    return f > 0 ? (uint64_t)f : 0;
+}
+
 static kiln_status hook_end(kiln_op_call *c, kiln_status status) {
     uint64_t token = (uint64_t)(uintptr_t)c->hook_state[KILN_HOOK_PROFILER];
-    if (token) close_record(token, status ? 0 : output_bytes(c));
+    if (token) close_record(token, status ? 0 : output_bytes(c), status ? 0 : op_flops(c));
     return KILN_OK;
 }
 
@@ -282,7 +325,7 @@ void kiln_range_pop(void) {
     if (range_depth <= 0) return;
     KILN_NVTX_POP();
     range_depth--;
-    if (range_depth < PROF_MAX_DEPTH && range_tokens[range_depth]) close_record(range_tokens[range_depth], 0);
+    if (range_depth < PROF_MAX_DEPTH && range_tokens[range_depth]) close_record(range_tokens[range_depth], 0, 0);
 }
 
 void kiln_profiler_init(void) {
@@ -407,7 +450,7 @@ static void enter_step(void) {
 }
 
 static void leave_step(void) {
-    if (step_token) close_record(step_token, 0);
+    if (step_token) close_record(step_token, 0, 0);
     step_token = 0;
 }
 

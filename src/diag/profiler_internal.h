@@ -30,6 +30,8 @@ typedef struct prof_record {
     kiln_device device;
     uint64_t stream_id;
     uint64_t out_bytes; /* bytes allocated by the outputs */
+    uint64_t flops;     /* floating-point operations of a matmul or convolution op (a multiply-add
+                         * counts 2, as PyTorch's with_flops); 0 for every other record */
 } prof_record;
 
 /* The last recording, owned by profiler.c. Parents come before children. */

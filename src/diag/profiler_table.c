@@ -16,7 +16,7 @@
 
 typedef struct table_row {
     const char *name;
-    uint64_t self_cpu, cpu_total, self_dev, dev_total, bytes;
+    uint64_t self_cpu, cpu_total, self_dev, dev_total, bytes, flops;
     int64_t calls;
 } table_row;
 
@@ -139,17 +139,34 @@ static size_t build_rows(const prof_result *res, const uint64_t *self_cpu, const
         row->self_dev += span(r->dev_start_ns, r->dev_end_ns);
         row->dev_total += dev_total[i];
         row->bytes += r->out_bytes;
+        row->flops += r->flops;
     }
     return n;
 }
 
-static void rule(strbuf *b) {
+/* With any matmul or convolution recorded, two more columns: the row's
+ * GFLOP and its rate over the time its kernels ran (self device time; self
+ * CPU time when no kernel time was seen), PyTorch's "Total FLOPs" made a
+ * rate so that a pass can be read against the FMA peak. */
+#define FLOP_COLS 2
+
+static void rule(strbuf *b, int cols) {
     for (int i = 0; i < NAME_WIDTH; i++) sb_printf(b, "-");
-    for (int c = 0; c < N_COLS; c++) sb_printf(b, "  %.*s", COL_WIDTH, "--------------------");
+    for (int c = 0; c < cols; c++) sb_printf(b, "  %.*s", COL_WIDTH, "--------------------");
     sb_printf(b, "\n");
 }
 
-static void print_row(strbuf *b, const table_row *r, uint64_t self_total) {
+static void print_flops(strbuf *b, const table_row *r) {
+    char g[32] = "", rate[32] = "";
+    uint64_t ns = r->self_dev ? r->self_dev : r->self_cpu;
+    if (r->flops) {
+        snprintf(g, sizeof g, "%.3f", (double)r->flops * 1e-9);
+        if (ns) snprintf(rate, sizeof rate, "%.1f", (double)r->flops / (double)ns);
+    }
+    sb_printf(b, "  %*s  %*s", COL_WIDTH, g, COL_WIDTH, rate);
+}
+
+static void print_row(strbuf *b, const table_row *r, uint64_t self_total, bool flops) {
     char name[NAME_WIDTH + 1];
     if (strlen(r->name) > NAME_WIDTH) snprintf(name, sizeof name, "%.*s...", NAME_WIDTH - 3, r->name);
     else snprintf(name, sizeof name, "%s", r->name);
@@ -165,24 +182,29 @@ static void print_row(strbuf *b, const table_row *r, uint64_t self_total) {
     fmt_bytes(c[8], sizeof c[8], r->bytes);
     sb_printf(b, "%-*s", NAME_WIDTH, name);
     for (int i = 0; i < N_COLS; i++) sb_printf(b, "  %*s", COL_WIDTH, c[i]);
+    if (flops) print_flops(b, r);
     sb_printf(b, "\n");
 }
 
 static char *format_table(table_row *rows, size_t n_rows, int row_limit) {
     uint64_t self_total = 0, dev_self_total = 0;
-    for (size_t i = 0; i < n_rows; i++) self_total += rows[i].self_cpu, dev_self_total += rows[i].self_dev;
+    bool flops = false;
+    for (size_t i = 0; i < n_rows; i++)
+        self_total += rows[i].self_cpu, dev_self_total += rows[i].self_dev, flops |= rows[i].flops != 0;
+    int cols = N_COLS + (flops ? FLOP_COLS : 0);
     strbuf b = {0};
     static const char *const heads[N_COLS] = {"Self CPU %",  "Self CPU",     "CPU total %",
                                               "CPU total",   "CPU time avg", "Self Device",
                                               "Device total", "# of Calls",  "Output bytes"};
-    rule(&b);
+    rule(&b, cols);
     sb_printf(&b, "%-*s", NAME_WIDTH, "Name");
     for (int i = 0; i < N_COLS; i++) sb_printf(&b, "  %*s", COL_WIDTH, heads[i]);
+    if (flops) sb_printf(&b, "  %*s  %*s", COL_WIDTH, "Total GFLOP", COL_WIDTH, "GFLOP/s");
     sb_printf(&b, "\n");
-    rule(&b);
+    rule(&b, cols);
     size_t shown = row_limit > 0 && (size_t)row_limit < n_rows ? (size_t)row_limit : n_rows;
-    for (size_t i = 0; i < shown; i++) print_row(&b, &rows[i], self_total);
-    rule(&b);
+    for (size_t i = 0; i < shown; i++) print_row(&b, &rows[i], self_total, flops);
+    rule(&b, cols);
     char t[32];
     fmt_time(t, sizeof t, self_total);
     sb_printf(&b, "Self CPU time total: %s\n", t);
@@ -222,6 +244,24 @@ char *kiln_profiler_table(kiln_profiler_sort sort, int row_limit) {
     free(order);
     free(rows);
     return out;
+}
+
+int kiln_profiler_op_flops(const char *name, double *gflop, double *seconds) {
+    uint64_t flops = 0, ns = 0;
+    int calls = 0;
+    const prof_result *res = kiln_profiler_result_lock();
+    for (size_t i = 0; name && i < res->n; i++) {
+        const prof_record *r = &res->rec[i];
+        if (r->kind != PROF_OP || strcmp(r->name, name) != 0) continue;
+        calls++;
+        flops += r->flops;
+        uint64_t dev = span(r->dev_start_ns, r->dev_end_ns);
+        ns += dev ? dev : span(r->start_ns, r->end_ns);
+    }
+    kiln_profiler_result_unlock();
+    if (gflop) *gflop = (double)flops * 1e-9;
+    if (seconds) *seconds = (double)ns * 1e-9;
+    return calls;
 }
 
 int kiln_profiler_device_times(kiln_device *devices, double *ms, int cap) {

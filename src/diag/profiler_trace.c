@@ -47,6 +47,7 @@ static void write_record(FILE *f, const prof_record *r, size_t id, int pid) {
     fprintf(f, ",\"pid\":%d,\"tid\":%llu,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"External id\":%zu", pid,
             (unsigned long long)r->tid, us(r->start_ns), dur_us(r->end_ns - r->start_ns), id);
     if (r->kind == PROF_OP) fprintf(f, ",\"Output bytes\":%llu", (unsigned long long)r->out_bytes);
+    if (r->flops) fprintf(f, ",\"flops\":%llu", (unsigned long long)r->flops);
     fprintf(f, "}}");
     if (!r->dev_end_ns) return;
     int dpid = device_pid(r->device);

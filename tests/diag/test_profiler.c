@@ -416,8 +416,62 @@ static void test_threads(void) {
     CHECK_EQ_I(nt, 4);
 }
 
+/* FLOPs of the three convolution passes and a matmul, counted from the
+ * shapes (a multiply-add is 2): x (2, 3, 9, 7), weight (5, 3, 3, 2),
+ * padding 1 -> y (2, 5, 9, 8): 2 * 720 * 18 = 25920 in each pass; mm
+ * (4, 6) x (6, 3): 2 * 4 * 3 * 6 = 144. The table gains its FLOP columns
+ * and the trace a "flops" argument; ops without arithmetic count none. */
+static void test_flops(void) {
+    kiln_tensor *x = kiln_randn(KILN_SHAPE(2, 3, 9, 7), KILN_F32, KILN_CPU);
+    kiln_tensor *w = kiln_randn(KILN_SHAPE(5, 3, 3, 2), KILN_F32, KILN_CPU);
+    kiln_tensor *a = kiln_randn(KILN_SHAPE(4, 6), KILN_F32, KILN_CPU);
+    kiln_tensor *b = kiln_randn(KILN_SHAPE(6, 3), KILN_F32, KILN_CPU);
+    CHECK_OK(kiln_set_requires_grad(x, true));
+    CHECK_OK(kiln_set_requires_grad(w, true));
+    CHECK_OK(kiln_profiler_start(NULL));
+    kiln_conv2d_opts o = {.padding = {1, 1}};
+    kiln_tensor *y = kiln_conv2d(x, w, NULL, &o);
+    kiln_tensor *l = y ? kiln_sum(y, 0, NULL, false) : NULL;
+    CHECK(l && kiln_backward(l, NULL, false) == KILN_OK);
+    kiln_tensor *p = kiln_mm(a, b);
+    CHECK_OK(kiln_profiler_stop());
+    double g = -1, secs = -1;
+    CHECK_EQ_I(kiln_profiler_op_flops("conv2d", &g, &secs), 1);
+    CHECK_MSG(g * 1e9 > 25919.5 && g * 1e9 < 25920.5 && secs > 0, "conv2d: %.1f FLOP in %g s", g * 1e9, secs);
+    CHECK_EQ_I(kiln_profiler_op_flops("conv2d_grad_input", &g, NULL), 1);
+    CHECK_MSG(g * 1e9 > 25919.5 && g * 1e9 < 25920.5, "conv2d_grad_input: %.1f FLOP", g * 1e9);
+    CHECK_EQ_I(kiln_profiler_op_flops("conv2d_grad_weight", &g, NULL), 1);
+    CHECK_MSG(g * 1e9 > 25919.5 && g * 1e9 < 25920.5, "conv2d_grad_weight: %.1f FLOP", g * 1e9);
+    CHECK_EQ_I(kiln_profiler_op_flops("mm", &g, NULL), 1);
+    CHECK_MSG(g * 1e9 > 143.5 && g * 1e9 < 144.5, "mm: %.1f FLOP", g * 1e9);
+    CHECK_EQ_I(kiln_profiler_op_flops("sum", &g, NULL), 1);
+    CHECK(g == 0);
+    CHECK_EQ_I(kiln_profiler_op_flops("no such op", &g, &secs), 0);
+    char *t = kiln_profiler_table(KILN_SORT_NAME, 0);
+    CHECK(t && strstr(t, "Total GFLOP") && strstr(t, "GFLOP/s"));
+    free(t);
+    char path[] = "/tmp/kiln_profiler_flops_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd >= 0) {
+        close(fd);
+        CHECK_OK(kiln_profiler_export_chrome_trace(path));
+        FILE *f = fopen(path, "r");
+        char buf[1 << 16];
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        buf[n] = 0;
+        if (f) fclose(f);
+        CHECK_MSG(strstr(buf, "\"flops\":25920") != NULL, "the trace has no \"flops\":25920");
+        CHECK(strstr(buf, "\"flops\":144") != NULL);
+        remove(path);
+    }
+    kiln_release(p), kiln_release(l), kiln_release(y);
+    kiln_release(x), kiln_release(w), kiln_release(a), kiln_release(b);
+}
+
 int main(void) {
     if (kiln_init()) return 1;
+    test_flops();
     model m = {0};
     CHECK(model_init(&m));
     double loss;
