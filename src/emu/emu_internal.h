@@ -28,6 +28,9 @@ int config_worker_threads();
 size_t config_stack_bytes();
 
 extern std::atomic<unsigned long long> stat_launches, stat_blocks, stat_switches, stat_async_ops;
+/* graphs.cpp: host-queued kernel launches, launches recorded by a capture,
+ * cudaGraphLaunch calls. */
+extern std::atomic<unsigned long long> stat_direct_launches, stat_captured_launches, stat_graph_launches;
 
 } // namespace kiln_emu
 

@@ -36,7 +36,10 @@ typedef struct kiln_emu_stats {
     unsigned long long launches;      /* kernels run */
     unsigned long long blocks;        /* thread blocks run */
     unsigned long long fiber_switches; /* context switches between CUDA threads */
-    unsigned long long async_ops;     /* stream operations run by stream workers */
+    unsigned long long async_ops;     /* stream operations run by stream workers (a graph launch is one) */
+    unsigned long long direct_launches;   /* kernel launches the host queued straight on a stream */
+    unsigned long long captured_launches; /* kernel launches recorded into a graph by stream capture */
+    unsigned long long graph_launches;    /* cudaGraphLaunch calls (their kernels count in `launches` as they run) */
 } kiln_emu_stats;
 void kiln_emu_get_stats(kiln_emu_stats *stats);
 

@@ -120,6 +120,7 @@ cudaError_t cudaRuntimeGetVersion(int *version) {
 
 cudaError_t cudaDeviceSynchronize(void) {
     if (check_device(tls_device)) return cudaErrorInvalidDevice;
+    if (cudaError_t e = capture_forbid("cudaDeviceSynchronize")) return e;
     synchronize_device(tls_device, "cudaDeviceSynchronize");
     if (cudaError_t f = device_fault(tls_device)) return fail(f);
     return cudaSuccess;
@@ -200,6 +201,14 @@ const char *cudaGetErrorName(cudaError_t error) {
         KILN_EMU_NAME(cudaErrorHostMemoryAlreadyRegistered)
         KILN_EMU_NAME(cudaErrorLaunchFailure)
         KILN_EMU_NAME(cudaErrorNotSupported)
+        KILN_EMU_NAME(cudaErrorIllegalState)
+        KILN_EMU_NAME(cudaErrorStreamCaptureUnsupported)
+        KILN_EMU_NAME(cudaErrorStreamCaptureInvalidated)
+        KILN_EMU_NAME(cudaErrorStreamCaptureUnmatched)
+        KILN_EMU_NAME(cudaErrorStreamCaptureIsolation)
+        KILN_EMU_NAME(cudaErrorStreamCaptureImplicit)
+        KILN_EMU_NAME(cudaErrorCapturedEvent)
+        KILN_EMU_NAME(cudaErrorStreamCaptureWrongThread)
         KILN_EMU_NAME(cudaErrorUnknown)
 #undef KILN_EMU_NAME
     }
@@ -244,6 +253,22 @@ const char *cudaGetErrorString(cudaError_t error) {
         return "unspecified launch failure";
     case cudaErrorNotSupported:
         return "operation not supported";
+    case cudaErrorIllegalState:
+        return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched:
+        return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureIsolation:
+        return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+        return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread:
+        return "attempt to terminate a thread-local capture sequence from another thread";
     default:
         return "unknown error";
     }
@@ -253,6 +278,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
     if (!devPtr) return fail(cudaErrorInvalidValue);
     if (check_device(tls_device)) return cudaErrorInvalidDevice;
     *devPtr = nullptr;
+    if (cudaError_t e = capture_forbid("cudaMalloc")) return e;
     if (size == 0) return cudaSuccess;
     device_state &d = reg().devices[tls_device];
     size_t used = d.used.load();
@@ -275,6 +301,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
 
 cudaError_t cudaFree(void *devPtr) {
     if (!devPtr) return cudaSuccess;
+    if (cudaError_t e = capture_forbid("cudaFree")) return e;
     alloc_info a;
     {
         alloc_table &t = allocs();
@@ -312,6 +339,7 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
     (void)flags;
     if (!pHost) return fail(cudaErrorInvalidValue);
     *pHost = nullptr;
+    if (cudaError_t e = capture_forbid("cudaHostAlloc")) return e;
     void *p = nullptr;
     if (posix_memalign(&p, 4096, size ? size : 1) != 0) return fail(cudaErrorMemoryAllocation);
     alloc_table &t = allocs();
@@ -325,6 +353,7 @@ cudaError_t cudaMallocHost(void **ptr, size_t size) { return cudaHostAlloc(ptr, 
 
 cudaError_t cudaFreeHost(void *ptr) {
     if (!ptr) return cudaSuccess;
+    if (cudaError_t e = capture_forbid("cudaFreeHost")) return e;
     {
         alloc_table &t = allocs();
         std::shared_lock<std::shared_mutex> lock(t.m);
@@ -395,6 +424,9 @@ static cudaError_t peer_common(const char *call, void *dst, int dstDevice, const
     if ((err = check_side(call, "source", src, count, &sd)) != cudaSuccess) return err;
     stream_ptr s = resolve_stream(h, &err);
     if (!s) return fail_detail(err, "%s: unknown stream %p", call, (void *)h);
+    if (!async && (err = capture_forbid(call)) != cudaSuccess) return err;
+    if (async && capture_node(s, NODE_MEMCPY, call, [dst, src, count] { memcpy(dst, src, count); }))
+        return cudaSuccess;
     stream_op op;
     op.fn = [dst, src, count] { memcpy(dst, src, count); };
     uint64_t n = enqueue(s, std::move(op));
@@ -422,6 +454,9 @@ static cudaError_t memset_common(const char *call, void *p, int value, size_t co
     if ((err = check_side(call, "destination", p, count, &sd)) != cudaSuccess) return err;
     stream_ptr s = resolve_stream(h, &err);
     if (!s) return fail_detail(err, "%s: unknown stream %p", call, (void *)h);
+    if (!async && (err = capture_forbid(call)) != cudaSuccess) return err;
+    if (async && capture_node(s, NODE_MEMSET, call, [p, value, count] { memset(p, value, count); }))
+        return cudaSuccess;
     stream_op op;
     op.fn = [p, value, count] { memset(p, value, count); };
     uint64_t n = enqueue(s, std::move(op));
@@ -503,6 +538,8 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
     cudaError_t err;
     stream_ptr s = resolve_stream(stream, &err);
     if (!s) return fail(err);
+    if (capturing(s))
+        return capture_refuse(s, cudaErrorStreamCaptureUnsupported, "cudaStreamQuery", "a capturing stream runs nothing");
     std::lock_guard<std::mutex> lock(s->m);
     return s->completed == s->enqueued ? cudaSuccess : cudaErrorNotReady;
 }
@@ -511,6 +548,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     cudaError_t err;
     stream_ptr s = resolve_stream(stream, &err);
     if (!s) return fail(err);
+    if (capturing(s))
+        return capture_refuse(s, cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize",
+                              "a capturing stream runs nothing, so there is nothing to wait for");
+    if (cudaError_t e = capture_forbid("cudaStreamSynchronize")) return e;
     wait_stream_count(s, queued_count(*s), "cudaStreamSynchronize");
     if (cudaError_t f = device_fault(s->device)) return fail(f);
     return cudaSuccess;
@@ -566,6 +607,9 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t stream) {
     if (s->device != e->device)
         return fail_detail(cudaErrorInvalidResourceHandle,
                            "cudaEventRecord: event of cuda:%d recorded on a stream of cuda:%d", e->device, s->device);
+    if (capturing(s))
+        return capture_refuse(s, cudaErrorStreamCaptureUnsupported, "cudaEventRecord",
+                              "event records in a capture (multi-stream capture) are not emulated");
     uint64_t gen;
     {
         std::lock_guard<std::mutex> lock(e->m);
@@ -588,6 +632,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     event_ptr e = resolve_event(ev);
     if (!e) return fail(cudaErrorInvalidResourceHandle);
+    if (cudaError_t f = capture_forbid("cudaEventSynchronize")) return f;
     std::unique_lock<std::mutex> lock(e->m);
     uint64_t target = e->recorded;
     wait_or_die(lock, e->cv, [&] { return e->completed >= target; }, "cudaEventSynchronize");
@@ -602,6 +647,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev, unsigned in
     cudaError_t err;
     stream_ptr s = resolve_stream(stream, &err);
     if (!s) return fail(err);
+    if (capturing(s))
+        return capture_refuse(s, cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent",
+                              "the event was recorded outside the capture, which a graph cannot wait on");
     uint64_t target;
     {
         std::lock_guard<std::mutex> lock(e->m);
@@ -666,6 +714,9 @@ void kiln_emu_get_stats(kiln_emu_stats *stats) {
     stats->blocks = stat_blocks.load();
     stats->fiber_switches = stat_switches.load();
     stats->async_ops = stat_async_ops.load();
+    stats->direct_launches = stat_direct_launches.load();
+    stats->captured_launches = stat_captured_launches.load();
+    stats->graph_launches = stat_graph_launches.load();
 }
 
 int kiln_emu_worker_threads(void) { return cfg().threads; }

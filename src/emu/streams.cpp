@@ -404,6 +404,14 @@ cudaError_t copy_common(const char *call, void *dst, const void *src, size_t cou
         return fail_detail(cudaErrorInvalidValue, "%s: kind %d needs a %s; got destination %s and source %s", call,
                            (int)kind, want, describe(dst, a, sizeof a), describe(src, b, sizeof b));
     }
+    if (!async && (err = capture_forbid(call)) != cudaSuccess) return err;
+    if (async && capturing(s)) {
+        if (ds.kind == SIDE_PAGEABLE || ss.kind == SIDE_PAGEABLE)
+            return capture_refuse(s, cudaErrorStreamCaptureUnsupported, call,
+                                  "a copy with pageable host memory cannot be captured (use pinned memory)");
+        capture_node(s, NODE_MEMCPY, call, [dst, src, count] { memcpy(dst, src, count); });
+        return cudaSuccess;
+    }
     stream_op op;
     op.fn = [dst, src, count] { memcpy(dst, src, count); };
     uint64_t n = enqueue(s, std::move(op));
@@ -491,6 +499,16 @@ void submit_launch(const launch_params &p, std::unique_ptr<kernel_body> body, co
         }
     }
     stream_op op;
+    if (capturing(s)) {
+        /* Recorded, not run: a graph launch runs it (faults are not injected into graphs). */
+        std::shared_ptr<launch_job> job = std::make_shared<launch_job>();
+        job->params = p;
+        job->body = std::move(body);
+        job->device = device;
+        capture_node(s, NODE_KERNEL, p.name, [job] { run_grid(*job); });
+        return;
+    }
+    stat_direct_launches.fetch_add(1, std::memory_order_relaxed);
     if (take_fault(p.name, device)) {
         /* The armed fault: the kernel "faults" when its turn on the stream
          * comes, as a GPU reports an illegal access: later, to whoever waits. */

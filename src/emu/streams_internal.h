@@ -16,6 +16,8 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -99,6 +101,32 @@ struct stream_op {
     uint64_t gen = 0; /* which record of the event */
 };
 
+/* ---- Stream capture (graphs.cpp) ------------------------------------------------------- */
+
+enum node_kind { NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET };
+
+/* One node of a captured graph: the work a stream operation would have
+ * done, run again at every launch of the graph. */
+struct graph_node {
+    node_kind kind;
+    std::string name;
+    std::function<void()> fn;
+};
+using node_ptr = std::shared_ptr<graph_node>;
+
+/* A capture sequence in progress on one stream (cudaStreamBeginCapture):
+ * the nodes recorded so far, a chain in issue order. */
+struct capture {
+    unsigned long long id = 0;
+    int mode = 0; /* cudaStreamCaptureMode */
+    std::thread::id thread;
+    bool invalidated = false;
+    std::string why; /* what invalidated it, for cudaStreamEndCapture's message */
+    std::vector<node_ptr> nodes;
+    cudaGraphNode_t last = nullptr; /* cudaStreamGetCaptureInfo's dependency */
+};
+using capture_ptr = std::shared_ptr<capture>;
+
 struct stream {
     uint32_t magic = kStreamMagic;
     int device = 0;
@@ -112,6 +140,7 @@ struct stream {
     uint64_t completed = 0;
     bool held = false;
     bool stopping = false;
+    capture_ptr cap; /* set while capturing: work is recorded, not queued */
     std::weak_ptr<stream> self;
 };
 
@@ -214,6 +243,20 @@ cudaError_t check_side(const char *call, const char *which, const void *p, size_
  * queues the copy on h. */
 cudaError_t copy_common(const char *call, void *dst, const void *src, size_t count, cudaMemcpyKind kind,
                         cudaStream_t h, bool async);
+
+/* Stream capture (graphs.cpp). capture_node: when s is capturing, records
+ * fn as a node of its graph and returns true (nothing is queued); false
+ * when s is not capturing. capture_forbid: cudaSuccess, or, when an active
+ * capture forbids `call` on this thread (CUDA's "potentially unsafe" calls:
+ * synchronisation, cudaMalloc/cudaFree, synchronous copies; forbidden to
+ * the capturing thread unless its mode is relaxed, and to every thread
+ * while a global-mode capture runs), invalidates that capture and fails
+ * with cudaErrorStreamCaptureUnsupported. capture_refuse: s is capturing
+ * and `call` cannot be captured there: invalidates and fails with e. */
+capture_ptr capturing(const stream_ptr &s);
+bool capture_node(const stream_ptr &s, node_kind kind, const char *name, std::function<void()> fn);
+cudaError_t capture_forbid(const char *call);
+cudaError_t capture_refuse(const stream_ptr &s, cudaError_t e, const char *call, const char *why);
 
 /* kiln_emu_timeline_start / _stop (kiln_emu_api.h). */
 void timeline_start();
