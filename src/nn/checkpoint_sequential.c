@@ -228,10 +228,11 @@ static kiln_status probe(kiln_module *seq, kiln_tensor *sample, int *units, int6
  * larger of
  *   - each checkpointed segment k's backward: the outputs of the segments
  *     before it (the inputs still held) + the gradient of its own output +
- *     what it keeps when recomputed (a lone residual block with its body
- *     split: the larger of its two phases) + one more gradient of its
- *     largest output's size in flight (ReLU's backward and the sums of two
- *     branches reuse the incoming gradient's buffer, docs/architecture.md);
+ *     what it keeps when recomputed (a lone residual block, whose body
+ *     is split when that keeps less: the larger of its two phases) + one
+ *     more gradient of its largest output's size in flight (ReLU's
+ *     backward and the sums of two branches reuse the incoming gradient's
+ *     buffer, docs/architecture.md);
  *   - the last segment's backward: the checkpointed segments' outputs +
  *     what the last segment keeps + one gradient in flight.
  * The plan with the lowest estimate wins, ties going to the lowest sum of
@@ -244,7 +245,6 @@ typedef struct placement {
     int n, k;
     const int64_t *out, *prefix; /* prefix[u] = grown[0] + ... + grown[u-1] */
     const int64_t *half_kept, *half_out;
-    int whole; /* a unit counted with its body kept whole (needs_split), or -1 */
     int cut[KILN_NN_MAX_CHECKPOINT_SEGMENTS], best_cut[KILN_NN_MAX_CHECKPOINT_SEGMENTS];
     int64_t best, best_sum;
 } placement;
@@ -255,15 +255,25 @@ static int64_t max_out(const placement *p, int a, int b) {
     return m;
 }
 
-/* What checkpointed segment [a, b) keeps while its backward recomputes
- * it: all of it, or for one residual block with its body split, the
- * larger of its two phases (the body's first half only as its output,
- * then that half recomputed). */
-static int64_t recompute_kept(const placement *p, int a, int b) {
-    int64_t kept = p->prefix[b] - p->prefix[a];
-    if (b != a + 1 || !p->half_out[a] || a == p->whole) return kept;
+/* What lone residual unit a keeps while its backward recomputes it with
+ * its body split: the larger of the two phases (the body's first half
+ * only as its output, then that half recomputed). */
+static int64_t split_kept(const placement *p, int a) {
+    int64_t kept = p->prefix[a + 1] - p->prefix[a];
     int64_t second = kept - p->half_kept[a] + p->half_out[a], first = p->half_kept[a];
     return second > first ? second : first;
+}
+
+/* Whether checkpointed segment [a, b) is one residual block whose body is
+ * split (needs_split). */
+static bool splits(const placement *p, int a, int b) {
+    return b == a + 1 && p->half_out[a] && split_kept(p, a) < p->prefix[b] - p->prefix[a];
+}
+
+/* What checkpointed segment [a, b) keeps while its backward recomputes
+ * it: all of it, or for a split residual block, its larger phase. */
+static int64_t recompute_kept(const placement *p, int a, int b) {
+    return splits(p, a, b) ? split_kept(p, a) : p->prefix[b] - p->prefix[a];
 }
 
 /* The plan's estimated peak; *sum gets the sum of its terms (the tie-break). */
@@ -304,17 +314,17 @@ static double tries(int n, int r) {
     return c;
 }
 
-/* Whether lone residual segment k of the chosen plan needs its body split:
- * only when its recompute, kept whole, would raise the plan's estimate
- * (the split costs one more forward of the body's first half). */
-static bool needs_split(placement *p, int k) {
+/* Whether checkpointed segment k of the chosen plan (not the last) is a
+ * lone residual block whose body is split: whenever its recompute would
+ * keep less so, at the cost of one more forward of the body's first half.
+ * Judged by the segment's own backward, not by the plan's estimated peak,
+ * whose terms are too coarse to rank two blocks' backwards: on the small
+ * ResNet at batch 512 in 4 segments the estimate ranked the first block's
+ * above the second's, so the second stayed whole, and the planned step
+ * peaked in its backward at 720.8 MiB (658.6 MiB split; docs/memory.md). */
+static bool needs_split(const placement *p, int k) {
     int a = p->cut[k], b = k + 1 < p->k ? p->cut[k + 1] : p->n;
-    if (k + 1 == p->k || b != a + 1 || !p->half_out[a]) return false;
-    int64_t sum = 0, with = estimate(p, &sum);
-    p->whole = a;
-    int64_t without = estimate(p, &sum);
-    p->whole = -1;
-    return without > with;
+    return k + 1 < p->k && splits(p, a, b);
 }
 
 /* The segments' first units into cut, and for each whether its body is
@@ -331,7 +341,6 @@ static int place(int n, const int64_t *grown, const int64_t *out, const int64_t 
                    .prefix = prefix,
                    .half_kept = half_kept,
                    .half_out = half_out,
-                   .whole = -1,
                    .best = INT64_MAX,
                    .best_sum = INT64_MAX};
     p.cut[0] = 0;
