@@ -18,6 +18,8 @@
 #include <nccl.h>
 #pragma GCC diagnostic pop
 
+#include "runtime/cuda_device.h"
+
 _Static_assert(sizeof(ncclUniqueId) == DIST_NCCL_ID_BYTES, "ncclUniqueId is 128 bytes");
 
 static kiln_status nccl_fail(ncclResult_t r, const char *call, ncclComm_t comm) {
@@ -45,9 +47,8 @@ static kiln_status unique_id(void *id) {
 }
 
 static kiln_status comm_init(void **out, int device, int world, int rank, const void *id) {
-    int previous = 0;
-    if (cudaGetDevice(&previous) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
-        cudaGetLastError();
+    int previous = -1;
+    if (kiln_cuda_device_switch(device, &previous) != KILN_OK) {
         return KILN_RAISE(KILN_ERR_DEVICE, NULL,
                           "kiln_dist: cannot make cuda:%d current for its NCCL communicator", device);
     }
@@ -55,7 +56,7 @@ static kiln_status comm_init(void **out, int device, int world, int rank, const 
     memcpy(&uid, id, sizeof uid);
     ncclComm_t comm = NULL;
     ncclResult_t r = ncclCommInitRank(&comm, world, uid, rank);
-    cudaSetDevice(previous);
+    kiln_cuda_device_restore(device, previous);
     if (r != ncclSuccess) return nccl_fail(r, "ncclCommInitRank", comm);
     *out = comm;
     return KILN_OK;

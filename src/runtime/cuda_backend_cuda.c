@@ -28,6 +28,7 @@
 #include "base/error.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
 
 /* ---- Errors ------------------------------------------------------------------- */
 
@@ -76,17 +77,11 @@ kiln_status kiln_cuda_check_at(int error, const char *call, int index, const cha
                             call, cudaGetErrorName(err), cudaGetErrorString(err), file, line);
 }
 
-/* Make `index` the current device; *previous receives the caller's. */
-static kiln_status device_enter(int index, int *previous) {
-    *previous = index;
-    KILN_CUDA_TRY(index, cudaGetDevice(previous));
-    if (*previous != index) KILN_CUDA_TRY(index, cudaSetDevice(index));
-    return KILN_OK;
-}
+/* Make `index` the current device; *previous receives the caller's. No
+ * runtime call when it is current already (runtime/cuda_device.h). */
+static kiln_status device_enter(int index, int *previous) { return kiln_cuda_device_switch(index, previous); }
 
-static void device_leave(int index, int previous) {
-    if (previous != index) (void)KILN_CUDA_CHECK(previous, cudaSetDevice(previous));
-}
+static void device_leave(int index, int previous) { kiln_cuda_device_restore(index, previous); }
 
 /* Entries that cannot return a status (free, destroy, query) still raise
  * the error so kiln_error_last() shows it, and log it because nobody may
@@ -214,12 +209,16 @@ static kiln_status cuda_raw_alloc(int index, size_t bytes, void **ptr) {
         st = KILN_CUDA_CHECK(index, err);
     }
     device_leave(index, previous);
-    if (st == KILN_OK) *ptr = p;
+    if (st == KILN_OK) {
+        kiln_cuda_segment_add(index, p, bytes); /* kernels find their device here */
+        *ptr = p;
+    }
     return st;
 }
 
 static void cuda_raw_free(int index, void *ptr, size_t bytes) {
     (void)bytes;
+    kiln_cuda_segment_remove(ptr);
     int previous;
     kiln_status st = device_enter(index, &previous);
     if (st == KILN_OK) {

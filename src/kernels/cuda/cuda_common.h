@@ -25,6 +25,7 @@
 #include <string.h>
 
 #if defined(KILN_CUDA_EMULATION)
+#include "emu/count/emu_call_counts.h"
 #include "emu/kiln_emu.h"
 #endif
 #include <cuda_bf16.h>
@@ -37,15 +38,18 @@
 #include "kernels/kernels.h"
 #include "kernels/op_args.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
 
 /* KILN_LAUNCH(kernel, grid, block, shared_bytes, stream, args...): launch
  * `kernel` on `stream`. Asynchronous: returns before the kernel runs, on a
  * GPU and in the emulator alike (the emulator queues it on the stream's
- * worker thread). */
+ * worker thread). The emulation build counts each launch with Kiln's other
+ * runtime calls (emu/count/emu_call_counts.h). */
 #if defined(KILN_CUDA_EMULATION)
 #define KILN_LAUNCH(kernel, grid, block, shmem, stream, ...)                                                 \
-    kiln_emu_launch(#kernel, __FILE__, __LINE__, (kernel), dim3(grid), dim3(block), (size_t)(shmem),         \
-                    (cudaStream_t)(stream), __VA_ARGS__)
+    (kiln_emu_call_note(KILN_EMU_CALL_kernel_launch),                                                        \
+     kiln_emu_launch(#kernel, __FILE__, __LINE__, (kernel), dim3(grid), dim3(block), (size_t)(shmem),        \
+                     (cudaStream_t)(stream), __VA_ARGS__))
 /* `extern __shared__ T name[]` of CUDA: this block's dynamic shared memory. */
 #define KILN_DYNAMIC_SHARED(T, name) T *name = (T *)kiln_emu_dynamic_shared()
 #else
@@ -82,25 +86,20 @@ inline unsigned grid_for(int64_t work_items) {
 }
 
 /* Makes the device that owns `ptr` current for a launch and restores the
- * caller's device on destruction. A host pointer is an error. */
+ * caller's device on destruction. A host pointer is an error. In the steady
+ * state this makes no runtime call: the owner comes from the table of
+ * Kiln's device segments and the current device from Kiln's per-thread
+ * copy (runtime/cuda_device.h); a switch happens only for work on a device
+ * other than the thread's current one. */
 struct device_guard {
     int previous = -1;
     int device = -1;
 
     kiln_status enter(const void *ptr) {
-        cudaPointerAttributes attr;
-        KILN_CUDA_TRY(-1, cudaPointerGetAttributes(&attr, ptr));
-        if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "allocate the tensor on the cuda device",
-                              "CUDA kernel given host pointer %p, which the GPU cannot access", ptr);
-        KILN_CUDA_TRY(attr.device, cudaGetDevice(&previous));
-        device = attr.device;
-        if (previous != device) KILN_CUDA_TRY(device, cudaSetDevice(device));
-        return KILN_OK;
+        KILN_TRY(kiln_cuda_device_of(ptr, "CUDA kernel", &device));
+        return kiln_cuda_device_switch(device, &previous);
     }
-    ~device_guard() {
-        if (previous >= 0 && previous != device) (void)KILN_CUDA_CHECK(previous, cudaSetDevice(previous));
-    }
+    ~device_guard() { kiln_cuda_device_restore(device, previous); }
 };
 
 inline int64_t element_count(const kiln_strided *v) {

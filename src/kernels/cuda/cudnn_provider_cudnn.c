@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
 
 /* Every cuDNN call is checked: a failure is a Kiln error naming the call
  * and cuDNN's status, returned from the enclosing function. */
@@ -35,11 +36,10 @@ static kiln_status handle_for(int device, cudnnHandle_t *out) {
     if (device < 0 || device >= MAX_DEVICES)
         return KILN_RAISE(KILN_ERR_DEVICE, NULL, "cuDNN: device %d out of range", device);
     if (!handles[device]) {
-        int previous = 0;
-        KILN_CUDA_TRY(device, cudaGetDevice(&previous));
-        KILN_CUDA_TRY(device, cudaSetDevice(device));
+        int previous = -1;
+        KILN_TRY(kiln_cuda_device_switch(device, &previous));
         cudnnStatus_t st = cudnnCreate(&handles[device]);
-        KILN_CUDA_TRY(previous, cudaSetDevice(previous));
+        kiln_cuda_device_restore(device, previous);
         CUDNN_TRY(st);
     }
     *out = handles[device];

@@ -1,28 +1,24 @@
 /* Helpers every library path of cuda_fast.h shares: the device guard
- * around a library call and the density check of a view. Real CUDA build
+ * around a library call (no runtime call in the steady state:
+ * runtime/cuda_device.h) and the density check of a view. Real CUDA build
  * only (a *_cublas.c file: the emulation build has no library paths). */
 #include <cuda_runtime_api.h>
 
 #include "base/error.h"
 #include "kernels/cuda/cuda_fast.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
 
 kiln_status kiln_cuda_fast_enter(const void *ptr, int *device, int *previous) {
-    struct cudaPointerAttributes attr;
     *device = -1, *previous = -1;
-    KILN_CUDA_TRY(-1, cudaPointerGetAttributes(&attr, ptr));
-    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
-        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "allocate the tensor on the cuda device",
-                          "CUDA library path given host pointer %p", ptr);
-    KILN_CUDA_TRY(attr.device, cudaGetDevice(previous));
-    if (*previous != attr.device) KILN_CUDA_TRY(attr.device, cudaSetDevice(attr.device));
-    *device = attr.device;
+    int d = -1;
+    KILN_TRY(kiln_cuda_device_of(ptr, "CUDA library path", &d));
+    KILN_TRY(kiln_cuda_device_switch(d, previous));
+    *device = d;
     return KILN_OK;
 }
 
-void kiln_cuda_fast_leave(int device, int previous) {
-    if (previous >= 0 && previous != device) (void)KILN_CUDA_CHECK(previous, cudaSetDevice(previous));
-}
+void kiln_cuda_fast_leave(int device, int previous) { kiln_cuda_device_restore(device, previous); }
 
 bool kiln_cuda_fast_is_contiguous(const kiln_strided *s) {
     int64_t expect = 1;

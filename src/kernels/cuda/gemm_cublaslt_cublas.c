@@ -39,6 +39,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kiln/runtime.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
 
 #define LT_TRY(call)                                                                                         \
     do {                                                                                                     \
@@ -520,8 +521,12 @@ void kiln_cublaslt_shutdown(void) {
         lt_workspace *w = &workspaces[i];
         if (!w->ptr) continue;
         /* The block may still be in use by queued GEMMs: wait for the device. */
-        if (cudaSetDevice(w->device) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
-            (void)cudaGetLastError();
+        int previous = -1;
+        if (kiln_cuda_device_switch(w->device, &previous) == KILN_OK) {
+            if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+            kiln_cuda_device_restore(w->device, previous);
+        }
+        kiln_error_clear();
         if (kiln_memory_free(KILN_CUDA(w->device), w->ptr) != KILN_OK) kiln_error_clear();
     }
     n_workspaces = 0;
