@@ -5,7 +5,9 @@
  *       the tutorial CNN (bench/cnn_step.c's model) on the device: train and
  *       infer images/s with cuDNN autotuning off, then on
  *       (kiln_set_cudnn_benchmark; the first, untimed, steps of that round
- *       do the timing), and the autotuner's counts;
+ *       do the timing), and the autotuner's counts; in the emulation build
+ *       also Kiln's CUDA runtime calls per steady-state training step
+ *       (docs/cuda.md, "Host calls per step"; null elsewhere);
  *   kiln bench copy [--device cuda:N] [--mb N] [--repeats N]
  *       host-to-device GB/s from pageable and from pinned memory;
  *   kiln bench gemm [--device cuda:N] [--size N] [--repeats N]
@@ -20,6 +22,9 @@
 
 #include "bench.h"
 #include "kiln/kiln.h"
+#if defined(KILN_CUDA_EMULATION)
+#include "emu/count/emu_call_counts.h"
+#endif
 
 typedef struct gpu_args {
     kiln_device device;
@@ -138,6 +143,49 @@ static kiln_status cnn_rate(cnn_dev *b, bool train, const gpu_args *g, double *i
     return st;
 }
 
+/* Kiln's CUDA runtime calls per training step in the steady state, as JSON
+ * members written into out: counted on the emulator (src/emu/count/) over
+ * two steps after one more warm step: every call the steps made, by name
+ * ("kernel_launch", "cudaGetLastError", ...) and host_calls_other, the
+ * calls that are neither launches nor their launch checks. Elsewhere the
+ * runtime is not wrapped: null and why. The table line goes to stdout. */
+static kiln_status cnn_host_calls(cnn_dev *b, char *out, size_t size) {
+#if defined(KILN_CUDA_EMULATION)
+    enum { STEPS = 2 };
+    kiln_module_train(b->model, true);
+    kiln_status st = cnn_step(b, true);
+    if (!st) st = kiln_device_synchronize(b->device);
+    kiln_emu_call_counts_reset();
+    for (int i = 0; i < STEPS && !st; i++) st = cnn_step(b, true);
+    unsigned long long n[KILN_EMU_CALL_COUNT];
+    kiln_emu_call_counts_get(n); /* before the synchronisation, which is not the steps' */
+    if (!st) st = kiln_device_synchronize(b->device);
+    if (st) return st;
+    size_t used = (size_t)snprintf(out, size, "\"host_calls_per_step\":{");
+    double other = 0;
+    printf("host calls per training step (emulated runtime, %d steps):", STEPS);
+    for (int i = 0, first = 1; i < KILN_EMU_CALL_COUNT; i++) {
+        if (!n[i]) continue;
+        double v = (double)n[i] / STEPS;
+        if (i != KILN_EMU_CALL_kernel_launch && i != KILN_EMU_CALL_cudaGetLastError) other += v;
+        printf(" %s %g", kiln_emu_call_name(i), v);
+        if (used < size)
+            used += (size_t)snprintf(out + used, size - used, "%s\"%s\":%g", first ? "" : ",",
+                                     kiln_emu_call_name(i), v);
+        first = 0;
+    }
+    printf("; other than launches and their checks: %g\n", other);
+    if (used < size) snprintf(out + used, size - used, "},\"host_calls_other\":%g", other);
+    return KILN_OK;
+#else
+    (void)b;
+    snprintf(out, size,
+             "\"host_calls_per_step\":null,\"host_calls_reason\":\"counted only in the emulation build "
+             "(KILN_CUDA_EMULATION): the real CUDA runtime is not wrapped\"");
+    return KILN_OK;
+#endif
+}
+
 int kiln_bench_cnn_device(int argc, char **argv) {
     gpu_args g = {.batch = 128, .steps = 20, .warmup = 5, .repeats = 3};
     int rc = parse("cnn", argc, argv, &g);
@@ -180,13 +228,15 @@ int kiln_bench_cnn_device(int argc, char **argv) {
         for (int train = 1; train >= 0 && !st; train--) st = cnn_rate(&b, train, &g, &rate[tune][train]);
     }
     kiln_set_cudnn_benchmark(saved_bench);
+    char calls[4096];
+    if (!st) st = cnn_host_calls(&b, calls, sizeof calls);
     if (!st) {
         printf("%-26s %14s %14s\n", "cuDNN autotuning", "train img/s", "infer img/s");
         printf("%-26s %14.0f %14.0f\n", "off (heuristics' first)", rate[0][1], rate[0][0]);
         printf("%-26s %14.0f %14.0f\n", "on (timed, cached)", rate[1][1], rate[1][0]);
         printf("{\"bench\":\"cnn\",\"threads\":%d,\"device\":\"%s\",\"batch\":%d,\"train_ips\":%.1f,\"infer_ips\":%.1f,"
-               "\"train_ips_autotune\":%.1f,\"infer_ips_autotune\":%.1f}\n", kiln_num_threads(),
-               dev, g.batch, rate[0][1], rate[0][0], rate[1][1], rate[1][0]);
+               "\"train_ips_autotune\":%.1f,\"infer_ips_autotune\":%.1f,%s}\n", kiln_num_threads(),
+               dev, g.batch, rate[0][1], rate[0][0], rate[1][1], rate[1][0], calls);
     } else {
         fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
     }
