@@ -131,8 +131,9 @@ static const bench_entry benches[] = {
     {"exercises", kiln_bench_exercises,
      "the tutorial's five exercises: one HTML page + JSON (--out DIR, --quick, --device D)", NULL},
     {"trace", kiln_bench_trace,
-     "eager vs traced: tutorial CNN inference calls/s, training steps/s, host ns/op; PyTorch frozen beside",
-     "it measures the CPU's host overhead, which tracing removes"},
+     "eager vs traced: tutorial CNN inference calls/s, training steps/s, host ns/op; PyTorch frozen beside; "
+     "--device D (cuda: the replay is a CUDA graph)",
+     NULL},
     {"main-job", kiln_bench_main_job,
      "kiln train's default recipe vs the same in PyTorch (interleaved): s/epoch, test accuracy",
      "it runs kiln train on the CPU with its default device choice"},
@@ -144,7 +145,7 @@ static int refuse_device(const bench_entry *b, int argc, char **argv) {
         if (!strcmp(argv[i], "--device")) {
             fprintf(stderr,
                     "kiln bench %s: --device %s: this benchmark has no device choice (%s); drop --device (the "
-                    "benchmarks that take one: cnn, copy, gemm, checkpoint)\n",
+                    "benchmarks that take one: cnn, copy, gemm, checkpoint, exercises, plan, trace)\n",
                     b->name, i + 1 < argc ? argv[i + 1] : "(no value)", b->host);
             return 2;
         }
