@@ -47,6 +47,8 @@ echo "=== benchmarks"
 "$d/bin/kiln" bench cnn --profile-rows 20 || true
 echo "=== GPU benchmarks: the CNN on cuda:0 (cuDNN autotuning off, then on), H2D copies, cuBLASLt GEMM"
 "$d/bin/kiln" bench cnn --device cuda:0 || true
+echo "=== CUDA graphs: eager against the traced program replayed as one graph (inference and training step)"
+"$d/bin/kiln" bench trace --device cuda:0 --no-peer || true
 "$d/bin/kiln" bench copy --device cuda:0 || true
 "$d/bin/kiln" bench gemm --device cuda:0 || true
 if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
