@@ -30,6 +30,13 @@ typedef struct kiln_adam_step {
     double lr, beta1, beta2, eps, weight_decay;
     double step_size; /* lr / (1 - beta1^t) */
     double bc2_sqrt;  /* sqrt(1 - beta2^t) */
+    /* Graph-safe inputs, read from device memory when the kernel runs
+     * (NULL: unused). scalars = {lr, step_size, bc2_sqrt}, replacing the
+     * fields above: what a CUDA graph's replay sets before each launch.
+     * found_inf: nonzero skips this update entirely (the grad scaler's flag
+     * of a step with an inf/nan gradient, as PyTorch's fused Adam takes). */
+    const double *scalars;
+    const float *found_inf;
 } kiln_adam_step;
 
 /* One SGD step; buf is the momentum buffer (NULL without momentum);
@@ -41,6 +48,9 @@ typedef struct kiln_sgd_step {
     const void *g;
     bool first, nesterov, maximize;
     double lr, momentum, dampening, weight_decay;
+    /* As kiln_adam_step's: lr_dev replaces lr; found_inf skips the update. */
+    const double *lr_dev;
+    const float *found_inf;
 } kiln_sgd_step;
 
 /* Updates per launch: the optimizer batches up to this many parameters of

@@ -163,15 +163,26 @@ static kiln_status cpu_sgd_one(const kiln_sgd_step *s) {
     return KILN_OK;
 }
 
+/* The graph-safe inputs (optim_kernels.h) are host memory on the CPU. */
 static kiln_status cpu_adam(const kiln_adam_step *s, int n, void *stream) {
     (void)stream;
-    for (int k = 0; k < n; k++) KILN_TRY(cpu_adam_one(&s[k]));
+    for (int k = 0; k < n; k++) {
+        if (s[k].found_inf && *s[k].found_inf != 0.0f) continue;
+        kiln_adam_step t = s[k];
+        if (t.scalars) t.lr = t.scalars[0], t.step_size = t.scalars[1], t.bc2_sqrt = t.scalars[2];
+        KILN_TRY(cpu_adam_one(&t));
+    }
     return KILN_OK;
 }
 
 static kiln_status cpu_sgd(const kiln_sgd_step *s, int n, void *stream) {
     (void)stream;
-    for (int k = 0; k < n; k++) KILN_TRY(cpu_sgd_one(&s[k]));
+    for (int k = 0; k < n; k++) {
+        if (s[k].found_inf && *s[k].found_inf != 0.0f) continue;
+        kiln_sgd_step t = s[k];
+        if (t.lr_dev) t.lr = *t.lr_dev;
+        KILN_TRY(cpu_sgd_one(&t));
+    }
     return KILN_OK;
 }
 

@@ -65,8 +65,12 @@ template <class T> __device__ void sgd_one(const kiln_sgd_step &s) {
     }
 }
 
+/* The graph-safe inputs (optim_kernels.h): a set found-inf flag skips the
+ * update; device scalars replace the launch's. */
 __global__ void adam_kernel(batch<kiln_adam_step> b) {
-    const kiln_adam_step &s = b.s[blockIdx.y];
+    kiln_adam_step s = b.s[blockIdx.y];
+    if (s.found_inf && *s.found_inf != 0.0f) return;
+    if (s.scalars) s.lr = s.scalars[0], s.step_size = s.scalars[1], s.bc2_sqrt = s.scalars[2];
     if (s.dtype == KILN_F32)
         adam_one<float>(s);
     else
@@ -74,7 +78,9 @@ __global__ void adam_kernel(batch<kiln_adam_step> b) {
 }
 
 __global__ void sgd_kernel(batch<kiln_sgd_step> b) {
-    const kiln_sgd_step &s = b.s[blockIdx.y];
+    kiln_sgd_step s = b.s[blockIdx.y];
+    if (s.found_inf && *s.found_inf != 0.0f) return;
+    if (s.lr_dev) s.lr = *s.lr_dev;
     if (s.dtype == KILN_F32)
         sgd_one<float>(s);
     else
