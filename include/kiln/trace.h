@@ -34,6 +34,13 @@
  * call allocated. Values the call computed on the host (shapes, Python
  * style constants) are frozen, as in torch.jit.trace.
  *
+ * On CUDA a replay is one CUDA graph (docs/trace.md, "CUDA graphs"): the
+ * first kiln_program_run captures the steps (stream capture, instantiate)
+ * reading the program's static copies of the inputs and a small device
+ * parameter block; each run copies the inputs in, writes that block (the
+ * random draws' generator positions, the optimizer's lr and bias
+ * corrections) with one async copy, and launches the graph.
+ *
  * Threads: a program is used by one thread at a time; tracing records the
  * calling thread only. */
 #ifndef KILN_TRACE_H
@@ -73,8 +80,15 @@ kiln_status kiln_trace(kiln_trace_fn fn, void *user, int n_inputs, kiln_tensor *
  * with CUDA graphs' static outputs). The first run allocates the arena and
  * the outputs; later runs allocate nothing. A guard that fails returns
  * KILN_ERR_INVALID_ARGUMENT naming what changed, and nothing runs.
- * Blocks the host until the CPU kernels have run (device kernels are
- * queued on the recorded stream). */
+ * Blocks the host until the CPU kernels have run. On CUDA: the first run
+ * also allocates the static inputs and the parameter block and captures
+ * the CUDA graph; a step that cannot be captured (it runs on the host,
+ * takes its random position by value, or synchronises or allocates while
+ * captured) is KILN_ERR_UNSUPPORTED or the backend's error naming the step
+ * and op, and the program stays refused (KILN_ERR_STATE: retrace). Every
+ * run queues the input copies, the parameter copy and the graph launch on
+ * the recorded stream and returns; the host waits only for the parameter
+ * copy of two runs back, so it runs at most two replays ahead. */
 kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *inputs, int n_outputs,
                              kiln_tensor **outputs);
 

@@ -52,6 +52,10 @@ typedef struct kiln_op_attrs {
     /* random ops (dropout, randperm): the draw keyed so a recompute
      * reproduces it */
     kiln_rng rng;
+    /* dropout on CUDA: when not NULL, the draw is read from this device
+     * memory when the kernel runs instead of `rng` (a CUDA graph's
+     * per-replay generator position: src/trace/program_graph.c) */
+    const kiln_rng *rng_dev;
 } kiln_op_attrs;
 
 typedef struct kiln_op_args {

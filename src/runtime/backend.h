@@ -64,6 +64,21 @@ typedef struct kiln_backend {
     /* (optional) Page-locked host memory; NULL: aligned host memory. */
     kiln_status (*host_alloc)(size_t bytes, void **ptr);
     void (*host_free)(void *ptr);
+
+    /* (optional, all four or none) Graphs (CUDA graphs; src/trace's replay).
+     * graph_capture_begin: the work the calling thread queues on `stream`
+     * (a stream of its own, not the default one) is recorded from now on,
+     * not run; the calling thread may not synchronise or allocate until
+     * graph_capture_end (the backend's error names the call). graph_capture_end:
+     * ends the capture and instantiates it into *graph (a handle for
+     * graph_launch and graph_destroy); on failure (the capture was
+     * invalidated) the capture is over all the same and *graph is NULL.
+     * graph_launch queues the whole graph on `stream` as one piece of work
+     * (does not block). graph_destroy frees it (a queued launch still runs). */
+    kiln_status (*graph_capture_begin)(int index, void *stream);
+    kiln_status (*graph_capture_end)(int index, void *stream, void **graph);
+    kiln_status (*graph_launch)(int index, void *graph, void *stream);
+    void (*graph_destroy)(int index, void *graph);
 } kiln_backend;
 
 /* Register a backend for its type (kiln_init does this). Replaces any

@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -46,6 +47,10 @@ static const char *hint_for(cudaError_t error) {
     case cudaErrorLaunchFailure:
         return "a kernel touched memory it does not own; the CUDA context is now unusable: rerun under "
                "compute-sanitizer to find it";
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+        return "a call that synchronises, allocates or copies pageable memory ran during a CUDA graph capture: "
+               "make it before the capture or after it";
     default:
         return NULL;
     }
@@ -458,6 +463,62 @@ static kiln_status cuda_synchronize(int index) {
     return st;
 }
 
+/* ---- Graphs --------------------------------------------------------------------- */
+
+/* A captured graph and its executable instance, freed together. Thread-local
+ * capture mode: only the capturing thread is barred from synchronising or
+ * allocating meanwhile (a loader thread's cudaMalloc goes on). */
+typedef struct cuda_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+} cuda_graph;
+
+static kiln_status cuda_graph_capture_begin(int index, void *stream) {
+    KILN_CUDA_TRY(index, cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal));
+    return KILN_OK;
+}
+
+static kiln_status cuda_graph_capture_end(int index, void *stream, void **out) {
+    *out = NULL;
+    cudaGraph_t graph = NULL;
+    KILN_CUDA_TRY(index, cudaStreamEndCapture((cudaStream_t)stream, &graph));
+    cuda_graph *g = calloc(1, sizeof *g);
+    if (!g) {
+        (void)cudaGraphDestroy(graph);
+        return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "cuda:%d: no host memory for a CUDA graph", index);
+    }
+    g->graph = graph;
+    int previous;
+    kiln_status st = device_enter(index, &previous);
+    if (st == KILN_OK) {
+        st = KILN_CUDA_CHECK(index, cudaGraphInstantiate(&g->exec, graph, 0));
+        device_leave(index, previous);
+    }
+    if (st != KILN_OK) {
+        (void)cudaGraphDestroy(graph);
+        free(g);
+        return st;
+    }
+    *out = g;
+    return KILN_OK;
+}
+
+static kiln_status cuda_graph_launch(int index, void *graph, void *stream) {
+    int previous;
+    KILN_TRY(device_enter(index, &previous));
+    kiln_status st = KILN_CUDA_CHECK(index, cudaGraphLaunch(((cuda_graph *)graph)->exec, (cudaStream_t)stream));
+    device_leave(index, previous);
+    return st;
+}
+
+static void cuda_graph_destroy(int index, void *graph) {
+    cuda_graph *g = graph;
+    if (!g) return;
+    log_failure(KILN_CUDA_CHECK(index, cudaGraphExecDestroy(g->exec)));
+    log_failure(KILN_CUDA_CHECK(index, cudaGraphDestroy(g->graph)));
+    free(g);
+}
+
 static const kiln_backend cuda_backend = {
     .name = "cuda",
     .type = KILN_DEVICE_CUDA,
@@ -490,6 +551,10 @@ static const kiln_backend cuda_backend = {
     .synchronize = cuda_synchronize,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .graph_capture_begin = cuda_graph_capture_begin,
+    .graph_capture_end = cuda_graph_capture_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
 };
 
 const kiln_backend *kiln_cuda_backend(void) { return &cuda_backend; }

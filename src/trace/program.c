@@ -99,6 +99,7 @@ static kiln_status materialise(kiln_program *p) {
     p->in_data = KILN_CALLOC((size_t)p->n_inputs + 1, sizeof *p->in_data);
     p->rng_now = KILN_CALLOC((size_t)p->n_draws + 1, sizeof *p->rng_now);
     if (!p->base || !p->outputs || !p->in_data || !p->rng_now) return kiln_error_last()->status;
+    p->run_stream = p->stream;
     if (p->arena_bytes) KILN_TRY(kiln_memory_alloc(p->device, p->arena_bytes, NULL, &p->arena));
     for (int i = 0; i < p->n_outputs; i++) {
         p->outputs[i] =
@@ -173,34 +174,69 @@ void kiln_trace_unblock(void *dst, const void *src, size_t elem, const int64_t *
     }
 }
 
+/* Update u of a fused optimizer launch as recorded, with this run's pointers. */
+static void optim_args(const kiln_program *p, const trace_optim *t, int u, kiln_adam_step *as,
+                       kiln_sgd_step *ss) {
+    if (t->adam) {
+        kiln_adam_step *a = &as[u];
+        *a = t->as[u];
+        a->p = resolve(p, t->ref[u][0]), a->g = resolve(p, t->ref[u][1]);
+        a->m = resolve(p, t->ref[u][2]), a->v = resolve(p, t->ref[u][3]);
+        a->vmax = a->vmax ? resolve(p, t->ref[u][4]) : NULL;
+    } else {
+        kiln_sgd_step *g = &ss[u];
+        *g = t->ss[u];
+        g->p = resolve(p, t->ref[u][0]), g->g = resolve(p, t->ref[u][1]);
+        g->buf = g->buf ? resolve(p, t->ref[u][2]) : NULL;
+    }
+}
+
 /* A fused optimizer launch with this run's pointers, lr and step counts
- * (Adam's bias corrections computed as adam_update computes them). */
+ * (Adam's bias corrections computed as adam_update computes them). In a
+ * CUDA graph's capture the kernel reads lr and the bias corrections from
+ * the graph's parameter block (no step counted: capturing runs nothing);
+ * its per-replay host pass counts the steps and writes the values there,
+ * 3 words an Adam update ({lr, step_size, bc2_sqrt}), 1 an SGD one. */
 static kiln_status run_optim(kiln_program *p, trace_optim *t) {
     kiln_optimizer *o = t->o;
     kiln_adam_step as[KILN_OPTIM_MULTI];
     kiln_sgd_step ss[KILN_OPTIM_MULTI];
+    if (p->run_mode == TRACE_RUN_CAPTURE) {
+        const double *block = (const double *)kiln_trace_graph_params(p) + t->word;
+        for (int u = 0; u < t->n; u++) {
+            optim_args(p, t, u, as, ss);
+            if (t->adam)
+                as[u].scalars = block + 3 * u;
+            else
+                ss[u].lr_dev = block + u;
+        }
+        return t->adam ? t->k->adam(as, t->n, p->run_stream) : t->k->sgd(ss, t->n, p->run_stream);
+    }
+    double *host = p->run_mode == TRACE_RUN_HOST ? kiln_trace_graph_host_params(p) + t->word : NULL;
     for (int u = 0; u < t->n; u++) {
         int i = t->idx[u];
         int64_t step = ++o->steps[i];
+        double *v = host ? host + (t->adam ? 3 * u : u) : NULL;
         if (t->adam) {
-            kiln_adam_step *a = &as[u];
-            *a = t->as[u];
-            a->p = resolve(p, t->ref[u][0]), a->g = resolve(p, t->ref[u][1]);
-            a->m = resolve(p, t->ref[u][2]), a->v = resolve(p, t->ref[u][3]);
-            a->vmax = a->vmax ? resolve(p, t->ref[u][4]) : NULL;
-            double bc1 = 1.0 - pow(a->beta1, (double)step), bc2 = 1.0 - pow(a->beta2, (double)step);
-            a->lr = o->lr, a->step_size = o->lr / bc1, a->bc2_sqrt = sqrt(bc2);
+            const kiln_adam_step *r = &t->as[u];
+            double bc1 = 1.0 - pow(r->beta1, (double)step), bc2 = 1.0 - pow(r->beta2, (double)step);
+            if (v) {
+                v[0] = o->lr, v[1] = o->lr / bc1, v[2] = sqrt(bc2);
+            } else {
+                optim_args(p, t, u, as, ss);
+                as[u].lr = o->lr, as[u].step_size = o->lr / bc1, as[u].bc2_sqrt = sqrt(bc2);
+            }
+        } else if (v) {
+            v[0] = o->lr;
         } else {
-            kiln_sgd_step *g = &ss[u];
-            *g = t->ss[u];
-            g->p = resolve(p, t->ref[u][0]), g->g = resolve(p, t->ref[u][1]);
-            g->buf = g->buf ? resolve(p, t->ref[u][2]) : NULL;
-            g->lr = o->lr;
+            optim_args(p, t, u, as, ss);
+            ss[u].lr = o->lr;
         }
         kiln_tensor_bump_version(o->params[i]);
         for (int k = 0; k < KILN_OPTIM_STATES; k++)
             if (o->state[k][i]) kiln_tensor_bump_version(o->state[k][i]);
     }
+    if (host) return KILN_OK;
     return t->adam ? t->k->adam(as, t->n, p->stream) : t->k->sgd(ss, t->n, p->stream);
 }
 
@@ -210,13 +246,13 @@ static kiln_status run_tensor_step(kiln_program *p, trace_step *s) {
     a->out[0].data = resolve(p, s->out[0]);
     switch (s->kind) {
     case TRACE_STEP_FILL:
-        return k->fill(&a->out[0], s->attrs.scalar[0], p->stream);
+        return k->fill(&a->out[0], s->attrs.scalar[0], p->run_stream);
     case TRACE_STEP_COPY:
         a->in[0].data = resolve(p, s->in[0]);
-        return k->copy_strided(&a->out[0], &a->in[0], p->stream);
+        return k->copy_strided(&a->out[0], &a->in[0], p->run_stream);
     case TRACE_STEP_ARANGE:
         return k->arange(a->out[0].data, s->attrs.dtype, s->n, s->attrs.scalar[0], s->attrs.scalar[1],
-                         p->stream);
+                         p->run_stream);
     default: {
         kiln_rng rng = p->rng_now[s->draw];
         return s->attrs.flag ? k->rand_normal(a->out[0].data, s->attrs.dtype, s->n, rng, p->stream)
@@ -225,8 +261,9 @@ static kiln_status run_tensor_step(kiln_program *p, trace_step *s) {
     }
 }
 
-static kiln_status run_step(kiln_program *p, trace_step *s) {
+kiln_status kiln_trace_run_step(kiln_program *p, trace_step *s) {
     kiln_op_args *a = &s->args;
+    if (p->run_mode == TRACE_RUN_HOST) return s->kind == TRACE_STEP_OPTIM ? run_optim(p, s->optim) : KILN_OK;
     switch (s->kind) {
     case TRACE_STEP_KERNEL:
         break;
@@ -239,6 +276,9 @@ static kiln_status run_step(kiln_program *p, trace_step *s) {
         return run_tensor_step(p, s);
     }
     if (s->draw >= 0) s->attrs.rng = p->rng_now[s->draw];
+    /* capturing: the draw's position is the graph's per-replay input */
+    s->attrs.rng_dev =
+        s->draw >= 0 && p->run_mode == TRACE_RUN_CAPTURE ? kiln_trace_graph_draw(p, s->draw) : NULL;
     for (int i = 0; i < a->n_in; i++)
         if (a->in[i].ndim >= 0) a->in[i].data = resolve(p, s->in[i]);
     for (int i = 0; i < a->n_out; i++) a->out[i].data = resolve(p, s->out[i]);
@@ -250,7 +290,12 @@ static kiln_status run_step(kiln_program *p, trace_step *s) {
                                       &f, &copy));
         a->prepared = copy;
     }
-    return s->k->run(a);
+    void *recorded = a->stream;
+    if (p->run_mode == TRACE_RUN_CAPTURE) a->stream = p->run_stream;
+    kiln_status st = s->k->run(a);
+    a->stream = recorded;
+    s->attrs.rng_dev = NULL;
+    return st;
 }
 
 kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *inputs, int n_outputs,
@@ -262,6 +307,11 @@ kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *
                           p->n_outputs);
     KILN_TRY(check_guards(p, n_inputs, inputs));
     if (!p->base) KILN_TRY(materialise(p));
+    if (p->device.type == KILN_DEVICE_CUDA) {
+        KILN_TRY(kiln_trace_graph_run(p, inputs));
+        for (int i = 0; i < n_outputs; i++) outputs[i] = kiln_retain(p->outputs[i]);
+        return KILN_OK;
+    }
     for (int i = 0; i < n_inputs; i++)
         p->in_data[i] =
             (char *)inputs[i]->storage->base + inputs[i]->offset * (int64_t)kiln_dtype_size(inputs[i]->dtype);
@@ -270,7 +320,7 @@ kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *
     for (int i = 0; i < p->n_draws; i++)
         p->rng_now[i] = kiln_device_rng_reserve(p->device, p->draws[i].words);
     for (int i = 0; i < p->n_steps; i++) {
-        kiln_status st = run_step(p, &p->steps[i]);
+        kiln_status st = kiln_trace_run_step(p, &p->steps[i]);
         if (st) return st;
     }
     for (int i = 0; i < n_outputs; i++) outputs[i] = kiln_retain(p->outputs[i]);
@@ -334,6 +384,7 @@ void kiln_program_print(const kiln_program *p, FILE *f) {
 
 void kiln_program_free(kiln_program *p) {
     if (!p) return;
+    kiln_trace_graph_free(p);
     if (p->arena) kiln_memory_free(p->device, p->arena);
     for (int i = 0; p->outputs && i < p->n_outputs; i++)
         if (p->outputs[i]) kiln_tensor_drop(p->outputs[i]);

@@ -49,6 +49,9 @@ typedef struct trace_optim {
     trace_ref ref[16][5];
     struct kiln_adam_step *as; /* n, when adam */
     struct kiln_sgd_step *ss;  /* n, when sgd */
+    /* CUDA graph replay: the first 8-byte word of this launch's per-update
+     * scalars in the graph's parameter block (program_graph.c) */
+    size_t word;
 } trace_optim;
 
 typedef struct trace_step {
@@ -144,7 +147,17 @@ struct kiln_program {
     void **base;       /* per buffer, resolved at the first run */
     void **in_data;    /* per input, this run's data pointers */
     kiln_rng *rng_now; /* per draw, this run's position */
+    /* How run steps behave (program_graph.c): TRACE_RUN_EAGER runs them;
+     * TRACE_RUN_CAPTURE queues them on run_stream (a CUDA capture stream)
+     * with the per-run values read from the graph's device parameter
+     * block; the graph's per-replay host pass does only the host's share
+     * of the optimizer steps (step counts, scalars, versions). */
+    int run_mode;
+    void *run_stream;           /* where steps are queued: stream, or the capture stream */
+    struct trace_graph *graph;  /* CUDA: the captured replay, from the first run */
 };
+
+enum { TRACE_RUN_EAGER = 0, TRACE_RUN_CAPTURE, TRACE_RUN_HOST };
 
 /* A block the traced call allocated (memory observer). */
 typedef struct trace_block {
@@ -206,6 +219,25 @@ kiln_status kiln_program_parse(const char *file, const char *text, size_t len, k
  * layer's (a permutation: the same bits however it is done). */
 int kiln_trace_layout_block(kiln_layout layout);
 void kiln_trace_unblock(void *dst, const void *src, size_t elem, const int64_t *shape, int block);
+
+/* program.c: one step as kiln_program_run runs it, in p->run_mode. */
+kiln_status kiln_trace_run_step(kiln_program *p, trace_step *s);
+
+/* program_graph.c: on CUDA a replay is one CUDA graph. kiln_trace_graph_run
+ * does a run after the guards and the first run's allocations: on the
+ * first, the check that every step can be captured, the static inputs and
+ * parameter block, and the capture; then, each run, the inputs copied into
+ * the static ones, the per-run values (random draws' positions, optimizer
+ * scalars) copied into the parameter block, and the graph's launch.
+ * kiln_trace_graph_free frees what it made (NULL-safe). */
+kiln_status kiln_trace_graph_run(kiln_program *p, kiln_tensor *const *inputs);
+void kiln_trace_graph_free(kiln_program *p);
+/* The parameter block (8-byte words): on the device (what captured
+ * kernels read), this run's host staging (what the host pass writes), and
+ * draw d's position on the device. */
+const void *kiln_trace_graph_params(const kiln_program *p);
+double *kiln_trace_graph_host_params(const kiln_program *p);
+const kiln_rng *kiln_trace_graph_draw(const kiln_program *p, int d);
 
 /* memory_plan.c: assigns every non-output buffer an arena offset (first fit
  * on lifetime intervals, aligned) and sets p->arena_bytes. */

@@ -526,7 +526,9 @@ kiln_status ew_silu_backward(const kiln_op_args *a) { return grad_run(a, A_SILU,
  * four elements of one Philox block (words 4b .. 4b+3 of the draw starting
  * at rng.offset), so each block is computed once. */
 template <int D>
-__global__ void dropout_kernel(void *o, const void *x, geom g, kiln_rng rng, double p, double scale) {
+__global__ void dropout_kernel(void *o, const void *x, geom g, kiln_rng rng, const kiln_rng *rng_dev, double p,
+                               double scale) {
+    if (rng_dev) rng = *rng_dev; /* a CUDA graph's per-replay position (op_args.h) */
     int64_t blocks = (g.numel + 3) / 4;
     for (int64_t b = global_thread(); b < blocks; b += global_stride()) {
         uint32_t words[4];
@@ -552,7 +554,7 @@ template <int D> kiln_status run_dropout(const kiln_op_args *a) {
     KILN_TRY(guard.enter(a->out[0].data));
     auto *k = &dropout_kernel<D>;
     KILN_LAUNCH(k, grid_for((g.numel + 3) / 4), kThreads, 0, a->stream, a->out[0].data, a->in[0].data, g,
-                a->attrs->rng, p, scale);
+                a->attrs->rng, a->attrs->rng_dev, p, scale);
     KILN_LAUNCH_CHECK(guard.device, "dropout_kernel");
     return KILN_OK;
 }
