@@ -22,7 +22,8 @@
  * emulator's, not a GPU's; the PyTorch row is the CPU's only). The last
  * line is JSON. Usage:
  *   kiln bench trace [--rounds N] [--round-ms MS] [--quick] [--no-peer]
- *                    [--python PATH] [--peer-script PATH] [--device D] */
+ *                    [--python PATH] [--peer-script PATH] [--device D] [--max-batch N]
+ * --max-batch N leaves out the larger batches (a short run on the emulator). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,7 @@ typedef struct trace_cfg {
     bool quick, peer;
     const char *python, *peer_script;
     kiln_device device;
+    int64_t max_batch; /* --max-batch: leave out larger batches (0: none left out) */
 } trace_cfg;
 
 typedef struct pair {
@@ -124,7 +126,7 @@ static void count_launches(const side *s, pair *out) {
     out->eager_launches = out->traced_launches = out->traced_graphs = -1;
 #if defined(KILN_CUDA_EMULATION)
     if (s->device.type != KILN_DEVICE_CUDA) return;
-    enum { CALLS = 3 };
+    enum { CALLS = 2 };
     for (int k = 0; k < 2; k++) {
         kiln_emu_stats a, b;
         if (kiln_device_synchronize(s->device)) return;
@@ -256,6 +258,8 @@ static int parse(int argc, char **argv, trace_cfg *c) {
             c->python = argv[++i];
         else if (!strcmp(a, "--peer-script") && v)
             c->peer_script = argv[++i];
+        else if (!strcmp(a, "--max-batch") && v)
+            c->max_batch = atoll(argv[++i]);
         else if (!strcmp(a, "--device") && v) {
             const char *d = argv[++i];
             if (kiln_device_parse(d, &c->device) != KILN_OK || c->device.type == KILN_DEVICE_META) {
@@ -265,12 +269,13 @@ static int parse(int argc, char **argv, trace_cfg *c) {
             }
         } else {
             fprintf(stderr, "usage: kiln bench trace [--rounds N] [--round-ms MS] [--quick] [--no-peer] "
-                            "[--python PATH] [--peer-script PATH] [--device D]\n");
+                            "[--python PATH] [--peer-script PATH] [--device D] [--max-batch N]\n");
             return 2;
         }
     }
-    if (c->rounds < 1 || c->rounds > 101 || !(c->round_s > 0)) {
-        fprintf(stderr, "kiln bench trace: --rounds takes 1..101 and --round-ms a positive number\n");
+    if (c->rounds < 1 || c->rounds > 101 || !(c->round_s > 0) || c->max_batch < 0) {
+        fprintf(stderr, "kiln bench trace: --rounds takes 1..101, --round-ms a positive number and --max-batch a "
+                        "batch size\n");
         return 2;
     }
     return 0;
@@ -316,12 +321,22 @@ int kiln_bench_trace(int argc, char **argv) {
     trace_cfg cfg;
     int rc = parse(argc, argv, &cfg);
     if (rc) return rc;
-    static const int64_t infer_b[] = {1, 8, 128}, train_b[] = {1, 8, 32, 128};
+    static const int64_t infer_all[] = {1, 8, 128}, train_all[] = {1, 8, 32, 128};
+    int64_t infer_b[3], train_b[4];
+    int n_inf = 0, n_tr = 0;
+    for (int i = 0; i < 3; i++) {
+        int64_t b = cfg.quick ? 1 + i : infer_all[i];
+        if (!cfg.max_batch || b <= cfg.max_batch) infer_b[n_inf++] = b;
+    }
+    for (int i = 0; i < 4; i++) {
+        int64_t b = cfg.quick ? 1 + i : train_all[i];
+        if (!cfg.max_batch || b <= cfg.max_batch) train_b[n_tr++] = b;
+    }
     pair inf[3], tr[4], op;
-    for (int i = 0; i < 3; i++)
-        if (bench_infer(&cfg, cfg.quick ? 1 + i : infer_b[i], &inf[i])) return 1;
-    for (int i = 0; i < 4; i++)
-        if (bench_train(&cfg, cfg.quick ? 1 + i : train_b[i], &tr[i])) return 1;
+    for (int i = 0; i < n_inf; i++)
+        if (bench_infer(&cfg, infer_b[i], &inf[i])) return 1;
+    for (int i = 0; i < n_tr; i++)
+        if (bench_train(&cfg, train_b[i], &tr[i])) return 1;
     if (bench_overhead(&cfg, &op)) return 1;
     double peer_eager = 0, peer_frozen = 0;
     char why_e[600] = "not asked for (--no-peer)", why_f[600] = "not asked for (--no-peer)";
@@ -339,25 +354,25 @@ int kiln_bench_trace(int argc, char **argv) {
            on_cpu ? "the CPU" : dev, on_cpu ? "" : " (the replay is one CUDA graph per call)", kiln_num_threads(),
            cfg.rounds);
     printf("\ninference      eager calls/s  traced calls/s  eager ms  traced ms  traced/eager\n");
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n_inf; i++)
         printf("  batch %-5lld %14.1f %15.1f %9.3f %10.3f %12.2fx\n",
-               (long long)(cfg.quick ? 1 + i : infer_b[i]), 1 / inf[i].eager_s, 1 / inf[i].traced_s,
+               (long long)infer_b[i], 1 / inf[i].eager_s, 1 / inf[i].traced_s,
                inf[i].eager_s * 1e3, inf[i].traced_s * 1e3, inf[i].traced_s / inf[i].eager_s);
     printf("\ntraining step  eager steps/s  replay steps/s  eager ms  replay ms  speed-up\n");
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < n_tr; i++)
         printf("  batch %-5lld %14.1f %15.1f %9.3f %10.3f %9.2fx\n",
-               (long long)(cfg.quick ? 1 + i : train_b[i]), 1 / tr[i].eager_s, 1 / tr[i].traced_s,
+               (long long)train_b[i], 1 / tr[i].eager_s, 1 / tr[i].traced_s,
                tr[i].eager_s * 1e3, tr[i].traced_s * 1e3, tr[i].eager_s / tr[i].traced_s);
     printf("\nhost overhead per op (relu on 1 element, %d in a chain): eager %.0f ns, replay %.0f ns\n",
            RELU_CHAIN, op.eager_s * 1e9, op.traced_s * 1e9);
-    if (tr[0].eager_launches >= 0) {
+    if (n_tr && tr[0].eager_launches >= 0) {
         printf("\nper call on %s (the emulator's counts): kernel launches eager / replayed, graph launches replayed\n",
                dev);
-        for (int i = 0; i < 3; i++)
-            printf("  inference batch %-5lld %6.1f / %6.1f, %4.1f\n", (long long)(cfg.quick ? 1 + i : infer_b[i]),
+        for (int i = 0; i < n_inf; i++)
+            printf("  inference batch %-5lld %6.1f / %6.1f, %4.1f\n", (long long)infer_b[i],
                    inf[i].eager_launches, inf[i].traced_launches, inf[i].traced_graphs);
-        for (int i = 0; i < 4; i++)
-            printf("  training  batch %-5lld %6.1f / %6.1f, %4.1f\n", (long long)(cfg.quick ? 1 + i : train_b[i]),
+        for (int i = 0; i < n_tr; i++)
+            printf("  training  batch %-5lld %6.1f / %6.1f, %4.1f\n", (long long)train_b[i],
                    tr[i].eager_launches, tr[i].traced_launches, tr[i].traced_graphs);
     }
     printf("\nPyTorch at batch 1 (bench/peer/torch_cnn_bench.py --mode infer):\n");
@@ -371,15 +386,15 @@ int kiln_bench_trace(int argc, char **argv) {
         printf("  jit.trace + jit.freeze    no figure: %s\n", why_f);
     printf("{\"bench\":\"trace\",\"threads\":%d,\"rounds\":%d,\"device\":\"%s\",\"infer\":[", kiln_num_threads(),
            cfg.rounds, dev);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < n_inf; i++) {
         printf("%s{\"batch\":%lld,\"eager_ms\":%.4f,\"traced_ms\":%.4f", i ? "," : "",
-               (long long)(cfg.quick ? 1 + i : infer_b[i]), inf[i].eager_s * 1e3, inf[i].traced_s * 1e3);
+               (long long)infer_b[i], inf[i].eager_s * 1e3, inf[i].traced_s * 1e3);
         json_launches(&inf[i]);
     }
     printf("],\"train\":[");
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < n_tr; i++) {
         printf("%s{\"batch\":%lld,\"eager_ms\":%.4f,\"replay_ms\":%.4f", i ? "," : "",
-               (long long)(cfg.quick ? 1 + i : train_b[i]), tr[i].eager_s * 1e3, tr[i].traced_s * 1e3);
+               (long long)train_b[i], tr[i].eager_s * 1e3, tr[i].traced_s * 1e3);
         json_launches(&tr[i]);
     }
     printf("],\"op_ns\":{\"eager\":%.1f,\"replay\":%.1f},\"peer\":{\"eager_ms\":", op.eager_s * 1e9,
