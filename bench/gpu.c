@@ -5,7 +5,11 @@
  *       the tutorial CNN (bench/cnn_step.c's model) on the device: train and
  *       infer images/s with cuDNN autotuning off, then on
  *       (kiln_set_cudnn_benchmark; the first, untimed, steps of that round
- *       do the timing), and the autotuner's counts; in the emulation build
+ *       do the timing); then, autotuning on, under f16 autocast with the
+ *       grad scaler (AMP), and each precision replayed as one CUDA graph
+ *       (kiln_trace + kiln_program_run: the step captured once, then one
+ *       graph launch per step; a setup that cannot be traced gets null and
+ *       the reason); in the emulation build
  *       also Kiln's CUDA runtime calls per steady-state training step
  *       (docs/cuda.md, "Host calls per step"; null elsewhere);
  *   kiln bench copy [--device cuda:N] [--mb N] [--repeats N]
@@ -101,26 +105,66 @@ typedef struct cnn_dev {
     kiln_optimizer *opt;
     kiln_tensor *x, *y;
     kiln_device device;
+    kiln_grad_scaler *scaler; /* AMP: forward and loss under f16 autocast, the loss scaled */
+    kiln_program *program;    /* replay this instead of the eager step (CUDA graph) */
 } cnn_dev;
+
+/* The step as a traceable call: inputs (x, y), one output (the loss, or
+ * the logits). train: zero_grad, forward, cross-entropy, backward, Adam
+ * (with the scaler's scale, step and update under AMP); else the forward
+ * under no_grad. */
+typedef struct cnn_call {
+    cnn_dev *b;
+    bool train;
+} cnn_call;
+
+static kiln_status cnn_fn(void *user, kiln_tensor *const *in, kiln_tensor **out) {
+    const cnn_call *c = user;
+    cnn_dev *b = c->b;
+    kiln_status st = KILN_OK;
+    if (!c->train) kiln_no_grad_begin();
+    if (b->scaler) st = kiln_autocast_begin(KILN_DEVICE_CUDA, KILN_F16);
+    kiln_tensor *logits = st ? NULL : kiln_module_forward(b->model, in[0]);
+    kiln_tensor *loss = NULL;
+    if (c->train && logits) {
+        kiln_loss_opts lo = kiln_loss_defaults();
+        loss = kiln_cross_entropy(logits, in[1], &lo);
+        kiln_release(logits);
+        logits = NULL;
+    }
+    if (!st && !logits && !loss) st = kiln_error_last()->status;
+    if (b->scaler) {
+        kiln_status e = kiln_autocast_end();
+        if (!st) st = e;
+    }
+    if (!c->train) {
+        kiln_status m = kiln_grad_mode_end();
+        if (!st) st = m;
+        if (st) kiln_release(logits);
+        else out[0] = logits;
+        return st;
+    }
+    if (!st) st = kiln_optimizer_zero_grad(b->opt, true);
+    if (!st && b->scaler) {
+        kiln_tensor *scaled = kiln_grad_scaler_scale(b->scaler, loss);
+        st = scaled ? kiln_backward(scaled, NULL, false) : kiln_error_last()->status;
+        if (!st) st = kiln_grad_scaler_step(b->scaler, b->opt, NULL);
+        if (!st) st = kiln_grad_scaler_update(b->scaler);
+    } else if (!st) {
+        st = kiln_backward(loss, NULL, false);
+        if (!st) st = kiln_optimizer_step(b->opt);
+    }
+    if (st) kiln_release(loss);
+    else out[0] = loss;
+    return st;
+}
 
 static kiln_status cnn_step(cnn_dev *b, bool train) {
     kiln_scope_begin();
-    kiln_status st = KILN_OK;
-    if (train) {
-        kiln_tensor *logits = kiln_module_forward(b->model, b->x);
-        kiln_loss_opts lo = kiln_loss_defaults();
-        kiln_tensor *loss = logits ? kiln_cross_entropy(logits, b->y, &lo) : NULL;
-        if (!loss) st = kiln_error_last()->status;
-        if (!st) st = kiln_optimizer_zero_grad(b->opt, true);
-        if (!st) st = kiln_backward(loss, NULL, false);
-        if (!st) st = kiln_optimizer_step(b->opt);
-    } else {
-        kiln_no_grad_begin();
-        kiln_tensor *out = kiln_module_forward(b->model, b->x);
-        if (!out) st = kiln_error_last()->status;
-        kiln_status m = kiln_grad_mode_end();
-        if (!st) st = m;
-    }
+    cnn_call c = {b, train};
+    kiln_tensor *in[2] = {b->x, b->y}, *out = NULL;
+    kiln_status st = b->program ? kiln_program_run(b->program, train ? 2 : 1, in, 1, &out) : cnn_fn(&c, in, &out);
+    kiln_release(out);
     kiln_status end = kiln_scope_end();
     return st ? st : end;
 }
@@ -227,19 +271,66 @@ int kiln_bench_cnn_device(int argc, char **argv) {
         kiln_set_cudnn_benchmark(tune == 1);
         for (int train = 1; train >= 0 && !st; train--) st = cnn_rate(&b, train, &g, &rate[tune][train]);
     }
+    /* Autotuning on from here: AMP eager, then each precision as a CUDA graph. */
+    double amp[2] = {0}, graph[2][2] = {{0}}; /* [amp][train] */
+    char graph_why[2][2][300] = {{"", ""}, {"", ""}};
+    kiln_set_cudnn_benchmark(true);
+    if (!st && !(b.scaler = kiln_grad_scaler_create(NULL))) st = kiln_error_last()->status;
+    for (int train = 1; train >= 0 && !st; train--) st = cnn_rate(&b, train, &g, &amp[train]);
+    for (int a = 0; a < 2 && !st; a++) {
+        kiln_grad_scaler *scaler = b.scaler;
+        if (!a) b.scaler = NULL;
+        for (int train = 1; train >= 0 && !st; train--) {
+            cnn_call c = {&b, train};
+            kiln_tensor *in[2] = {b.x, b.y};
+            kiln_module_train(b.model, train);
+            kiln_scope_begin();
+            kiln_status tr = kiln_trace(cnn_fn, &c, train ? 2 : 1, in, 1, NULL, &b.program);
+            kiln_status end = kiln_scope_end();
+            if (tr || end) {
+                snprintf(graph_why[a][train], sizeof graph_why[a][train], "%s", kiln_error_message());
+                kiln_error_clear();
+                continue;
+            }
+            st = cnn_rate(&b, train, &g, &graph[a][train]);
+            kiln_program_free(b.program);
+            b.program = NULL;
+        }
+        b.scaler = scaler;
+    }
+    kiln_grad_scaler_free(b.scaler);
+    b.scaler = NULL;
     kiln_set_cudnn_benchmark(saved_bench);
     char calls[4096];
     if (!st) st = cnn_host_calls(&b, calls, sizeof calls);
     if (!st) {
-        printf("%-26s %14s %14s\n", "cuDNN autotuning", "train img/s", "infer img/s");
-        printf("%-26s %14.0f %14.0f\n", "off (heuristics' first)", rate[0][1], rate[0][0]);
-        printf("%-26s %14.0f %14.0f\n", "on (timed, cached)", rate[1][1], rate[1][0]);
+        printf("%-34s %14s %14s\n", "setup", "train img/s", "infer img/s");
+        printf("%-34s %14.0f %14.0f\n", "f32, cuDNN autotuning off", rate[0][1], rate[0][0]);
+        printf("%-34s %14.0f %14.0f\n", "f32, autotuning on (timed, cached)", rate[1][1], rate[1][0]);
+        printf("%-34s %14.0f %14.0f\n", "AMP f16 + grad scaler, autotuning", amp[1], amp[0]);
+        printf("%-34s %14.0f %14.0f\n", "f32, CUDA graph replay", graph[0][1], graph[0][0]);
+        printf("%-34s %14.0f %14.0f\n", "AMP, CUDA graph replay", graph[1][1], graph[1][0]);
+        for (int a = 0; a < 2; a++)
+            for (int train = 0; train < 2; train++)
+                if (graph_why[a][train][0])
+                    printf("  %s %s as a graph: not traced: %s\n", a ? "AMP" : "f32", train ? "training" : "inference",
+                           graph_why[a][train]);
         printf("{\"bench\":\"cnn\",\"threads\":%d,\"device\":\"%s\",\"batch\":%d,\"train_ips\":%.1f,\"infer_ips\":%.1f,"
-               "\"train_ips_autotune\":%.1f,\"infer_ips_autotune\":%.1f,%s}\n", kiln_num_threads(),
-               dev, g.batch, rate[0][1], rate[0][0], rate[1][1], rate[1][0], calls);
+               "\"train_ips_autotune\":%.1f,\"infer_ips_autotune\":%.1f,\"train_ips_amp\":%.1f,\"infer_ips_amp\":%.1f,",
+               kiln_num_threads(), dev, g.batch, rate[0][1], rate[0][0], rate[1][1], rate[1][0], amp[1], amp[0]);
+        static const char *const names[2][2] = {{"infer_ips_graph", "train_ips_graph"},
+                                                {"infer_ips_amp_graph", "train_ips_amp_graph"}};
+        for (int a = 0; a < 2; a++)
+            for (int train = 1; train >= 0; train--) {
+                if (graph[a][train] > 0) printf("\"%s\":%.1f,", names[a][train], graph[a][train]);
+                else printf("\"%s\":null,", names[a][train]);
+            }
+        printf("%s}\n", calls);
     } else {
         fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
     }
+    kiln_program_free(b.program);
+    kiln_grad_scaler_free(b.scaler);
     kiln_optimizer_free(b.opt);
     kiln_module_free(b.model);
     kiln_release(b.x);
