@@ -45,7 +45,7 @@ echo "=== benchmarks"
 "$d/bin/kiln" bench alloc || true
 "$d/bin/kiln" bench loader || true
 "$d/bin/kiln" bench cnn --profile-rows 20 || true
-echo "=== GPU benchmarks: the CNN on cuda:0 (cuDNN autotuning off, then on), H2D copies, cuBLASLt GEMM"
+echo "=== GPU benchmarks: the CNN on cuda:0 (f32 with cuDNN autotuning off, then on; AMP f16 + grad scaler; both as CUDA graphs), H2D copies, cuBLASLt GEMM"
 "$d/bin/kiln" bench cnn --device cuda:0 || true
 echo "=== CUDA graphs: eager against the traced program replayed as one graph (inference and training step)"
 "$d/bin/kiln" bench trace --device cuda:0 --no-peer || true
