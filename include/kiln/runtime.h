@@ -78,6 +78,16 @@ kiln_status kiln_cuda_versions(int *driver, int *runtime);
  * emulated device has none: KILN_ERR_UNSUPPORTED. Either pointer may be
  * NULL. */
 kiln_status kiln_cuda_capability(int index, int *major, int *minor);
+/* Kiln keeps a per-thread copy of CUDA's current device and changes it only
+ * through its own calls, so a kernel launch asks the runtime nothing
+ * (docs/cuda.md, "Host calls per step"); it restores the caller's device
+ * after each call. Code of your own that calls cudaSetDevice on a thread
+ * that then runs Kiln's CUDA work must call this afterwards: the copy is
+ * dropped and read from the runtime at Kiln's next device switch. Without
+ * it, a later Kiln call may see a stale device and launch on the one your
+ * code chose. Nothing to do in a build or a process without CUDA. Does not
+ * block. */
+void kiln_cuda_forget_current_device(void);
 
 /* ---- Threads ------------------------------------------------------------- */
 

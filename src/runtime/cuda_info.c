@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "kiln/runtime.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
 
 #ifndef KILN_WITH_CUDA
 static kiln_status no_cuda(const char *fn, int index) {
@@ -38,4 +39,10 @@ kiln_status kiln_cuda_capability(int index, int *major, int *minor) {
     if (major) *major = ma;
     if (minor) *minor = mi;
     return KILN_OK;
+}
+
+void kiln_cuda_forget_current_device(void) {
+#ifdef KILN_WITH_CUDA
+    kiln_cuda_device_forget();
+#endif
 }

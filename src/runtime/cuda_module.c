@@ -44,6 +44,7 @@
 #include "ops/cuda_tables.h"
 #include "runtime/backend.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/cuda_device.h"
 
 static struct {
     void *handle;
@@ -55,6 +56,7 @@ static struct {
     const kiln_optim_kernels *(*optim_kernels)(void);
     kiln_status (*device_properties)(int, char *, size_t);
     kiln_status (*versions)(int *, int *);
+    void (*device_forget)(void);
 } mod;
 static char reason[2 * PATH_MAX] = "the CUDA module has not been looked for (kiln_init loads it)";
 static char loaded_from[PATH_MAX];
@@ -181,6 +183,7 @@ static void load(void) {
     LOOKUP(optim_kernels);
     LOOKUP(device_properties);
     LOOKUP(versions);
+    LOOKUP(device_forget);
     mod.handle = h;
     snprintf(loaded_from, sizeof loaded_from, "%s", path);
     reason[0] = '\0';
@@ -217,6 +220,10 @@ kiln_status kiln_cuda_device_properties(int index, char *buf, size_t size) {
     if (buf && size) buf[0] = '\0';
     return KILN_RAISE(KILN_ERR_DEVICE, "kiln info says why; KILN_CUDA=force loads the module anyway",
                       "kiln_cuda_device_properties: cuda:%d: the CUDA module is not loaded: %s", index, reason);
+}
+
+void kiln_cuda_device_forget(void) {
+    if (mod.device_forget) mod.device_forget();
 }
 
 kiln_status kiln_cuda_versions(int *driver, int *runtime) {

@@ -11,6 +11,7 @@
  * Emulation build only (tests/CMakeLists.txt registers it there): the
  * counts exist only where the runtime is the emulator. */
 #include "emu/count/emu_call_counts.h"
+#include "emu/include/cuda_runtime_api.h"
 #include "emu/kiln_emu_api.h"
 #include "test_util.h"
 
@@ -148,6 +149,41 @@ static void check_other_device(void) {
     kiln_release(b);
 }
 
+/* Code that changes the device behind Kiln's back (cudaSetDevice of its
+ * own) and then says so (kiln_cuda_forget_current_device): Kiln reads the
+ * device once more and switches back to the tensor's device for its
+ * launch, and the caller's device is current again afterwards. */
+static void check_forget(void) {
+    kiln_device cuda0 = KILN_CUDA(0), cuda1 = KILN_CUDA(1);
+    if (!kiln_device_is_available(cuda1)) return;
+    kiln_tensor *a = kiln_full(KILN_SHAPE(5), 2.0, KILN_F32, cuda0);
+    kiln_tensor *b = kiln_full(KILN_SHAPE(5), 3.0, KILN_F32, cuda0);
+    CHECK(a && b);
+    kiln_release(a && b ? kiln_add(a, b) : NULL); /* warm */
+    CHECK(cudaSetDevice(1) == cudaSuccess);       /* the caller's own CUDA code */
+    kiln_cuda_forget_current_device();
+    kiln_emu_call_counts_reset();
+    kiln_tensor *s = a && b ? kiln_add(a, b) : NULL;
+    unsigned long long n[KILN_EMU_CALL_COUNT];
+    kiln_emu_call_counts_get(n);
+    print_counts("calls of one add on cuda:0 after the caller's cudaSetDevice(1)", n, 1);
+    CHECK(s != NULL);
+    CHECK_EQ_I(n[KILN_EMU_CALL_cudaGetDevice], 1); /* the copy read again */
+    CHECK_EQ_I(n[KILN_EMU_CALL_cudaSetDevice], 2); /* to cuda:0 for the launch, back to cuda:1 */
+    int current = -1;
+    CHECK(cudaGetDevice(&current) == cudaSuccess && current == 1);
+    kiln_tensor *h = s ? kiln_to(s, KILN_CPU, KILN_F32, 0) : NULL;
+    CHECK(h != NULL);
+    if (h)
+        for (int i = 0; i < 5; i++) CHECK(((const float *)kiln_data_ptr(h))[i] == 5.0f);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    kiln_cuda_forget_current_device();
+    kiln_release(h);
+    kiln_release(s);
+    kiln_release(a);
+    kiln_release(b);
+}
+
 int main(void) {
     if (kiln_init()) return 1;
     kiln_device cuda0 = KILN_CUDA(0);
@@ -157,6 +193,7 @@ int main(void) {
     }
     check_steady_state(cuda0);
     check_other_device();
+    check_forget();
     kiln_shutdown();
     return kt_finish();
 }
