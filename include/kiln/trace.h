@@ -32,7 +32,10 @@
  * reads (a block read before any recorded kernel wrote it), several
  * devices in one call, and outputs that are not contiguous tensors the
  * call allocated. Values the call computed on the host (shapes, Python
- * style constants) are frozen, as in torch.jit.trace.
+ * style constants) are frozen, as in torch.jit.trace. The grad scaler's
+ * step is traced without its host read: the fused optimizer kernels take
+ * the found-inf flag and skip on the device, and each run reads the flag
+ * after its steps to put back a skipped step's counts (docs/trace.md).
  *
  * On CUDA a replay is one CUDA graph (docs/trace.md, "CUDA graphs"): the
  * first kiln_program_run captures the steps (stream capture, instantiate)
@@ -88,7 +91,9 @@ kiln_status kiln_trace(kiln_trace_fn fn, void *user, int n_inputs, kiln_tensor *
  * and op, and the program stays refused (KILN_ERR_STATE: retrace). Every
  * run queues the input copies, the parameter copy and the graph launch on
  * the recorded stream and returns; the host waits only for the parameter
- * copy of two runs back, so it runs at most two replays ahead. */
+ * copy of two runs back, so it runs at most two replays ahead. A program
+ * with a grad scaler's step then reads the found-inf flag (one host
+ * synchronisation per run, as the eager scaler's step makes). */
 kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *inputs, int n_outputs,
                              kiln_tensor **outputs);
 

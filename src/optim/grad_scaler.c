@@ -272,6 +272,18 @@ kiln_status kiln_grad_scaler_step(kiln_grad_scaler *s, kiln_optimizer *opt, bool
     kiln_no_grad_begin();
     opt_record *r = NULL;
     kiln_status st = unscale_body(s, opt, "kiln_grad_scaler_step", &r);
+    if (!st && kiln_optim_recording()) {
+        /* Under kiln_trace the host may not read the flag: the fused
+         * kernels take it and skip the update on the device; the step
+         * counts and the skip count are settled when the flag is read after
+         * the traced call or the replay (optim_internal.h). */
+        r->stage = STAGE_STEPPED;
+        st = kiln_optimizer_step_unless_found(opt, r->found, &s->skipped);
+        if (!st && stepped) *stepped = true;
+        kiln_grad_mode_end();
+        kiln_api_leave();
+        return st;
+    }
     double found = 0;
     /* A planned step (meta: no values) finds no inf and steps, as a step
      * that succeeds does: the optimizer's state is part of its memory. */
@@ -321,10 +333,13 @@ static kiln_status update_body(kiln_grad_scaler *s) {
         if (tracker) kiln_tensor_drop(tracker);
         return st;
     }
-    kiln_tensor_drop(s->scale);
-    kiln_tensor_drop(s->tracker);
-    s->scale = scale;
-    s->tracker = tracker;
+    /* Written in place, so a traced step's replays update the state the
+     * next replay reads (the same bits as replacing the tensors). */
+    st = kiln_copy_(s->scale, scale, 0);
+    if (!st) st = kiln_copy_(s->tracker, tracker, 0);
+    kiln_tensor_drop(scale);
+    kiln_tensor_drop(tracker);
+    if (st) return st;
     forget_records(s);
     return KILN_OK;
 }

@@ -49,5 +49,28 @@ typedef kiln_status (*kiln_optim_recorder_fn)(void *ctx, kiln_optimizer *o, cons
                                               const struct kiln_adam_step *as, const struct kiln_sgd_step *ss, int n,
                                               void *stream);
 void kiln_optim_set_recorder(kiln_optim_recorder_fn fn, void *ctx);
+/* Whether a recorder is installed on this thread (kiln_trace is recording). */
+bool kiln_optim_recording(void);
+
+/* The grad scaler's device-side step (grad_scaler.c, under kiln_trace):
+ * kiln_optimizer_step with `found` (a () f32 tensor on the parameters'
+ * device) passed to every fused update as found_inf, so the kernels skip
+ * the whole update when it is nonzero, without the host reading it. Every
+ * parameter with a gradient must take the fused path (else
+ * KILN_ERR_UNSUPPORTED naming it). The step counts advance as for any
+ * step; whoever reads the flag later puts them back for a skipped step
+ * (kiln_optim_unstep) and counts it in *skipped (may be NULL), which the
+ * recorder sees as the launch's `skipped`. */
+kiln_status kiln_optimizer_step_unless_found(kiln_optimizer *o, kiln_tensor *found, int64_t *skipped);
+/* A skipped step's count taken back: o->steps[idx[k]]-- for k < n. */
+void kiln_optim_unstep(kiln_optimizer *o, const int *idx, int n);
+/* The flag and skip counter of the kiln_optimizer_step_unless_found in
+ * progress on this thread (NULL outside one), for the recorder. */
+const float *kiln_optim_found_inf(int64_t **skipped);
+/* The steps kiln_optimizer_step_unless_found made on this thread since the
+ * last call, settled: each flag read (a host synchronisation: call it after
+ * a trace's counters are read) and a skipped step's counts put back and
+ * counted. kiln_trace calls it after the traced call. */
+kiln_status kiln_optim_settle_found(void);
 
 #endif

@@ -263,6 +263,50 @@ typedef struct fused_batch {
 
 static _Thread_local kiln_optim_recorder_fn recorder;
 static _Thread_local void *recorder_ctx;
+/* kiln_optimizer_step_unless_found in progress: the flag every fused
+ * update of this thread takes, and the scaler's skip counter. */
+static _Thread_local const float *step_found_inf;
+static _Thread_local int64_t *step_skipped;
+
+bool kiln_optim_recording(void) { return recorder != NULL; }
+
+const float *kiln_optim_found_inf(int64_t **skipped) {
+    if (skipped) *skipped = step_skipped;
+    return step_found_inf;
+}
+
+void kiln_optim_unstep(kiln_optimizer *o, const int *idx, int n) {
+    for (int k = 0; k < n; k++) o->steps[idx[k]]--;
+}
+
+/* Steps made by kiln_optimizer_step_unless_found, not yet settled. */
+typedef struct pending_found {
+    kiln_optimizer *o;
+    kiln_tensor *found; /* a reference */
+    int64_t *steps;     /* o->steps before the step */
+    int64_t *skipped;
+} pending_found;
+#define MAX_PENDING_FOUND 8
+static _Thread_local pending_found pending[MAX_PENDING_FOUND];
+static _Thread_local int n_pending;
+
+kiln_status kiln_optim_settle_found(void) {
+    kiln_status st = KILN_OK;
+    for (int k = 0; k < n_pending; k++) {
+        pending_found *f = &pending[k];
+        double v = 0;
+        kiln_status rs = kiln_get_device(f->found).type == KILN_DEVICE_META ? KILN_OK : kiln_item(f->found, &v);
+        if (rs && !st) st = rs;
+        if (!rs && v != 0) {
+            memcpy(f->o->steps, f->steps, (size_t)f->o->n * sizeof *f->steps);
+            if (f->skipped) (*f->skipped)++;
+        }
+        kiln_tensor_drop(f->found);
+        free(f->steps);
+    }
+    n_pending = 0;
+    return st;
+}
 
 void kiln_optim_set_recorder(kiln_optim_recorder_fn fn, void *ctx) {
     recorder = fn;
@@ -277,6 +321,12 @@ static kiln_status flush(fused_batch *b, bool adam) {
     if (!b->n) return KILN_OK;
     void *stream = NULL;
     kiln_status st = KILN_OK;
+    for (int k = 0; step_found_inf && k < b->n; k++) {
+        if (adam)
+            b->adam[k].found_inf = step_found_inf;
+        else
+            b->sgd[k].found_inf = step_found_inf;
+    }
     if (b->device.type != KILN_DEVICE_META) {
         st = kiln_tensor_kernel_stream(b->device, &stream);
         if (!st && recorder) st = recorder(recorder_ctx, b->o, b->k, adam, b->idx, b->hold, b->adam, b->sgd, b->n, stream);
@@ -602,6 +652,41 @@ kiln_status kiln_optimizer_step(kiln_optimizer *o) {
     kiln_status st = step_body(o);
     kiln_grad_mode_end();
     kiln_api_leave();
+    return st;
+}
+
+kiln_status kiln_optimizer_step_unless_found(kiln_optimizer *o, kiln_tensor *found, int64_t *skipped) {
+    for (int i = 0; i < o->n; i++) {
+        kiln_tensor *p = o->params[i], *g = kiln_grad(p);
+        kiln_error_clear();
+        if (!g) continue;
+        bool fused = fused_for((kiln_tensor *[]){p, g}, 2) != NULL &&
+                     kiln_device_equal(kiln_get_device(p), kiln_get_device(found));
+        kiln_tensor_drop(g);
+        if (!fused)
+            return KILN_RAISE(KILN_ERR_UNSUPPORTED,
+                              "keep the parameters contiguous f32 (or f64) on the scaler's device, or step the "
+                              "scaler outside the traced call",
+                              "kiln_grad_scaler_step under kiln_trace: parameter %d cannot take the fused "
+                              "optimizer update, the only one that skips an inf/NaN step on the device",
+                              i);
+    }
+    KILN_TRY(strided_all((kiln_tensor *[]){found}, 1));
+    if (n_pending == MAX_PENDING_FOUND)
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, "trace fewer optimizer steps in one call",
+                          "kiln_grad_scaler_step under kiln_trace: more than %d optimizer steps in one call",
+                          MAX_PENDING_FOUND);
+    pending_found *f = &pending[n_pending];
+    f->steps = KILN_MALLOC((size_t)(o->n ? o->n : 1) * sizeof *f->steps);
+    if (!f->steps) return kiln_error_last()->status;
+    memcpy(f->steps, o->steps, (size_t)o->n * sizeof *f->steps);
+    f->o = o, f->found = ref(found), f->skipped = skipped;
+    n_pending++;
+    step_found_inf = data_of(found);
+    step_skipped = skipped;
+    kiln_status st = kiln_optimizer_step(o);
+    step_found_inf = NULL;
+    step_skipped = NULL;
     return st;
 }
 

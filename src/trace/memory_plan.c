@@ -31,6 +31,13 @@ kiln_status kiln_trace_plan_memory(kiln_program *p) {
     /* Buffers are numbered in order of first use already (recording). */
     placed *busy = KILN_CALLOC((size_t)p->n_buffers + 1, sizeof *busy);
     if (!busy) return kiln_error_last()->status;
+    /* A grad scaler's found-inf flag is read after the run
+     * (kiln_trace_settle_found): it lives to the end. */
+    for (int i = 0; i < p->n_steps; i++) {
+        const trace_optim *t = p->steps[i].optim;
+        if (p->steps[i].kind == TRACE_STEP_OPTIM && t && t->has_found && t->found.kind == TRACE_REF_BUFFER)
+            p->buffers[t->found.index].last = p->n_steps;
+    }
     size_t total = 0;
     for (int i = 0; i < p->n_buffers; i++) {
         trace_buffer *b = &p->buffers[i];

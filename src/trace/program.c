@@ -15,6 +15,7 @@
 #include "kiln/amp.h"
 #include "kiln/autograd.h"
 #include "optim/optim_internal.h"
+#include "runtime/backend.h"
 #include "runtime/runtime_internal.h"
 #include "tensor/tensor_internal.h"
 #include "trace/trace_internal.h"
@@ -189,6 +190,38 @@ static void optim_args(const kiln_program *p, const trace_optim *t, int u, kiln_
         g->p = resolve(p, t->ref[u][0]), g->g = resolve(p, t->ref[u][1]);
         g->buf = g->buf ? resolve(p, t->ref[u][2]) : NULL;
     }
+    if (t->has_found) {
+        const float *f = resolve(p, t->found);
+        if (t->adam)
+            as[u].found_inf = f;
+        else
+            ss[u].found_inf = f;
+    }
+}
+
+kiln_status kiln_trace_settle_found(kiln_program *p) {
+    const kiln_backend *be = NULL;
+    kiln_optimizer *counted[8];
+    int n_counted = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        trace_optim *t = p->steps[i].optim;
+        if (p->steps[i].kind != TRACE_STEP_OPTIM || !t || !t->has_found) continue;
+        float v = 0;
+        const void *f = resolve(p, t->found);
+        if (p->device.type == KILN_DEVICE_CPU) {
+            memcpy(&v, f, sizeof v);
+        } else {
+            if (!be && !(be = kiln_backend_for(p->device))) return kiln_error_last()->status;
+            KILN_TRY(be->copy(KILN_COPY_D2H, p->device.index, p->device.index, &v, f, sizeof v, p->stream, false));
+        }
+        if (v == 0) continue;
+        kiln_optim_unstep(t->o, t->idx, t->n);
+        bool seen = false;
+        for (int k = 0; k < n_counted; k++) seen = seen || counted[k] == t->o;
+        if (!seen && t->skipped) (*t->skipped)++;
+        if (!seen && n_counted < 8) counted[n_counted++] = t->o;
+    }
+    return KILN_OK;
 }
 
 /* A fused optimizer launch with this run's pointers, lr and step counts
@@ -309,6 +342,7 @@ kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *
     if (!p->base) KILN_TRY(materialise(p));
     if (p->device.type == KILN_DEVICE_CUDA) {
         KILN_TRY(kiln_trace_graph_run(p, inputs));
+        KILN_TRY(kiln_trace_settle_found(p));
         for (int i = 0; i < n_outputs; i++) outputs[i] = kiln_retain(p->outputs[i]);
         return KILN_OK;
     }
@@ -323,6 +357,7 @@ kiln_status kiln_program_run(kiln_program *p, int n_inputs, kiln_tensor *const *
         kiln_status st = kiln_trace_run_step(p, &p->steps[i]);
         if (st) return st;
     }
+    KILN_TRY(kiln_trace_settle_found(p));
     for (int i = 0; i < n_outputs; i++) outputs[i] = kiln_retain(p->outputs[i]);
     return KILN_OK;
 }

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "kiln/amp.h"
 #include "kiln/autograd.h"
+#include "optim/optim_internal.h"
 #include "runtime/counters.h"
 #include "runtime/runtime_internal.h"
 #include "tensor/tensor_internal.h"
@@ -424,7 +425,11 @@ kiln_status kiln_trace(kiln_trace_fn fn, void *user, int n_inputs, kiln_tensor *
         kiln_memory_set_observer(old_mo);
         kiln_dispatch_set_recorder(old_rec);
         kiln_counters_read(after);
+        /* A grad scaler's step under the trace: its flag read now, after
+         * the call, as each replay reads it after the run. */
+        kiln_status settled = kiln_optim_settle_found();
         if (!st && r.failed) st = r.failed;
+        if (!st && settled) st = settled;
         if (!st && after[KILN_COUNTER_HOST_SYNCS] != before[KILN_COUNTER_HOST_SYNCS])
             st = KILN_RAISE(
                 KILN_ERR_UNSUPPORTED,

@@ -125,6 +125,11 @@ static kiln_status record_optim(void *ctx, kiln_optimizer *o, const kiln_optim_k
     if (!t) return kiln_error_last()->status;
     s->optim = t;
     t->o = o, t->k = k, t->adam = adam, t->n = n;
+    const float *found = kiln_optim_found_inf(&t->skipped);
+    if (found) {
+        t->has_found = true;
+        KILN_TRY(kiln_trace_classify(r, NULL, found, si, false, &t->found));
+    }
     t->as = adam ? KILN_CALLOC((size_t)n, sizeof *t->as) : NULL;
     t->ss = adam ? NULL : KILN_CALLOC((size_t)n, sizeof *t->ss);
     if (adam ? !t->as : !t->ss) return kiln_error_last()->status;

@@ -52,6 +52,12 @@ typedef struct trace_optim {
     /* CUDA graph replay: the first 8-byte word of this launch's per-update
      * scalars in the graph's parameter block (program_graph.c) */
     size_t word;
+    /* a grad scaler's step (kiln_optimizer_step_unless_found): the found-inf
+     * flag the kernels take, read after each run to put back a skipped
+     * step's counts and count it in *skipped */
+    bool has_found;
+    trace_ref found;
+    int64_t *skipped;
 } trace_optim;
 
 typedef struct trace_step {
@@ -222,6 +228,9 @@ void kiln_trace_unblock(void *dst, const void *src, size_t elem, const int64_t *
 
 /* program.c: one step as kiln_program_run runs it, in p->run_mode. */
 kiln_status kiln_trace_run_step(kiln_program *p, trace_step *s);
+/* program.c: after a run, the grad scaler's found-inf flags read (a host
+ * synchronisation) and a skipped step's counts put back. */
+kiln_status kiln_trace_settle_found(kiln_program *p);
 
 /* program_graph.c: on CUDA a replay is one CUDA graph. kiln_trace_graph_run
  * does a run after the guards and the first run's allocations: on the
