@@ -128,24 +128,6 @@ static void check_train(kiln_device dev) {
     tt_free(&a), tt_free(&b);
 }
 
-static kiln_status dropout_step(void *user, kiln_tensor *const *in, kiln_tensor **out) {
-    tt_model *md = user;
-    kiln_status st = kiln_optimizer_zero_grad(md->opt, true);
-    if (st) return st;
-    kiln_tensor *y = kiln_module_forward(md->m, in[0]);
-    kiln_tensor *loss = y ? kiln_cross_entropy(y, in[1], NULL) : NULL;
-    kiln_release(y);
-    if (!loss) return kiln_error_last()->status;
-    st = kiln_backward(loss, NULL, false);
-    if (!st) st = kiln_optimizer_step(md->opt);
-    if (st) {
-        kiln_release(loss);
-        return st;
-    }
-    out[0] = loss;
-    return KILN_OK;
-}
-
 static tt_model dropout_model(kiln_device dev) {
     tt_model r = {.amp = KILN_F32, .device = dev};
     kiln_manual_seed(5);
@@ -180,16 +162,16 @@ static void check_dropout(kiln_device dev) {
     kiln_release(h);
     kiln_tensor *l = NULL;
     kiln_manual_seed(50);
-    CHECK_OK(dropout_step(&a, in, &l));
+    CHECK_OK(tt_step(&a, in, &l));
     kiln_release(l);
     kiln_manual_seed(50);
-    CHECK_OK(dropout_step(&b, in, &l));
+    CHECK_OK(tt_step(&b, in, &l));
     kiln_release(l);
     kiln_program *p = NULL;
     kiln_manual_seed(100);
-    CHECK_OK(kiln_trace(dropout_step, &b, 2, in, 1, NULL, &p));
+    CHECK_OK(kiln_trace(tt_step, &b, 2, in, 1, NULL, &p));
     kiln_manual_seed(100);
-    CHECK_OK(dropout_step(&a, in, &l));
+    CHECK_OK(tt_step(&a, in, &l));
     kiln_release(l);
     double prev = NAN;
     for (int s = 0; p && s < 3; s++) {
@@ -201,7 +183,7 @@ static void check_dropout(kiln_device dev) {
         if (s > 0) check_one_graph("dropout", s, c0, c1, c1.run - c0.run);
         kiln_tensor *r1 = kiln_rand(KILN_SHAPE(1), KILN_F32, dev); /* where the generator ended */
         kiln_manual_seed(200 + (uint64_t)s);
-        CHECK_OK(dropout_step(&a, in, &le));
+        CHECK_OK(tt_step(&a, in, &le));
         kiln_tensor *r2 = kiln_rand(KILN_SHAPE(1), KILN_F32, dev);
         double vr = value(lr), ve = value(le);
         CHECK_MSG(vr == ve && isfinite(vr), "dropout step %d: replayed loss %.9g, eager %.9g", s, vr, ve);
