@@ -53,6 +53,7 @@
 #include "bench.h"
 #include "cnn_peer.h"
 #include "ddp_model.h"
+#include "../tools/ranks.h"
 #include "diag/profiler_internal.h"
 #include "kiln/dist.h"
 #include "kiln/kiln.h"
@@ -413,19 +414,15 @@ static int parse_args(int argc, char **argv, ddp_config *c) {
             DDP_MAX_ROUNDS);
         return 2;
     }
-    /* N ranks of every core's threads oversubscribe one host (both sides'
-     * efficiency fell to 0.30 at 2 ranks x 2 threads on 2 cores): unless
-     * --threads (which sets KILN_NUM_THREADS), KILN_NUM_THREADS or
-     * OMP_NUM_THREADS chose, each rank takes its share of the cores, as
-     * kiln train under mpirun and torchrun do. */
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!c->worker && !c->pingpong && !getenv("KILN_NUM_THREADS") && !getenv("OMP_NUM_THREADS") && cores > 0) {
-        int share = cores / c->ranks > 0 ? (int)(cores / c->ranks) : 1;
-        if (share < c->threads && kiln_set_num_threads(share) == KILN_OK) {
-            c->threads = share;
-            printf("kiln bench ddp: %d ranks on %ld cores: %d compute thread%s per rank (--threads T chooses)\n",
-                   c->ranks, cores, share, share == 1 ? "" : "s");
-        }
+    /* Each rank takes its share of the cores, as kiln train under mpirun
+     * does (tools/ranks.h): every core per rank oversubscribed the host
+     * (both sides' efficiency fell to 0.30 at 2 ranks x 2 threads on 2
+     * cores). */
+    int share = c->worker || c->pingpong ? 0 : tool_rank_threads(c->ranks);
+    if (share && share < c->threads && kiln_set_num_threads(share) == KILN_OK) {
+        c->threads = share;
+        printf("kiln bench ddp: %d ranks on %ld cores: %d compute thread%s per rank (--threads T chooses)\n",
+               c->ranks, sysconf(_SC_NPROCESSORS_ONLN), share, share == 1 ? "" : "s");
     }
     return 0;
 }

@@ -31,6 +31,7 @@
 
 #include "base/error.h"
 #include "kiln/kiln.h"
+#include "ranks.h"
 #include "train.h"
 #include "train_run.h"
 
@@ -91,9 +92,8 @@ static void release_output(train_run *r, int rc) {
 static void share_cores(train_run *r) {
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
     long cores = sysconf(_SC_NPROCESSORS_ONLN), ranks = local ? strtol(local, NULL, 10) : 1;
-    if (getenv("KILN_NUM_THREADS") || getenv("OMP_NUM_THREADS") || ranks <= 1 || cores < 1) return;
-    int n = cores / ranks > 0 ? (int)(cores / ranks) : 1;
-    if (n >= kiln_num_threads() || kiln_set_num_threads(n) != KILN_OK) return;
+    int n = tool_rank_threads(ranks);
+    if (!n || n >= kiln_num_threads() || kiln_set_num_threads(n) != KILN_OK) return;
     if (r->rank == 0)
         fprintf(stderr,
                 "kiln train: %ld ranks on this host of %ld cores: %d compute thread%s each (--threads N "
