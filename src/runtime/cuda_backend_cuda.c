@@ -82,11 +82,9 @@ kiln_status kiln_cuda_check_at(int error, const char *call, int index, const cha
                             call, cudaGetErrorName(err), cudaGetErrorString(err), file, line);
 }
 
-/* Make `index` the current device; *previous receives the caller's. No
- * runtime call when it is current already (runtime/cuda_device.h). */
-static kiln_status device_enter(int index, int *previous) { return kiln_cuda_device_switch(index, previous); }
-
-static void device_leave(int index, int previous) { kiln_cuda_device_restore(index, previous); }
+/* Every entry below makes its device current with kiln_cuda_device_switch
+ * and gives the caller's back with kiln_cuda_device_restore: no runtime
+ * call when the device is current already (runtime/cuda_device.h). */
 
 /* Entries that cannot return a status (free, destroy, query) still raise
  * the error so kiln_error_last() shows it, and log it because nobody may
@@ -166,10 +164,10 @@ static kiln_status cuda_device_name(int index, char *buf, size_t size) {
 
 static kiln_status cuda_mem_info(int index, size_t *free_bytes, size_t *total_bytes) {
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     size_t free_b = 0, total_b = 0;
     kiln_status st = KILN_CUDA_CHECK(index, cudaMemGetInfo(&free_b, &total_b));
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     if (free_bytes) *free_bytes = free_b;
     if (total_bytes) *total_bytes = total_b;
     return st;
@@ -201,7 +199,7 @@ kiln_status kiln_cuda_device_properties(int index, char *buf, size_t size) {
 
 static kiln_status cuda_raw_alloc(int index, size_t bytes, void **ptr) {
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes);
     kiln_status st = KILN_OK;
@@ -213,7 +211,7 @@ static kiln_status cuda_raw_alloc(int index, size_t bytes, void **ptr) {
     } else {
         st = KILN_CUDA_CHECK(index, err);
     }
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     if (st == KILN_OK) {
         kiln_cuda_segment_add(index, p, bytes); /* kernels find their device here */
         *ptr = p;
@@ -225,10 +223,10 @@ static void cuda_raw_free(int index, void *ptr, size_t bytes) {
     (void)bytes;
     kiln_cuda_segment_remove(ptr);
     int previous;
-    kiln_status st = device_enter(index, &previous);
+    kiln_status st = kiln_cuda_device_switch(index, &previous);
     if (st == KILN_OK) {
         st = KILN_CUDA_CHECK(index, cudaFree(ptr));
-        device_leave(index, previous);
+        kiln_cuda_device_restore(index, previous);
     }
     log_failure(st);
 }
@@ -300,7 +298,7 @@ static kiln_status cuda_copy(kiln_copy_kind kind, int index, int dst_index, void
     int device = kind == KILN_COPY_PEER ? dst_index : index;
     cudaStream_t s = (cudaStream_t)stream;
     int previous;
-    KILN_TRY(device_enter(device, &previous));
+    KILN_TRY(kiln_cuda_device_switch(device, &previous));
     kiln_status st;
     if (kind == KILN_COPY_PEER) {
         st = ensure_peer_access(dst_index, index);
@@ -310,7 +308,7 @@ static kiln_status cuda_copy(kiln_copy_kind kind, int index, int dst_index, void
         st = KILN_CUDA_CHECK(device, cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), s));
     }
     if (st == KILN_OK && !async) st = KILN_CUDA_CHECK(device, cudaStreamSynchronize(s));
-    device_leave(device, previous);
+    kiln_cuda_device_restore(device, previous);
     return st;
 }
 
@@ -320,7 +318,7 @@ static kiln_status cuda_copy(kiln_copy_kind kind, int index, int dst_index, void
  * priority); out-of-range values are clamped to what the device offers. */
 static kiln_status cuda_stream_create(int index, int priority, void **stream) {
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     int least = 0, greatest = 0;
     kiln_status st = KILN_CUDA_CHECK(index, cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaStream_t s = NULL;
@@ -332,7 +330,7 @@ static kiln_status cuda_stream_create(int index, int priority, void **stream) {
          * is explicit (wait_stream, wait_event), as in PyTorch. */
         st = KILN_CUDA_CHECK(index, cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
     }
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     if (st == KILN_OK) *stream = s;
     return st;
 }
@@ -360,10 +358,10 @@ static bool is_default_stream(void *stream) {
 static void cuda_stream_destroy(int index, void *stream) {
     if (is_default_stream(stream)) return;
     int previous;
-    kiln_status st = device_enter(index, &previous);
+    kiln_status st = kiln_cuda_device_switch(index, &previous);
     if (st == KILN_OK) {
         st = KILN_CUDA_CHECK(index, cudaStreamDestroy((cudaStream_t)stream));
-        device_leave(index, previous);
+        kiln_cuda_device_restore(index, previous);
     }
     log_failure(st);
 }
@@ -381,20 +379,20 @@ static bool query_result(cudaError_t err, int index, const char *call) {
 
 static bool cuda_stream_query(int index, void *stream) {
     int previous;
-    if (device_enter(index, &previous) != KILN_OK) {
+    if (kiln_cuda_device_switch(index, &previous) != KILN_OK) {
         log_failure(KILN_ERR_DEVICE);
         return true;
     }
     cudaError_t err = cudaStreamQuery((cudaStream_t)stream);
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     return query_result(err, index, "cudaStreamQuery(stream)");
 }
 
 static kiln_status cuda_stream_synchronize(int index, void *stream) {
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     kiln_status st = KILN_CUDA_CHECK(index, cudaStreamSynchronize((cudaStream_t)stream));
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     return st;
 }
 
@@ -407,29 +405,29 @@ static kiln_status cuda_event_create(int index, unsigned flags, void **event) {
     if (!(flags & KILN_EVENT_TIMING)) cuda_flags |= cudaEventDisableTiming;
     if (flags & KILN_EVENT_BLOCKING_SYNC) cuda_flags |= cudaEventBlockingSync;
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     cudaEvent_t e = NULL;
     kiln_status st = KILN_CUDA_CHECK(index, cudaEventCreateWithFlags(&e, cuda_flags));
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     if (st == KILN_OK) *event = e;
     return st;
 }
 
 static void cuda_event_destroy(int index, void *event) {
     int previous;
-    kiln_status st = device_enter(index, &previous);
+    kiln_status st = kiln_cuda_device_switch(index, &previous);
     if (st == KILN_OK) {
         st = KILN_CUDA_CHECK(index, cudaEventDestroy((cudaEvent_t)event));
-        device_leave(index, previous);
+        kiln_cuda_device_restore(index, previous);
     }
     log_failure(st);
 }
 
 static kiln_status cuda_event_record(int index, void *event, void *stream) {
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     kiln_status st = KILN_CUDA_CHECK(index, cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream));
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     return st;
 }
 
@@ -444,9 +442,9 @@ static kiln_status cuda_event_synchronize(int index, void *event) {
 
 static kiln_status cuda_stream_wait_event(int index, void *stream, void *event) {
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     kiln_status st = KILN_CUDA_CHECK(index, cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     return st;
 }
 
@@ -457,9 +455,9 @@ static kiln_status cuda_event_elapsed_ms(int index, void *start, void *end, floa
 
 static kiln_status cuda_synchronize(int index) {
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     kiln_status st = KILN_CUDA_CHECK(index, cudaDeviceSynchronize());
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     return st;
 }
 
@@ -489,10 +487,10 @@ static kiln_status cuda_graph_capture_end(int index, void *stream, void **out) {
     }
     g->graph = graph;
     int previous;
-    kiln_status st = device_enter(index, &previous);
+    kiln_status st = kiln_cuda_device_switch(index, &previous);
     if (st == KILN_OK) {
         st = KILN_CUDA_CHECK(index, cudaGraphInstantiate(&g->exec, graph, 0));
-        device_leave(index, previous);
+        kiln_cuda_device_restore(index, previous);
     }
     if (st != KILN_OK) {
         (void)cudaGraphDestroy(graph);
@@ -505,9 +503,9 @@ static kiln_status cuda_graph_capture_end(int index, void *stream, void **out) {
 
 static kiln_status cuda_graph_launch(int index, void *graph, void *stream) {
     int previous;
-    KILN_TRY(device_enter(index, &previous));
+    KILN_TRY(kiln_cuda_device_switch(index, &previous));
     kiln_status st = KILN_CUDA_CHECK(index, cudaGraphLaunch(((cuda_graph *)graph)->exec, (cudaStream_t)stream));
-    device_leave(index, previous);
+    kiln_cuda_device_restore(index, previous);
     return st;
 }
 
