@@ -210,19 +210,6 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph) {
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus) {
-    if (!pCaptureStatus) return fail(cudaErrorInvalidValue);
-    cudaError_t err;
-    stream_ptr s = resolve_stream(stream, &err);
-    if (!s) return fail(err);
-    capture_ptr c = capturing(s);
-    std::lock_guard<std::mutex> lock(greg().m);
-    *pCaptureStatus = !c               ? cudaStreamCaptureStatusNone
-                      : c->invalidated ? cudaStreamCaptureStatusInvalidated
-                                       : cudaStreamCaptureStatusActive;
-    return cudaSuccess;
-}
-
 /* The graph being built is not handed out (*graph_out is NULL: the
  * emulator builds it at cudaStreamEndCapture); the dependency set is the
  * last node captured, or empty. */
@@ -247,6 +234,11 @@ cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCapture
     if (dependencies_out) *dependencies_out = active && c->last ? &c->last : nullptr;
     if (numDependencies_out) *numDependencies_out = active && c->last ? 1 : 0;
     return cudaSuccess;
+}
+
+/* The status alone: cudaStreamGetCaptureInfo's. */
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *pCaptureStatus) {
+    return cudaStreamGetCaptureInfo(stream, pCaptureStatus, nullptr, nullptr, nullptr, nullptr, nullptr);
 }
 
 cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *numNodes) {
