@@ -8,45 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "test_util.h"
-
-typedef struct model {
-    kiln_module *m;
-    kiln_optimizer *opt;
-} model;
-
-static model make(void) {
-    const char *spec = "flatten\nlinear 64\nrelu\ndropout 0.5\nlinear 10\n";
-    model r = {0};
-    kiln_manual_seed(5);
-    CHECK_OK(kiln_model_spec_parse(spec, "dropout_mlp", 3, 8, 8, &r.m));
-    if (!r.m) return r;
-    kiln_tensor **params = NULL;
-    int n = 0;
-    CHECK_OK(kiln_module_parameters(r.m, &params, &n));
-    kiln_adam_opts o = kiln_adam_defaults();
-    r.opt = kiln_adam(params, n, &o);
-    free(params);
-    return r;
-}
-
-static kiln_status step(void *user, kiln_tensor *const *in, kiln_tensor **out) {
-    model *md = user;
-    kiln_status st = kiln_optimizer_zero_grad(md->opt, true);
-    if (st) return st;
-    kiln_tensor *y = kiln_module_forward(md->m, in[0]);
-    kiln_tensor *loss = y ? kiln_cross_entropy(y, in[1], NULL) : NULL;
-    kiln_release(y);
-    if (!loss) return kiln_error_last()->status;
-    st = kiln_backward(loss, NULL, false);
-    if (!st) st = kiln_optimizer_step(md->opt);
-    if (st) {
-        kiln_release(loss);
-        return st;
-    }
-    out[0] = loss;
-    return KILN_OK;
-}
+#include "trace/trace_test_util.h"
 
 static double value(kiln_tensor *t) {
     double v = NAN;
@@ -70,7 +32,7 @@ static bool same_params(kiln_module *a, kiln_module *b) {
 
 int main(void) {
     CHECK_OK(kiln_init());
-    model a = make(), b = make();
+    tt_model a = tt_dropout_model(KILN_CPU), b = tt_dropout_model(KILN_CPU);
     if (!a.m || !b.m) return kt_finish();
     kiln_tensor *in[2];
     in[0] = kiln_randn(KILN_SHAPE(16, 3, 8, 8), KILN_F32, KILN_CPU);
@@ -79,17 +41,17 @@ int main(void) {
     in[1] = kiln_from_data(KILN_SHAPE(16), KILN_I64, KILN_CPU, labels);
     kiln_tensor *l = NULL;
     kiln_manual_seed(50);
-    CHECK_OK(step(&a, in, &l)); /* warm-up: Adam's state */
+    CHECK_OK(tt_step(&a, in, &l)); /* warm-up: Adam's state */
     kiln_release(l);
     kiln_manual_seed(50);
-    CHECK_OK(step(&b, in, &l));
+    CHECK_OK(tt_step(&b, in, &l));
     kiln_release(l);
     kiln_program *p = NULL;
     kiln_manual_seed(100);
-    CHECK_OK(kiln_trace(step, &b, 2, in, 1, NULL, &p));
+    CHECK_OK(kiln_trace(tt_step, &b, 2, in, 1, NULL, &p));
     if (getenv("TRACE_PRINT")) kiln_program_print(p, stdout);
     kiln_manual_seed(100);
-    CHECK_OK(step(&a, in, &l));
+    CHECK_OK(tt_step(&a, in, &l));
     kiln_release(l);
     CHECK_MSG(same_params(a.m, b.m), "the traced step differs from eager");
     double prev = NAN;
@@ -99,7 +61,7 @@ int main(void) {
         CHECK_OK(kiln_program_run(p, 2, in, 1, &lr));
         kiln_tensor *r1 = kiln_rand(KILN_SHAPE(1), KILN_F32, KILN_CPU); /* where the generator ended */
         kiln_manual_seed(200 + (uint64_t)s);
-        CHECK_OK(step(&a, in, &le));
+        CHECK_OK(tt_step(&a, in, &le));
         kiln_tensor *r2 = kiln_rand(KILN_SHAPE(1), KILN_F32, KILN_CPU);
         double vr = value(lr), ve = value(le);
         CHECK_MSG(vr == ve && isfinite(vr), "step %d: replayed loss %.9g, eager %.9g", s, vr, ve);
@@ -113,8 +75,7 @@ int main(void) {
     }
     kiln_program_free(p);
     kiln_release(in[0]), kiln_release(in[1]);
-    kiln_optimizer_free(a.opt), kiln_optimizer_free(b.opt);
-    kiln_module_free(a.m), kiln_module_free(b.m);
+    tt_free(&a), tt_free(&b);
     kiln_shutdown();
     return kt_finish();
 }

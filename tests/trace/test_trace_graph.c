@@ -128,22 +128,6 @@ static void check_train(kiln_device dev) {
     tt_free(&a), tt_free(&b);
 }
 
-static tt_model dropout_model(kiln_device dev) {
-    tt_model r = {.amp = KILN_F32, .device = dev};
-    kiln_manual_seed(5);
-    const char *spec = "flatten\nlinear 64\nrelu\ndropout 0.5\nlinear 10\n";
-    CHECK_OK(kiln_model_spec_parse(spec, "dropout_mlp", 3, 8, 8, &r.m));
-    if (!r.m) return r;
-    CHECK_OK(kiln_module_to(r.m, dev));
-    kiln_tensor **params = NULL;
-    int n = 0;
-    CHECK_OK(kiln_module_parameters(r.m, &params, &n));
-    kiln_adam_opts o = kiln_adam_defaults();
-    r.opt = kiln_adam(params, n, &o);
-    free(params);
-    return r;
-}
-
 static double value(kiln_tensor *t) {
     double v = NAN;
     CHECK_OK(kiln_item(t, &v));
@@ -151,7 +135,7 @@ static double value(kiln_tensor *t) {
 }
 
 static void check_dropout(kiln_device dev) {
-    tt_model a = dropout_model(dev), b = dropout_model(dev);
+    tt_model a = tt_dropout_model(dev), b = tt_dropout_model(dev);
     if (!a.m || !b.m) return;
     kiln_tensor *in[2];
     in[0] = kiln_randn(KILN_SHAPE(16, 3, 8, 8), KILN_F32, dev);

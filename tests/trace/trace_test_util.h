@@ -39,6 +39,24 @@ static inline tt_model tt_make(const char *file, kiln_device device, kiln_dtype 
     return r;
 }
 
+/* The dropout MLP (3x8x8 input) of the random-op tests, seeded, with Adam,
+ * on `device`, f32. */
+static inline tt_model tt_dropout_model(kiln_device device) {
+    tt_model r = {.amp = KILN_F32, .device = device};
+    kiln_manual_seed(5);
+    const char *spec = "flatten\nlinear 64\nrelu\ndropout 0.5\nlinear 10\n";
+    CHECK_OK(kiln_model_spec_parse(spec, "dropout_mlp", 3, 8, 8, &r.m));
+    if (!r.m) return r;
+    CHECK_OK(kiln_module_to(r.m, device));
+    kiln_tensor **params = NULL;
+    int n = 0;
+    CHECK_OK(kiln_module_parameters(r.m, &params, &n));
+    kiln_adam_opts o = kiln_adam_defaults();
+    r.opt = kiln_adam(params, n, &o);
+    free(params);
+    return r;
+}
+
 static inline void tt_free(tt_model *md) {
     kiln_optimizer_free(md->opt);
     kiln_module_free(md->m);
