@@ -38,8 +38,12 @@ accuracy, evaluation seconds), then `RESULT {json}` with every epoch.
 
   /usr/bin/python3 bench/peer/fmnist_train.py --threads 2            # 3 epochs, onecycle
   /usr/bin/python3 bench/peer/fmnist_train.py --threads 2 --limit 1024 --epochs 1
+On a GPU (the peer of `kiln train --device cuda`; data and model on the device,
+one loss.item() per step as here on the CPU):
+  python3 bench/peer/fmnist_train.py --device cuda:0 --amp f16
 """
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -127,7 +131,14 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="the first N training and test images (0: all)")
     ap.add_argument("--recipe", choices=["onecycle", "tutorial"], default="onecycle")
     ap.add_argument("--data", default=DATA)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the GPU peer of kiln train --device cuda)")
+    ap.add_argument("--amp", choices=["off", "f16"], default="off",
+                    help="f16: autocast + GradScaler (kiln train --amp auto on a GPU with tensor cores)")
     args = ap.parse_args()
+    dev = torch.device(args.device)
+    amp = args.amp == "f16"
+    if amp and dev.type != "cuda":
+        ap.error("--amp f16 needs --device cuda")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -136,7 +147,9 @@ def main():
     xte, yte = load_split(args.data, "t10k", args.limit)
     print(f"loaded train {tuple(xtr.shape)} test {tuple(xte.shape)} in {time.perf_counter() - t0:.2f}s", flush=True)
 
-    model = TutorialCNN()
+    xtr, ytr, xte, yte = xtr.to(dev), ytr.to(dev), xte.to(dev), yte.to(dev)
+    model = TutorialCNN().to(dev)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp) if dev.type == "cuda" else None
     n = xtr.shape[0]
     steps_per_epoch = (n + args.batch - 1) // args.batch
     opt, sched, loss_fn = make_recipe(args, model, args.epochs * steps_per_epoch)
@@ -144,15 +157,21 @@ def main():
     epochs = []
     for ep in range(1, args.epochs + 1):
         model.train()
-        order = torch.randperm(n, generator=gen)
+        order = torch.randperm(n, generator=gen).to(dev)
         t0 = time.perf_counter()
         total = 0.0
         for i in range(0, n, args.batch):
             idx = order[i: i + args.batch]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xtr[idx]), ytr[idx])
-            loss.backward()
-            opt.step()
+            with torch.autocast("cuda", dtype=torch.float16) if amp else contextlib.nullcontext():
+                loss = loss_fn(model(xtr[idx]), ytr[idx])
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
             if sched is not None:
                 sched.step()
             total += loss.item()
@@ -167,7 +186,7 @@ def main():
               f"test acc {acc * 100:.2f}% (eval {eval_s:.1f}s)", flush=True)
     print("RESULT " + json.dumps({"threads": torch.get_num_threads(), "batch": args.batch, "recipe": args.recipe,
                                   "n_train": n, "n_test": xte.shape[0], "epochs": epochs,
-                                  "torch": torch.__version__}), flush=True)
+                                  "device": str(dev), "amp": args.amp, "torch": torch.__version__}), flush=True)
 
 
 if __name__ == "__main__":
