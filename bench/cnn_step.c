@@ -512,7 +512,9 @@ int kiln_bench_cnn(int argc, char **argv) {
     const char *precision;
     int rc = parse_args(argc, argv, &cfg, &precision);
     if (rc) return rc;
-    if (kiln_init()) {
+    /* A CPU benchmark: its model is built on the current device, which is
+     * the first GPU where there is one (kiln_default_device). */
+    if (kiln_init() || kiln_set_device(KILN_CPU)) {
         fprintf(stderr, "kiln bench cnn: %s\n", kiln_error_message());
         return 1;
     }

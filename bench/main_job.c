@@ -138,6 +138,8 @@ static void run_kiln(const mj_config *cfg, mj_run *out, char *why, size_t why_n)
                           t,
                           "--progress",
                           "lines",
+                          "--device", /* against the peer's CPU loop, also where a GPU is */
+                          "cpu",
                           cfg->limit ? "--limit" : NULL,
                           l,
                           NULL};

@@ -22,6 +22,22 @@ int main(void) {
     CHECK_FAILS(init_with("cuda:63"), KILN_ERR_INVALID_ARGUMENT, "KILN_DEVICE='cuda:63'");
     CHECK_OK(init_with(NULL));
     int n = kiln_device_count(KILN_DEVICE_CUDA);
+    /* Unset: the first real GPU, where there is one, else the CPU; the
+     * emulator's devices never. */
+#ifdef KILN_CUDA_EMULATION
+    CHECK(kiln_default_device().type == KILN_DEVICE_CPU);
+#else
+    if (n >= 1) {
+        CHECK(kiln_default_device().type == KILN_DEVICE_CUDA && kiln_default_device().index == 0);
+        kiln_module *lin = kiln_nn_linear(3, 2, true); /* created on the current device */
+        kiln_tensor *w = kiln_module_state_get(lin, "weight");
+        CHECK(w && kiln_device_equal(kiln_get_device(w), KILN_CUDA(0)));
+        kiln_release(w);
+        kiln_module_free(lin);
+    } else {
+        CHECK(kiln_default_device().type == KILN_DEVICE_CPU);
+    }
+#endif
     if (n >= 2) {
         CHECK_OK(init_with("cuda:1"));
         kiln_device d = kiln_default_device();
