@@ -47,12 +47,18 @@ echo "=== benchmarks"
 "$d/bin/kiln" bench cnn --profile-rows 20 || true
 echo "=== GPU benchmarks: the CNN on cuda:0 (f32 with cuDNN autotuning off, then on; AMP f16 + grad scaler; both as CUDA graphs), H2D copies, cuBLASLt GEMM"
 "$d/bin/kiln" bench cnn --device cuda:0 || true
+# PyTorch on the same GPU, where its python3 has CUDA (exits 77 otherwise).
+python3 "$top/bench/peer/torch_cnn_gpu.py" --device cuda:0 || true
 echo "=== CUDA graphs: eager against the traced program replayed as one graph (inference and training step)"
 "$d/bin/kiln" bench trace --device cuda:0 --no-peer || true
 "$d/bin/kiln" bench copy --device cuda:0 || true
 "$d/bin/kiln" bench gemm --device cuda:0 || true
 if [ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   "$d/bin/kiln" train --out "$d/gpu-check-run" || true
+  "$d/bin/kiln" report "$d/gpu-check-run" || true
+  "$d/bin/kiln" train --amp off --out "$d/gpu-check-run-f32" | tail -n 1 || true
+  python3 "$top/bench/peer/fmnist_train.py" --device cuda:0 --amp f16 || true
+  python3 "$top/bench/peer/fmnist_train.py" --device cuda:0 || true
   # Two GPUs in one process (docs/multi-device.md): the main job with
   # DataParallel and with its layers split over cuda:0 and cuda:1, each
   # printing its summary's JSON line (test accuracy, img/s, the devices), and

@@ -10,11 +10,12 @@
 #   scripts/gpu-lease.sh --prepare        # build-gpu/ for sm_90, slimmed into .gpu/build,
 #                                         # Fashion-MNIST copied into .gpu/fmnist
 # On the GPU machine, from the repository's root (.gpu carried along):
-#   scripts/gpu-lease.sh [SECONDS]        # everything, in this order, inside SECONDS (default 420):
-#     kiln info and the module check; the tests that touch cuda:0; the GPU
-#     benchmarks (kiln bench cnn/trace/gemm/copy --device cuda:0); the PyTorch
+#   scripts/gpu-lease.sh [SECONDS]        # in this order, inside SECONDS (default 420):
+#     kiln info and the module check; the tests that touch cuda:0, then the rest; the GPU
+#     benchmarks (kiln bench cnn/trace --device cuda:0) and the PyTorch
 #     peer of the CNN benchmark on the same GPU; the main job (kiln train on
-#     cuda:0) and its PyTorch peer; then the rest of the test suite while time lasts.
+#     cuda:0, amp auto and f32, its report page) and its PyTorch peer; the profiler
+#     over 20 steps in f32 and AMP; kiln bench gemm and copy.
 # Output: $OUT/lease.log (or gpu-lease-out/ here) and the main job's summary files.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -95,24 +96,35 @@ run 170 ctest --test-dir "$b" -R "$cuda_tests" -j 14 --timeout 150 --output-on-f
 cp "$b/Testing/Temporary/LastTest.log" "$out/ctest-cuda.log" 2>/dev/null
 grep -E "cuda:0|algo|pick" "$out/ctest-cuda.log" | grep -iE "fast|cudnn|cublas|algo" | head -n 30
 
+step "the rest of the test suite"
+run 150 ctest --test-dir "$b" -E "$cuda_tests" -j 14 --timeout 120 --output-on-failure 2>&1 | tail -n 40
+cp "$b/Testing/Temporary/LastTest.log" "$out/ctest-rest.log" 2>/dev/null
+
 step "kiln bench cnn --device cuda:0"
 run 90 "$kiln" bench cnn --device cuda:0
-step "the main job on cuda:0: kiln train (defaults, amp auto)"
-rm -rf /tmp/kiln-lease-run
-run 120 "$kiln" train --device cuda:0 --data "$gpu/fmnist" --out /tmp/kiln-lease-run | tail -n 12
-for f in metrics.jsonl report.html; do [ -f "/tmp/kiln-lease-run/$f" ] && cp "/tmp/kiln-lease-run/$f" "$out/train-$f"; done
+step "kiln bench trace --device cuda:0 (eager against the CUDA graph, batch 1 to 128)"
+run 90 "$kiln" bench trace --device cuda:0 --no-peer
 step "PyTorch on the same GPU (bench/peer/torch_cnn_gpu.py)"
 run 90 python3 "$top/bench/peer/torch_cnn_gpu.py" --device cuda:0
+
+step "the main job on cuda:0: kiln train (defaults: amp auto), its report page"
+rm -rf /tmp/kiln-lease-run /tmp/kiln-lease-f32
+run 120 "$kiln" train --device cuda:0 --out /tmp/kiln-lease-run | tail -n 6
+run 30 "$kiln" report /tmp/kiln-lease-run | tail -n 2
+for f in metrics.jsonl report.html; do [ -f "/tmp/kiln-lease-run/$f" ] && cp "/tmp/kiln-lease-run/$f" "$out/train-$f"; done
+step "the main job on cuda:0 in f32 (--amp off)"
+run 120 "$kiln" train --device cuda:0 --amp off --out /tmp/kiln-lease-f32 | tail -n 2
 step "the main job's PyTorch peer on cuda:0 (f16 AMP, then f32)"
-run 90 python3 "$top/bench/peer/fmnist_train.py" --device cuda:0 --amp f16 --data "$gpu/fmnist"
-step "kiln bench trace --device cuda:0"
-run 60 "$kiln" bench trace --device cuda:0 --no-peer
+run 90 python3 "$top/bench/peer/fmnist_train.py" --device cuda:0 --amp f16
+run 90 python3 "$top/bench/peer/fmnist_train.py" --device cuda:0
+
+step "where a step's time goes on cuda:0: the profiler over 20 steps, f32 then AMP f16"
+for amp in off f16; do
+  run 60 "$kiln" train --device cuda:0 --amp $amp --limit 12800 --epochs 1 --profile 20 --progress lines \
+    --out /tmp/kiln-lease-prof-$amp 2>&1 | sed -n '/profile of/,/last profiled step/p' | cut -c1-56,71-84,127-168,197-210 | head -n 32
+done
 step "kiln bench gemm / copy"
 run 30 "$kiln" bench gemm --device cuda:0
 run 30 "$kiln" bench copy --device cuda:0
-run 90 python3 "$top/bench/peer/fmnist_train.py" --device cuda:0 --data "$gpu/fmnist"
 
-step "the rest of the test suite, while time lasts"
-run 400 ctest --test-dir "$b" -E "$cuda_tests" -j 14 --timeout 120 --output-on-failure 2>&1 | tail -n 40
-cp "$b/Testing/Temporary/LastTest.log" "$out/ctest-rest.log" 2>/dev/null
 step "gpu-lease done in $(( $(date +%s) - t_start ))s"
