@@ -1,5 +1,11 @@
 /* cuDNN 9 fast paths of the CUDA fast table (cuda_fast.h). Compiled only
- * with KILN_WITH_CUDNN. Unverified on a GPU.
+ * with KILN_WITH_CUDNN. First run on a GPU on 2026-11-26 (H100, cuDNN
+ * 9.19, tests/ops/test_cuda_fast_paths): convolutions, pooling and the
+ * batch-norm forward matched the hand-written kernels; the batch-norm
+ * backward was never taken, because its supports fn required the outputs'
+ * data pointers, which the dispatcher has not allocated when it asks (the
+ * supports contract, kernels/op_args.h: shapes, strides and attributes
+ * only). The supports fns here read no data pointer.
  *
  * Convolution (conv2d, conv2d_grad_input, conv2d_grad_weight): the cuDNN
  * provider of the autotuner (cudnn_provider.h). The entry's workspace fn
@@ -453,9 +459,10 @@ kiln_status kiln_cudnn_avg_pool2d_backward(const kiln_op_args *a) {
 
 /* ---- Batch norm ------------------------------------------------------------------------------ */
 
-static bool present(const kiln_op_args *a, int i) {
-    return i < a->n_in && a->in[i].ndim >= 0 && a->in[i].data;
-}
+/* Input i is given. Shapes only: the dispatcher asks the supports fns
+ * before it allocates the outputs, and on meta no input has data either
+ * (dispatch.c, build_args), so no data pointer is looked at here. */
+static bool present(const kiln_op_args *a, int i) { return i < a->n_in && a->in[i].ndim >= 0; }
 
 /* A per-channel f32 vector of C elements, dense. */
 static bool channel_f32(const kiln_strided *s, int64_t C) {
@@ -530,11 +537,12 @@ static bool bn_bwd_key(const kiln_op_args *a, dnn_key *k) {
     if (!present(a, 2) || !channel_f32(&a->in[2], C) || !channel_f32(&a->in[3], C) ||
         !channel_f32(&a->in[4], C))
         return false;
-    if (a->n_out < 3 || dx->ndim < 0 || !dx->data || dx->dtype != x->dtype ||
-        !kiln_cuda_fast_is_contiguous(dx))
+    /* The outputs as the dispatcher describes them; their data pointers are
+     * NULL when it asks (it allocates all three after choosing the kernel). */
+    if (a->n_out < 3 || dx->ndim < 0 || dx->dtype != x->dtype || !kiln_cuda_fast_is_contiguous(dx))
         return false;
     for (int i = 1; i < 3; i++)
-        if (a->out[i].ndim < 0 || !a->out[i].data || !channel_f32(&a->out[i], C)) return false;
+        if (a->out[i].ndim < 0 || !channel_f32(&a->out[i], C)) return false;
     k->kind = KIND_BN, k->dtype = (int)x->dtype;
     return true;
 }
