@@ -2,9 +2,10 @@
  *  - kiln_set_cudnn_enabled / KILN_CUDNN=0 (torch.backends.cudnn.enabled):
  *    the environment is read at first use; disabled, a convolution and a
  *    batch norm on cuda:0 run Kiln's own kernels (no fast-table run), with
- *    the CPU's values. With cuDNN built (cudnn=ON) enabling it takes the
- *    cuDNN kernels; without it (the emulation build) Kiln's kernels run
- *    either way, which is checked too.
+ *    the CPU's values. With cuDNN built (kiln_build_options() says
+ *    cudnn=on, and the CUDA fast table has the cuDNN rows: both are asked
+ *    and must agree) enabling it takes the cuDNN kernels; without it (the
+ *    emulation build) Kiln's kernels run either way, which is checked too.
  *  - kiln_set_launch_blocking (CUDA_LAUNCH_BLOCKING=1): in the emulation
  *    build a kernel made to fault (kiln_emu_inject_fault) is reported by
  *    the op that launched it when the switch is on, and only later, by a
@@ -42,8 +43,22 @@ static double conv_on(kiln_device dev, uint64_t *fast_runs) {
     return m;
 }
 
+/* Whether conv2d on cuda:0 has a cuDNN kernel to take, asked two ways that
+ * must agree: the build options (lower case: "cudnn=on") and the CUDA fast
+ * table in force, which has a conv2d row only with cuDNN. The emulation
+ * build registers no fast table (and has no cuDNN); the module build's
+ * comes from libkiln_cuda.so; KILN_CUDA_KERNELS=reference leaves it out. */
+static bool cudnn_in_force(void) {
+    bool said = strstr(kiln_build_options(), "cudnn=on") != NULL;
+    bool table = kiln_kernels_fast_covers(KILN_DEVICE_CUDA, "conv2d", KILN_F32);
+    if (strcmp(kiln_kernels_in_force(KILN_DEVICE_CUDA), "fast") == 0)
+        CHECK_MSG(said == table, "kiln_build_options() says '%s', but the CUDA fast table %s a conv2d row",
+                  kiln_build_options(), table ? "has" : "has no");
+    return table;
+}
+
 static void test_cudnn_switch(kiln_device dev) {
-    bool built = strstr(kiln_build_options(), "cudnn=ON") != NULL;
+    bool built = cudnn_in_force();
     uint64_t runs = 99;
     kiln_set_cudnn_enabled(false);
     double err = conv_on(dev, &runs);
@@ -55,10 +70,10 @@ static void test_cudnn_switch(kiln_device dev) {
     if (built)
         CHECK_MSG(runs == 1, "cuDNN on (built): conv2d ran cuDNN %llu times", (unsigned long long)runs);
     else
-        CHECK_MSG(runs == 0, "no cuDNN in this build, yet conv2d took a fast path %llu times",
+        CHECK_MSG(runs == 0, "no cuDNN kernel in force, yet conv2d took a fast path %llu times",
                   (unsigned long long)runs);
-    printf("cuDNN switch: off -> Kiln's conv2d kernel; on -> %s\n",
-           built ? "cuDNN" : "Kiln's too (built without cuDNN)");
+    printf("cuDNN switch (%s): off -> Kiln's conv2d kernel; on -> %s\n", kiln_build_options(),
+           built ? "cuDNN" : "Kiln's too (no cuDNN kernel in force)");
 }
 
 #ifdef KILN_CUDA_EMULATION
