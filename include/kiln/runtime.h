@@ -351,7 +351,7 @@ bool kiln_is_cudnn_benchmark(void);
 
 /* torch.backends.cudnn.enabled. enabled (the default; KILN_CUDNN=0 in the
  * environment at first use turns it off): in a build with cuDNN
- * (kiln_build_options() says cudnn=ON) the CUDA convolutions, average
+ * (kiln_build_options() says cudnn=on) the CUDA convolutions, average
  * pooling and batch norm run cuDNN's kernels where it takes the shapes;
  * !enabled: Kiln's own CUDA kernels run them. A build without cuDNN (the
  * CUDA emulation build among them) runs Kiln's kernels either way.
