@@ -88,8 +88,13 @@ spread ex_spread_of(const double *v, int n) {
     return s;
 }
 
-/* "123.4 [120.1-125.0]" (the median and the rounds' range), or the median alone for one round. */
+/* "123.4 [120.1-125.0]" (the median and the rounds' range), the median alone for one round, or
+ * "n/a" when no round measured it. */
 void ex_cell(kiln_strbuf *b, spread s, const char *unit) {
+    if (!s.n) {
+        kiln_strbuf_printf(b, "<td>n/a</td>");
+        return;
+    }
     char m[32], lo[32], hi[32];
     rp_format_number(s.med, m, sizeof m);
     rp_format_number(s.lo, lo, sizeof lo);
