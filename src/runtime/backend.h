@@ -74,11 +74,23 @@ typedef struct kiln_backend {
      * graph_launch and graph_destroy); on failure (the capture was
      * invalidated) the capture is over all the same and *graph is NULL.
      * graph_launch queues the whole graph on `stream` as one piece of work
-     * (does not block). graph_destroy frees it (a queued launch still runs). */
+     * (does not block). graph_destroy frees it (a queued launch still runs).
+     * graph_capture_begin first makes what a captured step would otherwise
+     * make at first use on that stream (CUDA: the cuBLASLt handle and the
+     * stream's GEMM workspace), since nothing may be allocated meanwhile. */
     kiln_status (*graph_capture_begin)(int index, void *stream);
     kiln_status (*graph_capture_end)(int index, void *stream, void **graph);
     kiln_status (*graph_launch)(int index, void *graph, void *stream);
     void (*graph_destroy)(int index, void *graph);
+
+    /* (optional) Bytes of the persistent workspace a library keeps per
+     * stream for its GEMMs (CUDA: cuBLASLt's, from the caching allocator,
+     * counted as allocated): made at a stream's first such GEMM (or its
+     * graph capture's begin), held until the stream is destroyed or
+     * kiln_shutdown. 0, or NULL, when the build or the kernel choice has
+     * none (the emulation build, KILN_CUDA_KERNELS=reference). Does not
+     * block; the planner (src/plan) adds it to a step's memory. */
+    size_t (*stream_workspace_bytes)(int index);
 } kiln_backend;
 
 /* Register a backend for its type (kiln_init does this). Replaces any
