@@ -139,6 +139,18 @@ KILN_HD inline int64_t offset_of(const view &v, int64_t i) {
     return off;
 }
 
+/* A product rounded on its own, never fused with a neighbouring add into
+ * an FMA. nvcc contracts a * b + c into one fma by default (--fmad=true),
+ * which rounds once where the CPU kernels (-ffp-contract=off, or an x86-64
+ * baseline build without FMA) round twice; a kernel that promises the CPU
+ * kernel's bits writes every floating-point product with mul_rn
+ * (docs/cuda.md, "Rules for kernel writers"; tests/kernels/
+ * check_cuda_contraction.sh checks the PTX). Costs nothing measurable in a
+ * memory-bound kernel: one mul instead of half an fma. In the emulator
+ * (compiled with -ffp-contract=off) they are plain products. */
+__device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
 /* Whether a view is contiguous row-major. */
 inline bool is_contiguous(const kiln_strided *s) {
     int64_t expect = 1;

@@ -15,6 +15,12 @@ namespace {
 
 template <class T> __device__ inline double rnd(double x) { return (double)(T)x; }
 
+/* Every product through mul_rn: nvcc would otherwise contract p + g * -lr
+ * and the like into fmas, which in f64 (where rnd rounds nothing) give
+ * other last bits than the CPU kernels, compiled with -ffp-contract=off
+ * (docs/cuda.md, "What the emulator cannot catch"). */
+using kiln_cuda::mul_rn;
+
 template <class S> struct batch {
     S s[KILN_OPTIM_MULTI];
 };
@@ -22,27 +28,27 @@ template <class S> struct batch {
 template <class T> __device__ void adam_one(const kiln_adam_step &s) {
     T *p = (T *)s.p, *m = (T *)s.m, *v = (T *)s.v, *vmax = (T *)s.vmax;
     const T *gp = (const T *)s.g;
-    const double w = 1.0 - s.beta1, inv_bc2 = 1.0 / s.bc2_sqrt, keep = 1.0 - s.lr * s.weight_decay;
+    const double w = 1.0 - s.beta1, inv_bc2 = 1.0 / s.bc2_sqrt, keep = 1.0 - mul_rn(s.lr, s.weight_decay);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < s.n; i += (int64_t)gridDim.x * blockDim.x) {
         double g = (double)gp[i], pi = (double)p[i], mi = (double)m[i], vi = (double)v[i];
         if (s.maximize) g = -g;
         if (s.weight_decay != 0) {
             if (s.adamw)
-                pi = rnd<T>(pi * keep);
+                pi = rnd<T>(mul_rn(pi, keep));
             else
-                g = rnd<T>(g + rnd<T>(pi * s.weight_decay));
+                g = rnd<T>(g + rnd<T>(mul_rn(pi, s.weight_decay)));
         }
         double d = rnd<T>(g - mi);
-        mi = w < 0.5 ? rnd<T>(mi + rnd<T>(d * w)) : rnd<T>(g - rnd<T>(d * (1.0 - w)));
-        vi = rnd<T>(rnd<T>(vi * s.beta2) + rnd<T>(rnd<T>(g * (1.0 - s.beta2)) * g));
+        mi = w < 0.5 ? rnd<T>(mi + rnd<T>(mul_rn(d, w))) : rnd<T>(g - rnd<T>(mul_rn(d, 1.0 - w)));
+        vi = rnd<T>(rnd<T>(mul_rn(vi, s.beta2)) + rnd<T>(mul_rn(rnd<T>(mul_rn(g, 1.0 - s.beta2)), g)));
         double second = vi;
         if (s.amsgrad) {
             double vm = (double)vmax[i];
             second = vm > vi ? vm : vi;
             vmax[i] = (T)second;
         }
-        double denom = rnd<T>(rnd<T>(rnd<T>(sqrt(second)) * inv_bc2) + s.eps);
-        pi = rnd<T>(pi + rnd<T>(rnd<T>(mi / denom) * -s.step_size));
+        double denom = rnd<T>(rnd<T>(mul_rn(rnd<T>(sqrt(second)), inv_bc2)) + s.eps);
+        pi = rnd<T>(pi + rnd<T>(mul_rn(rnd<T>(mi / denom), -s.step_size)));
         p[i] = (T)pi;
         m[i] = (T)mi;
         v[i] = (T)vi;
@@ -55,13 +61,15 @@ template <class T> __device__ void sgd_one(const kiln_sgd_step &s) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < s.n; i += (int64_t)gridDim.x * blockDim.x) {
         double g = (double)gp[i], pi = (double)p[i];
         if (s.maximize) g = -g;
-        if (s.weight_decay != 0) g = rnd<T>(g + rnd<T>(pi * s.weight_decay));
+        if (s.weight_decay != 0) g = rnd<T>(g + rnd<T>(mul_rn(pi, s.weight_decay)));
         if (buf) {
-            double b = s.first ? g : rnd<T>(rnd<T>((double)buf[i] * s.momentum) + rnd<T>(g * (1.0 - s.dampening)));
+            double b = s.first ? g
+                               : rnd<T>(rnd<T>(mul_rn((double)buf[i], s.momentum)) +
+                                        rnd<T>(mul_rn(g, 1.0 - s.dampening)));
             buf[i] = (T)b;
-            g = s.nesterov ? rnd<T>(g + rnd<T>(b * s.momentum)) : b;
+            g = s.nesterov ? rnd<T>(g + rnd<T>(mul_rn(b, s.momentum))) : b;
         }
-        p[i] = (T)rnd<T>(pi + rnd<T>(g * -s.lr));
+        p[i] = (T)rnd<T>(pi + rnd<T>(mul_rn(g, -s.lr)));
     }
 }
 
