@@ -129,9 +129,12 @@ tier_nvcc() {
   # Without a driver the CUDA build must still run and list zero CUDA devices,
   # and the real-GPU tests must report themselves skipped (CTest's code 77):
   # the device test and the cuBLASLt/cuDNN fast-path comparison (docs/cuda.md);
-  # the cuBLASLt GEMM mapping is checked on the host (test_cublaslt_geometry).
+  # the cuBLASLt GEMM mapping is checked on the host (test_cublaslt_geometry),
+  # and the PTX of the kernels that promise the CPU's bits for FMA
+  # contraction (cuda_contraction, docs/cuda.md).
   "$d/bin/kiln" info || return 1
-  run_ctest --test-dir "$d" -R "test_cuda_device|test_cuda_fast_paths|test_cublaslt_geometry" --no-tests=error \
+  run_ctest --test-dir "$d" -R "test_cuda_device|test_cuda_fast_paths|test_cublaslt_geometry|cuda_contraction" \
+    --no-tests=error \
     "${ctest_args[@]}" || return 1
 }
 
