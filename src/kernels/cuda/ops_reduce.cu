@@ -49,15 +49,29 @@ struct red_geom {
         *in_off = a;
         *out_off = b;
     }
+    /* The input offset of inner index r (0 <= r < n_red). Called once per
+     * element, so its divisions are most of a small reduction's time (64-bit
+     * ones cost several times 32-bit ones on GPUs): 32-bit where n_red fits,
+     * and none for the outermost reduced dim, whose index is what is left. */
     KILN_HD int64_t inner(int64_t r) const {
+        if (rn == 0) return 0;
         int64_t a = 0;
-        for (int d = rn - 1; d >= 0; d--) {
-            int64_t c = r % rshape[d];
-            r /= rshape[d];
-            a += c * r_in[d];
+        if (idx32) {
+            uint32_t q = (uint32_t)r;
+            for (int d = rn - 1; d > 0; d--) {
+                uint32_t n = (uint32_t)rshape[d];
+                a += (int64_t)(q % n) * r_in[d];
+                q /= n;
+            }
+            return a + (int64_t)q * r_in[0];
         }
-        return a;
+        for (int d = rn - 1; d > 0; d--) {
+            a += (r % rshape[d]) * r_in[d];
+            r /= rshape[d];
+        }
+        return a + r * r_in[0];
     }
+    bool idx32; /* n_red < 2^31: inner's index arithmetic in 32 bits */
 };
 
 /* How the work is spread (a function of the shapes only). */
@@ -115,6 +129,7 @@ red_plan make_plan(const kiln_strided *in, const kiln_strided *out, const kiln_o
             }
         }
     }
+    g.idx32 = g.n_red < (INT64_C(1) << 31);
     /* Many outputs along an input-contiguous kept dim: a thread per output
      * reads neighbouring elements in step with its neighbours. */
     bool contiguous_outputs = g.on > 0 && g.o_in[g.on - 1] == 1;
