@@ -5,16 +5,21 @@
  * row: when the library call fails, the row's run fn runs the hand-written
  * kernel instead (one warning per op and process), and its workspace fn
  * reserves at least the hand-written kernel's workspace so that fallback
- * always has it. Real CUDA build only (a *_cublas.c file: the emulation
+ * always has it (not on a CUDA graph capture the failure invalidated:
+ * there the failure ends the capture). Real CUDA build only (a *_cublas.c file: the emulation
  * build has no cuBLASLt). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+
+#include <cuda_runtime_api.h>
 
 #include "base/error.h"
 #include "kernels/cuda/cuda_fast.h"
 #include "kernels/cuda/launch_blocking.h"
 #include "kiln/runtime.h"
 #include "ops/cuda_tables.h"
+#include "ops/op_registry.h"
 
 #define FLOAT3 (KILN_DT(KILN_F32) | KILN_DT(KILN_F16) | KILN_DT(KILN_BF16))
 
@@ -28,6 +33,18 @@ static atomic_uint_fast64_t fallbacks[KILN_OP_COUNT];
  * per op and process naming the path and the error, clears it, and returns
  * the hand-written kernel's status. */
 static kiln_status fallback(kiln_op_id op, const char *path, kiln_status failed, const kiln_op_args *a) {
+    /* On a capture the failure invalidated, every later launch fails too:
+     * no stand-in, the capture ends with the library's own error. */
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)a->stream, &cs) != cudaSuccess) (void)cudaGetLastError();
+    if (cs == cudaStreamCaptureStatusInvalidated) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kiln_error_message());
+        return KILN_RAISE(failed, NULL,
+                          "%s failed during a CUDA graph capture and invalidated it (%s): the hand-written "
+                          "kernel cannot stand in on an invalidated capture",
+                          path, why);
+    }
     atomic_fetch_add(&fallbacks[op], 1);
     bool was = atomic_exchange(&warned[op], true);
     if (!was)
@@ -128,6 +145,20 @@ void kiln_cuda_fast_kernels_shutdown(void) {
 #ifdef KILN_WITH_CUDNN
     kiln_cudnn_ops_shutdown();
 #endif
+}
+
+/* The fast table is in force for CUDA: kiln_init registered it
+ * (KILN_CUDA_KERNELS unset or fast). */
+static bool fast_registered(void) { return kiln_ops_fast_table_count(KILN_DEVICE_CUDA) > 0; }
+
+kiln_status kiln_cuda_fast_prepare_stream(int device, void *stream) {
+    return fast_registered() ? kiln_cublaslt_prepare(device, stream) : KILN_OK;
+}
+
+void kiln_cuda_fast_forget_stream(int device, void *stream) { kiln_cublaslt_forget_stream(device, stream); }
+
+size_t kiln_cuda_fast_stream_workspace_bytes(int device) {
+    return fast_registered() ? kiln_cublaslt_stream_workspace_bytes(device) : 0;
 }
 
 uint64_t kiln_cuda_fast_fallbacks(kiln_op_id op) {

@@ -30,6 +30,9 @@
 #include "runtime/backend.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/cuda_device.h"
+#ifndef KILN_CUDA_EMULATION
+#include "kernels/cuda/cuda_fast.h" /* the fast table's per-stream state (cuBLASLt) */
+#endif
 
 /* ---- Errors ------------------------------------------------------------------- */
 
@@ -357,6 +360,9 @@ static bool is_default_stream(void *stream) {
 
 static void cuda_stream_destroy(int index, void *stream) {
     if (is_default_stream(stream)) return;
+#ifndef KILN_CUDA_EMULATION
+    kiln_cuda_fast_forget_stream(index, stream); /* its GEMM workspace goes back */
+#endif
     int previous;
     kiln_status st = kiln_cuda_device_switch(index, &previous);
     if (st == KILN_OK) {
@@ -471,7 +477,16 @@ typedef struct cuda_graph {
     cudaGraphExec_t exec;
 } cuda_graph;
 
+/* What a captured step would make at its first use on the stream must
+ * exist before the capture, where nothing may be allocated: the cuBLASLt
+ * handle and the stream's GEMM workspace (cuBLAS, unlike eager use, needs a
+ * workspace set by the caller under capture). The cuDNN handles are per
+ * device and made by the eager calls before (a traced program's recording);
+ * the convolutions' workspaces are the program's own, in its arena. */
 static kiln_status cuda_graph_capture_begin(int index, void *stream) {
+#ifndef KILN_CUDA_EMULATION
+    KILN_TRY(kiln_cuda_fast_prepare_stream(index, stream));
+#endif
     KILN_CUDA_TRY(index, cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal));
     return KILN_OK;
 }
@@ -517,6 +532,10 @@ static void cuda_graph_destroy(int index, void *graph) {
     free(g);
 }
 
+#ifndef KILN_CUDA_EMULATION
+static size_t cuda_stream_workspace_bytes(int index) { return kiln_cuda_fast_stream_workspace_bytes(index); }
+#endif
+
 static const kiln_backend cuda_backend = {
     .name = "cuda",
     .type = KILN_DEVICE_CUDA,
@@ -553,6 +572,9 @@ static const kiln_backend cuda_backend = {
     .graph_capture_end = cuda_graph_capture_end,
     .graph_launch = cuda_graph_launch,
     .graph_destroy = cuda_graph_destroy,
+#ifndef KILN_CUDA_EMULATION
+    .stream_workspace_bytes = cuda_stream_workspace_bytes,
+#endif
 };
 
 const kiln_backend *kiln_cuda_backend(void) { return &cuda_backend; }

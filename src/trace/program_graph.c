@@ -4,7 +4,11 @@
  * and the outputs) checks that every step can be captured, allocates what
  * the graph reads that changes between replays, and captures the steps on
  * a stream of its own (the legacy default stream cannot be captured) into
- * a graph. Each run then, on the program's stream, in order:
+ * a graph. The backend's capture begin first makes what the captured
+ * kernels would otherwise make at their first use on that stream, which a
+ * capture forbids (CUDA: the cuBLASLt handle and the stream's persistent
+ * GEMM workspace; the stream's destruction gives the workspace back). Each
+ * run then, on the program's stream, in order:
  *
  *   1. copies every input into the program's static copy of it (device to
  *      device, async): the graph was captured reading those, as PyTorch's
@@ -33,7 +37,8 @@
  * weight copy the host refreshes when the weight changes. A kernel whose
  * launch fails during the capture (it synchronises, allocates or copies
  * from pageable memory) is reported with its step and op, and the capture
- * is abandoned. */
+ * is abandoned; so is a library fast path that failed there and left the
+ * capture invalidated (the fast table runs no stand-in kernel on it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,7 +169,14 @@ static kiln_status graph_alloc(kiln_program *p, trace_graph *g) {
 static kiln_status graph_capture(kiln_program *p, trace_graph *g) {
     KILN_TRY(g->be->stream_create(g->index, 0, &g->capture_stream));
     for (int i = 0; i < p->n_inputs; i++) p->in_data[i] = (char *)g->statics + g->in_offset[i];
-    KILN_TRY(g->be->graph_capture_begin(g->index, g->capture_stream));
+    kiln_status begin = g->be->graph_capture_begin(g->index, g->capture_stream);
+    if (begin) {
+        char cause[768];
+        snprintf(cause, sizeof cause, "%s", kiln_error_message());
+        return kiln_error_raise(begin, __FILE__, __LINE__, NULL,
+                                "kiln_program_run: the CUDA graph capture of the program could not begin: %s",
+                                cause);
+    }
     p->run_mode = TRACE_RUN_CAPTURE;
     p->run_stream = g->capture_stream;
     kiln_status st = KILN_OK;

@@ -18,7 +18,10 @@
  * hand-written kernel, and so does the run fn itself if it is handed such
  * args. When a library call fails at run time the run fn returns that
  * status with the thread's error set, and the fast table runs the
- * hand-written kernel instead (after one warning per op and process). A
+ * hand-written kernel instead (after one warning per op and process),
+ * except on a stream whose CUDA graph capture the failure invalidated:
+ * there the error ends the capture (a kernel queued on an invalidated
+ * capture fails too, and would only hide the cause). A
  * workspace fn gives the library path's own need (the table reserves at
  * least the hand-written kernel's, for that fallback); entries without one
  * need none.
@@ -76,6 +79,24 @@ bool kiln_cublaslt_geometry_of(kiln_cublaslt_gemm gemm, const kiln_op_args *a, k
 /* cuBLASLt's version (cublasLtGetVersion) for reports. */
 size_t kiln_cublaslt_version(void);
 void kiln_cublaslt_shutdown(void);
+/* The persistent GEMM workspace each stream gets on `device` (bytes). */
+size_t kiln_cublaslt_stream_workspace_bytes(int device);
+/* Make the handle of `device` and the workspace of `stream` now, if they
+ * do not exist (before a graph capture of the stream, where they cannot be
+ * made). Blocks while the workspace is allocated; KILN_ERR_OUT_OF_MEMORY
+ * when it cannot be. */
+kiln_status kiln_cublaslt_prepare(int device, void *stream);
+/* The stream is being destroyed: its workspace goes back to the caching
+ * allocator, after the device has finished the work queued so far
+ * (blocks). */
+void kiln_cublaslt_forget_stream(int device, void *stream);
+
+/* The fast table's side of the backend's per-stream entries
+ * (src/ops/cuda_fast_table_cublas.c; runtime/backend.h): nothing, and 0
+ * bytes, when the fast table is not registered (KILN_CUDA_KERNELS=reference). */
+kiln_status kiln_cuda_fast_prepare_stream(int device, void *stream);
+void kiln_cuda_fast_forget_stream(int device, void *stream);
+size_t kiln_cuda_fast_stream_workspace_bytes(int device);
 
 /* ---- cuDNN (cudnn_ops_cudnn.c, KILN_WITH_CUDNN) ---- */
 kiln_status kiln_cudnn_conv2d(const kiln_op_args *a);

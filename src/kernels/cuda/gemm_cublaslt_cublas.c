@@ -18,12 +18,14 @@
  *
  * Caches: one cuBLASLt handle per device; one persistent workspace per
  * (device, stream) from the caching allocator (32 MiB on sm_90 and newer,
- * 4 MiB before, as NVIDIA recommends), allocated at the stream's first GEMM
- * and kept until kiln_shutdown; the matmul descriptor, the three layouts
+ * 4 MiB before, as NVIDIA recommends; counted as allocated, as PyTorch
+ * counts cuBLAS's), allocated at the stream's first GEMM or before the
+ * stream's graph capture (kiln_cublaslt_prepare: CUDA forbids allocating
+ * during one) and kept until the stream is destroyed or kiln_shutdown; the matmul descriptor, the three layouts
  * and the heuristic's algorithm cached per shape (dims, leading dims, ops,
  * batch strides, dtype, math mode, bias, pointer alignments, workspace).
  * One mutex guards the caches and each call's enqueue (the bias pointer is
- * a descriptor attribute). Unverified on a GPU. */
+ * a descriptor attribute). Run on an H100 (docs/cuda.md). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -265,33 +267,113 @@ static kiln_status handle_for(int device, cublasLtHandle_t *out) {
     return KILN_OK;
 }
 
-/* The stream's persistent workspace (created at its first GEMM); a stream
- * past MAX_WORKSPACES, or one whose allocation fails, runs without one. */
-static lt_workspace *workspace_for(int device, void *stream) {
-    for (int i = 0; i < n_workspaces; i++)
-        if (workspaces[i].device == device && workspaces[i].stream == stream) return &workspaces[i];
-    if (n_workspaces == MAX_WORKSPACES) return NULL;
-    lt_workspace *w = &workspaces[n_workspaces];
-    memset(w, 0, sizeof *w);
-    w->device = device, w->stream = stream;
+/* The workspace each stream gets: 32 MiB on sm_90 and newer, 4 MiB before
+ * (NVIDIA's recommendation, PyTorch's sizes). */
+static size_t workspace_size(int device) {
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
         (void)cudaGetLastError();
         major = 0;
     }
-    size_t want = (size_t)(major >= 9 ? 32 : 4) << 20;
-    if (kiln_memory_alloc(KILN_CUDA(device), want, NULL, &w->ptr) == KILN_OK) {
-        w->bytes = want;
-    } else {
-        kiln_log_write(KILN_LOG_WARN,
-                       "cuBLASLt: no %zu-byte workspace for stream %p of cuda:%d (%s): GEMMs "
-                       "there run without one",
-                       want, stream, device, kiln_error_message());
-        kiln_error_clear();
-        w->ptr = NULL;
+    return (size_t)(major >= 9 ? 32 : 4) << 20;
+}
+
+size_t kiln_cublaslt_stream_workspace_bytes(int device) { return workspace_size(device); }
+
+/* Whether work queued on stream now is recorded into a CUDA graph (or the
+ * capture was invalidated) rather than run. */
+static bool stream_capturing(void *stream) {
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
     }
-    n_workspaces++;
-    return w;
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+static atomic_bool warned_no_workspace;
+
+/* The stream's persistent workspace into *out (lt_mutex held): made at the
+ * stream's first GEMM, or before its graph capture (kiln_cublaslt_prepare
+ * from the backend's capture begin), and kept until the stream is
+ * destroyed or kiln_shutdown. NULL (GEMMs run without one) when the table
+ * is full or the allocation fails; a failed allocation is not remembered,
+ * so the next GEMM asks again. Never allocates while the stream is being
+ * captured (CUDA forbids it and the capture would be invalidated): a
+ * capturing stream without a workspace is an error, since running without
+ * one would pick other algorithms than the eager steps did. */
+static kiln_status workspace_for(int device, void *stream, lt_workspace **out) {
+    *out = NULL;
+    for (int i = 0; i < n_workspaces; i++)
+        if (workspaces[i].device == device && workspaces[i].stream == stream) {
+            *out = &workspaces[i];
+            return KILN_OK;
+        }
+    if (stream_capturing(stream))
+        return KILN_RAISE(KILN_ERR_STATE,
+                          "capture through kiln_program_run (its capture begin makes the workspace), or run one "
+                          "GEMM on the stream before capturing it",
+                          "cuBLASLt: stream %p of cuda:%d has no GEMM workspace and is being captured into a "
+                          "CUDA graph, where nothing may be allocated",
+                          stream, device);
+    if (n_workspaces == MAX_WORKSPACES) return KILN_OK;
+    size_t want = workspace_size(device);
+    void *ptr = NULL;
+    if (kiln_memory_alloc(KILN_CUDA(device), want, NULL, &ptr) != KILN_OK) {
+        if (!atomic_exchange(&warned_no_workspace, true))
+            kiln_log_write(KILN_LOG_WARN,
+                           "cuBLASLt: no %zu-byte workspace for stream %p of cuda:%d (%s): its GEMMs run "
+                           "without one until one can be allocated (warned once)",
+                           want, stream, device, kiln_error_message());
+        kiln_error_clear();
+        return KILN_OK;
+    }
+    lt_workspace *w = &workspaces[n_workspaces++];
+    w->device = device, w->stream = stream, w->ptr = ptr, w->bytes = want;
+    *out = w;
+    return KILN_OK;
+}
+
+kiln_status kiln_cublaslt_prepare(int device, void *stream) {
+    int previous = -1;
+    KILN_TRY(kiln_cuda_device_switch(device, &previous));
+    pthread_mutex_lock(&lt_mutex);
+    cublasLtHandle_t h = NULL;
+    lt_workspace *ws = NULL;
+    kiln_status st = handle_for(device, &h);
+    if (!st) st = workspace_for(device, stream, &ws);
+    if (!st && !ws)
+        st = KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, "free memory (kiln_empty_cache) or lower the batch size",
+                        "cuBLASLt: no %zu-byte GEMM workspace for stream %p of cuda:%d before its CUDA graph "
+                        "capture (none can be allocated during it)",
+                        workspace_size(device), stream, device);
+    pthread_mutex_unlock(&lt_mutex);
+    kiln_cuda_device_restore(device, previous);
+    return st;
+}
+
+/* The workspace's block goes back once the GEMMs using it are done: the
+ * device's, not the stream's, since a graph captured on the stream replays
+ * its GEMMs on the stream it is launched on. */
+static void workspace_release(lt_workspace *w) {
+    int previous = -1;
+    if (kiln_cuda_device_switch(w->device, &previous) == KILN_OK) {
+        if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+        kiln_cuda_device_restore(w->device, previous);
+    }
+    kiln_error_clear();
+    if (kiln_memory_free(KILN_CUDA(w->device), w->ptr) != KILN_OK) kiln_error_clear();
+}
+
+void kiln_cublaslt_forget_stream(int device, void *stream) {
+    pthread_mutex_lock(&lt_mutex);
+    for (int i = 0; i < n_workspaces; i++)
+        if (workspaces[i].device == device && workspaces[i].stream == stream) {
+            workspace_release(&workspaces[i]);
+            workspaces[i] = workspaces[--n_workspaces];
+            break;
+        }
+    pthread_mutex_unlock(&lt_mutex);
 }
 
 static void plan_destroy(lt_plan *p) {
@@ -404,13 +486,14 @@ static kiln_status plan_for(cublasLtHandle_t h, const lt_shape *s, lt_plan **out
 static kiln_status lt_run_locked(const gemm_rm *g, void *stream, int device) {
     cublasLtHandle_t h = NULL;
     KILN_TRY(handle_for(device, &h));
-    lt_workspace *ws = workspace_for(device, stream);
+    lt_workspace *ws = NULL;
+    KILN_TRY(workspace_for(device, stream, &ws));
     lt_shape s;
     if (!to_shape(g, &s))
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
                           "cuBLASLt: a GEMM its supports fn accepted cannot be mapped");
     s.device = device;
-    s.workspace = ws && ws->ptr ? ws->bytes : 0;
+    s.workspace = ws ? ws->bytes : 0;
     lt_plan *p = NULL;
     bool owned = false;
     KILN_TRY(plan_for(h, &s, &p, &owned));
@@ -517,18 +600,7 @@ kiln_status kiln_cublaslt_linear(const kiln_op_args *a) {
 
 void kiln_cublaslt_shutdown(void) {
     pthread_mutex_lock(&lt_mutex);
-    for (int i = 0; i < n_workspaces; i++) {
-        lt_workspace *w = &workspaces[i];
-        if (!w->ptr) continue;
-        /* The block may still be in use by queued GEMMs: wait for the device. */
-        int previous = -1;
-        if (kiln_cuda_device_switch(w->device, &previous) == KILN_OK) {
-            if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
-            kiln_cuda_device_restore(w->device, previous);
-        }
-        kiln_error_clear();
-        if (kiln_memory_free(KILN_CUDA(w->device), w->ptr) != KILN_OK) kiln_error_clear();
-    }
+    for (int i = 0; i < n_workspaces; i++) workspace_release(&workspaces[i]);
     n_workspaces = 0;
     while (plans) {
         lt_plan *p = plans;
