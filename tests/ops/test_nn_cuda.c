@@ -8,11 +8,24 @@
  *     repeat bit for bit from run to run (no floating-point atomics) and
  *     agree with the CPU backend within float tolerance;
  *   - randperm gives the CPU kernel's permutation for the same draw.
+ * These are properties of the hand-written kernels: the real build's fast
+ * table (cuDNN's pooling and convolutions, docs/cuda.md "Fast paths") is
+ * taken out for them. cuDNN computes in its own order and precision (held
+ * to tolerances by test_cuda_fast_paths) and its default algorithm choice
+ * may use atomics (on an H100 the split-K case below did not repeat); so
+ * with the fast table the convolutions are checked again under
+ * kiln_set_deterministic(true), which must make them repeat bit for bit.
  * Skipped (exit 77) without a cuda:0 device (real or emulated). */
 #include "test_util.h"
 
 #include "kernels/cpu/ops_nn_cpu.h"
+#include "ops/op_registry.h"
 #include "runtime/runtime_internal.h"
+
+#if defined(KILN_WITH_CUDA) && !defined(KILN_CUDA_EMULATION)
+#include "ops/cuda_tables.h"
+#define HAVE_FAST_TABLE 1
+#endif
 
 #define CUDA0 KILN_CUDA(0)
 
@@ -292,7 +305,8 @@ static const conv_case conv_cases[] = {
     {"depthwise s3", 2, 3, 13, 10, 6, 3, 3, 3, {.stride = {3, 3}, .padding = {1, 0}, .groups = 3}},
 };
 
-static void test_conv_repeats(void) {
+/* kernels: which CUDA kernels ran ("hand-written", "fast table, deterministic"). */
+static void test_conv_repeats(const char *kernels) {
     for (size_t k = 0; k < sizeof conv_cases / sizeof conv_cases[0]; k++) {
         const conv_case *cc = &conv_cases[k];
         conv_run c, g1, g2;
@@ -303,13 +317,13 @@ static void test_conv_repeats(void) {
                           memcmp(g1.dx, g2.dx, (size_t)g1.nx * 4) == 0 &&
                           memcmp(g1.dw, g2.dw, (size_t)g1.nw * 4) == 0 &&
                           memcmp(g1.db, g2.db, (size_t)g1.nb * 4) == 0,
-                      "conv2d %s: CUDA results do not repeat bit for bit", cc->name);
+                      "conv2d %s: CUDA results (%s) do not repeat bit for bit", cc->name, kernels);
             double e[4] = {max_rel_diff(c.y, g1.y, c.ny), max_rel_diff(c.dx, g1.dx, c.nx),
                            max_rel_diff(c.dw, g1.dw, c.nw), max_rel_diff(c.db, g1.db, c.nb)};
             static const char *what[4] = {"forward", "grad input", "grad weight", "grad bias"};
             for (int i = 0; i < 4; i++)
-                CHECK_MSG(e[i] < 1e-5, "conv2d %s %s: relative difference %.3g vs the CPU", cc->name, what[i],
-                          e[i]);
+                CHECK_MSG(e[i] < 1e-5, "conv2d %s %s (%s): relative difference %.3g vs the CPU", cc->name,
+                          what[i], kernels, e[i]);
         }
         conv_run_free(&c), conv_run_free(&g1), conv_run_free(&g2);
     }
@@ -433,10 +447,21 @@ int main(void) {
         kiln_shutdown();
         kt_skip("no cuda:0 device (real or emulated) in this build");
     }
+    /* The hand-written kernels alone (a no-op where no fast table is registered). */
+    kiln_ops_clear_fast_kernels(KILN_DEVICE_CUDA);
     test_same_bits_as_cpu();
-    test_conv_repeats();
+    test_conv_repeats("hand-written");
     test_batch_norm_repeats();
     test_randperm_matches_cpu();
+#ifdef HAVE_FAST_TABLE
+    const kiln_op_kernel *fast = kiln_cuda_fast_op_kernels();
+    if (fast) {
+        kiln_ops_register_fast_kernels(KILN_DEVICE_CUDA, fast);
+        kiln_set_deterministic(true);
+        test_conv_repeats("fast table, deterministic");
+        kiln_set_deterministic(false);
+    }
+#endif
     kiln_shutdown();
     return kt_finish();
 }

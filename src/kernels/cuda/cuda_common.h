@@ -145,9 +145,10 @@ KILN_HD inline int64_t offset_of(const view &v, int64_t i) {
  * baseline build without FMA) round twice; a kernel that promises the CPU
  * kernel's bits writes every floating-point product with mul_rn
  * (docs/cuda.md, "Rules for kernel writers"; tests/kernels/
- * check_cuda_contraction.sh checks the PTX). Costs nothing measurable in a
- * memory-bound kernel: one mul instead of half an fma. In the emulator
- * (compiled with -ffp-contract=off) they are plain products. */
+ * cuda_contraction.sh checks the PTX). The price is a separate mul and add
+ * where an fma would do: meant for memory-bound kernels (the optimizer
+ * updates), not GEMM loops. In the emulator (compiled with
+ * -ffp-contract=off) they are plain products. */
 __device__ inline float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ inline double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
