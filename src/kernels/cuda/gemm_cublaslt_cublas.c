@@ -21,11 +21,12 @@
  * 4 MiB before, as NVIDIA recommends; counted as allocated, as PyTorch
  * counts cuBLAS's), allocated at the stream's first GEMM or before the
  * stream's graph capture (kiln_cublaslt_prepare: CUDA forbids allocating
- * during one) and kept until the stream is destroyed or kiln_shutdown; the matmul descriptor, the three layouts
- * and the heuristic's algorithm cached per shape (dims, leading dims, ops,
- * batch strides, dtype, math mode, bias, pointer alignments, workspace).
- * One mutex guards the caches and each call's enqueue (the bias pointer is
- * a descriptor attribute). Run on an H100 (docs/cuda.md). */
+ * during one) and kept until the stream is destroyed or kiln_shutdown;
+ * the matmul descriptor, the three layouts and the heuristic's algorithm
+ * cached per shape (dims, leading dims, ops, batch strides, dtype, math
+ * mode, bias, pointer alignments, workspace). One mutex guards the caches
+ * and each call's enqueue (the bias pointer is a descriptor attribute).
+ * First run on a GPU (an H100) in session 6 (docs/cuda.md). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -310,12 +311,13 @@ static kiln_status workspace_for(int device, void *stream, lt_workspace **out) {
             return KILN_OK;
         }
     if (stream_capturing(stream))
-        return KILN_RAISE(KILN_ERR_STATE,
-                          "capture through kiln_program_run (its capture begin makes the workspace), or run one "
-                          "GEMM on the stream before capturing it",
-                          "cuBLASLt: stream %p of cuda:%d has no GEMM workspace and is being captured into a "
-                          "CUDA graph, where nothing may be allocated",
-                          stream, device);
+        return KILN_RAISE(
+            KILN_ERR_STATE,
+            "capture through kiln_program_run (its capture begin makes the workspace), or run one "
+            "GEMM on the stream before capturing it",
+            "cuBLASLt: stream %p of cuda:%d has no GEMM workspace and is being captured into a "
+            "CUDA graph, where nothing may be allocated",
+            stream, device);
     if (n_workspaces == MAX_WORKSPACES) return KILN_OK;
     size_t want = workspace_size(device);
     void *ptr = NULL;
