@@ -100,8 +100,10 @@ static int64_t count_equal(kiln_tensor *host, float v, float other) {
     const float *p = (const float *)kiln_data_ptr(host);
     int64_t n = 0;
     for (int64_t i = 0; i < kiln_numel(host); i++) {
-        if (p[i] == v) n++;
-        else if (p[i] != other) return -1;
+        if (p[i] == v)
+            n++;
+        else if (p[i] != other)
+            return -1;
     }
     return n;
 }
@@ -148,15 +150,17 @@ static void test_allocator_stream_rule(kiln_device dev) {
         CHECK_OK(kiln_stream_synchronize(side));
         kiln_tensor *b_after = kiln_to(b, KILN_CPU, KILN_F32, 0);
         if (record) {
-            CHECK_MSG(b_after && all_equal(b_after, 3.0f), "the side stream's late write clobbered a new tensor");
+            CHECK_MSG(b_after && all_equal(b_after, 3.0f),
+                      "the side stream's late write clobbered a new tensor");
         } else if (held) {
             /* The planted bug shows: same block, clobbered by the late write. */
             CHECK_MSG(b_after && all_equal(b_after, 5.0f), "without record_stream the late write lands in b");
         } else {
             /* A real race: only the values' set is defined. */
             int64_t fives = count_equal(b_after, 5.0f, 3.0f);
-            CHECK_MSG(fives >= 0, "without record_stream b holds a value that is neither the fill's 3 nor the "
-                                  "side stream's 5");
+            CHECK_MSG(fives >= 0,
+                      "without record_stream b holds a value that is neither the fill's 3 nor the "
+                      "side stream's 5");
             printf("without record_stream (real race, no hold): %lld of %d elements of b took the side "
                    "stream's write\n",
                    (long long)fives, N);
