@@ -42,7 +42,7 @@ typedef enum kiln_plan_part {
     KILN_PLAN_BATCH,           /* the loader's batches (pinned host, device copies) */
     KILN_PLAN_ACTIVATIONS, /* forward results still alive (saved for backward), recomputed ones included */
     KILN_PLAN_TRANSIENT,  /* everything else: gradients flowing back, the loss, the optimizer's temporaries */
-    KILN_PLAN_WORKSPACES, /* kernels' scratch for the op running */
+    KILN_PLAN_WORKSPACES, /* kernels' scratch for the op running; on CUDA the stream's persistent cuBLASLt workspace */
     KILN_PLAN_WEIGHT_COPIES, /* kernels' prepared copies of weights (e.g. oneDNN's blocked layouts) */
     KILN_PLAN_PARTS
 } kiln_plan_part;

@@ -23,8 +23,10 @@
 #include "runtime/runtime_internal.h"
 
 static _Thread_local plan_phase tls_phase;
+static _Thread_local bool tls_library_workspace;
 
 void plan_phase_set(plan_phase phase) { tls_phase = phase; }
+void plan_library_workspace_set(bool on) { tls_library_workspace = on; }
 
 static const char *phase_name(plan_phase p) {
     switch (p) {
@@ -48,7 +50,7 @@ static void plan_context(kiln_alloc_context *out) {
     const char *phase = phase_name(tls_phase);
     if (!phase) return;
     out->file = phase;
-    out->line = (int)kiln_dispatch_allocating();
+    out->line = tls_library_workspace ? KILN_DISPATCH_ALLOC_WORKSPACE : (int)kiln_dispatch_allocating();
 }
 
 kiln_status plan_breakdown_begin(void) {

@@ -16,6 +16,19 @@ typedef enum plan_phase {
     PLAN_PHASE_OPTIMIZER,
 } plan_phase;
 void plan_phase_set(plan_phase phase);
+/* While set, the planning thread's allocations are a library's workspace
+ * (the breakdown's "workspaces" part), whatever the dispatcher is doing. */
+void plan_library_workspace_set(bool on);
+
+/* The persistent per-stream GEMM workspace a step on `device` holds
+ * (runtime/backend.h stream_workspace_bytes: cuBLASLt's 32 MiB on an H100
+ * with the fast table; 0 on the CPU, in the emulation build and with
+ * KILN_CUDA_KERNELS=reference), or the override when one is set. */
+size_t plan_stream_workspace_bytes(kiln_device device);
+/* Tests: plan as if the device's backend said `bytes` (>= 0); -1 asks the
+ * backend again. Stands in for the real CUDA build's workspace where there
+ * is none (the emulation build). Not thread-safe: set it between plans. */
+void plan_stream_workspace_override(int64_t bytes);
 
 /* Addresses the breakdown sorts blocks by. */
 typedef struct plan_addrs {

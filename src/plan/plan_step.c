@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "optim/optim_internal.h"
 #include "plan/plan_internal.h"
+#include "runtime/backend.h"
 #include "runtime/runtime_internal.h"
 #include "tensor/tensor_internal.h"
 
@@ -54,7 +55,33 @@ typedef struct step_ctx {
     kiln_caching_allocator *pinned;
     kiln_stream *side_stream;
     void *pinned_x, *pinned_y; /* the plan's batch in the pinned pool */
+    void *gemm_workspace;      /* the plan's stream's GEMM workspace on meta */
 } step_ctx;
+
+static int64_t workspace_override = -1;
+
+void plan_stream_workspace_override(int64_t bytes) { workspace_override = bytes < 0 ? -1 : bytes; }
+
+size_t plan_stream_workspace_bytes(kiln_device device) {
+    if (device.type != KILN_DEVICE_CUDA) return 0;
+    if (workspace_override >= 0) return (size_t)workspace_override;
+    const kiln_backend *be = kiln_backend_get(device.type);
+    return be && be->stream_workspace_bytes ? be->stream_workspace_bytes(device.index) : 0;
+}
+
+/* The compute stream's persistent GEMM workspace (cuBLASLt's), made where
+ * the real step makes it: at the first step's first GEMM, in its forward
+ * (a block of its own: no earlier free block is that large), and held
+ * from then on. A measurement needs nothing here: the device makes it. */
+static kiln_status plan_gemm_workspace(step_ctx *c) {
+    size_t bytes = plan_stream_workspace_bytes(c->o->device);
+    if (!bytes || c->measure) return KILN_OK;
+    plan_phase_set(PLAN_PHASE_STEP);
+    plan_library_workspace_set(true);
+    kiln_status st = kiln_memory_alloc(c->dev, bytes, NULL, &c->gemm_workspace);
+    plan_library_workspace_set(false);
+    return st;
+}
 
 /* A dataset of zeros labelled 0: the batch's memory is all a measurement
  * needs, and zeros keep the first f16 step finite, so Adam's state is
@@ -125,6 +152,7 @@ static kiln_status setup(step_ctx *c) {
 }
 
 static void teardown(step_ctx *c) {
+    if (c->gemm_workspace && kiln_memory_free(c->dev, c->gemm_workspace)) kiln_error_clear();
     kiln_loader_free(c->loader);
     kiln_dataset_free(c->data);
     kiln_step_snapshot_free(c->snapshot);
@@ -259,6 +287,7 @@ static kiln_status run_step(step_ctx *c, plan_sets *sets, kiln_plan *out) {
         }
         plan_phase_set(PLAN_PHASE_BATCH);
         st = c->measure ? kiln_loader_next(c->loader, &x, &y) : plan_batch(c, sets, &x, &y);
+        if (!st && i == 0) st = plan_gemm_workspace(c);
         if (!st) st = train_step(c, x, y);
         if (!st) st = kiln_device_synchronize(c->dev);
     }

@@ -3,7 +3,8 @@
  * train step run for real), on the device and on the pinned pool of the
  * loader's batches; the breakdown adds up to the planned peak and names
  * the phase; the budget searches agree with the plans they are made of;
- * bad options are refused by name.
+ * bad options are refused by name; a CUDA plan holds the stream's GEMM
+ * workspace (the backend's, or the test override's).
  *
  * Cases. The whole matrix (every model in models/, batch 1, 32 and 128,
  * AMP off and on, checkpointing off and 2 segments, CPU and emulated
@@ -33,6 +34,8 @@
 #include <unistd.h>
 
 #include "kiln/kiln.h"
+#include "plan/plan_internal.h"
+#include "runtime/backend.h"
 #include "test_util.h"
 
 #define TOLERANCE 0.05
@@ -142,6 +145,46 @@ static void check_budget(kiln_device dev) {
     CHECK(best == 0);
 }
 
+/* The stream's persistent GEMM workspace (cuBLASLt's 32 MiB on an H100,
+ * runtime/backend.h stream_workspace_bytes): a CUDA plan holds it from the
+ * first step's forward, in the "workspaces" part; a CPU plan never. The
+ * override stands in for the real build's workspace in the emulation
+ * build, whose backend has none; without it the plan is the backend's. */
+static void check_stream_workspace(kiln_device dev) {
+    const int64_t ws = (int64_t)24 << 20;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/tutorial_cnn_28x28x1.txt", KILN_SOURCE_DIR);
+    kiln_plan_opts o = kiln_plan_defaults();
+    o.model = path;
+    o.device = dev;
+    o.batch = 8;
+    kiln_plan none, with, own;
+    plan_stream_workspace_override(0);
+    CHECK_OK(kiln_plan_step(&o, &none));
+    plan_stream_workspace_override(ws);
+    CHECK_OK(kiln_plan_step(&o, &with));
+    plan_stream_workspace_override(-1);
+    CHECK_OK(kiln_plan_step(&o, &own));
+    const kiln_plan_memory *a = &none.memory[0], *b = &with.memory[0], *c = &own.memory[0];
+    int64_t expect = dev.type == KILN_DEVICE_CUDA ? ws : 0;
+    CHECK_EQ_I(b->allocated_peak - a->allocated_peak, expect);
+    CHECK_EQ_I(b->reserved_peak - a->reserved_peak, expect);
+    CHECK_EQ_I(b->parts[KILN_PLAN_WORKSPACES] - a->parts[KILN_PLAN_WORKSPACES], expect);
+    CHECK_EQ_I(b->parts[KILN_PLAN_ACTIVATIONS], a->parts[KILN_PLAN_ACTIVATIONS]);
+    /* The pinned pool is the loader's, untouched. */
+    CHECK_EQ_I(with.memory[1].allocated_peak, none.memory[1].allocated_peak);
+    const kiln_backend *be = kiln_backend_get(dev.type);
+    int64_t backend = dev.type == KILN_DEVICE_CUDA && be && be->stream_workspace_bytes
+                          ? (int64_t)be->stream_workspace_bytes(dev.index)
+                          : 0;
+    CHECK_EQ_I((int64_t)plan_stream_workspace_bytes(dev), backend);
+    CHECK_EQ_I(c->allocated_peak - a->allocated_peak, backend);
+    printf("%s: the stream's GEMM workspace, %.2f MiB from the backend (override %.2f MiB: +%.2f MiB "
+           "planned)\n",
+           none.memory[0].name, backend / 1048576.0, ws / 1048576.0,
+           (b->allocated_peak - a->allocated_peak) / 1048576.0);
+}
+
 static void check_refusals(void) {
     kiln_plan p;
     kiln_plan_opts o = kiln_plan_defaults();
@@ -214,6 +257,7 @@ static int in_child(kiln_device_type type, int which) {
         if (which < 0) {
             check_refusals();
             check_budget(dev);
+            check_stream_workspace(dev);
         } else {
             run_case(dev, type == KILN_DEVICE_CUDA ? &cuda_cases[which] : &cpu_cases[which]);
         }
