@@ -5,8 +5,10 @@
  *       the tutorial CNN (bench/cnn_step.c's model) on the device: train and
  *       infer images/s with cuDNN autotuning off, then on
  *       (kiln_set_cudnn_benchmark; the first, untimed, steps of that round
- *       do the timing); then, autotuning on, under f16 autocast with the
- *       grad scaler (AMP), and each precision replayed as one CUDA graph
+ *       do the timing); then, autotuning on, f32 with TF32 allowed
+ *       (kiln_set_allow_tf32: PyTorch's default for convolutions), under f16
+ *       autocast with the grad scaler (AMP), and each of f32, AMP and TF32
+ *       replayed as one CUDA graph
  *       (kiln_trace + kiln_program_run: the step captured once, then one
  *       graph launch per step; a setup that cannot be traced gets null and
  *       the reason); in the emulation build
@@ -271,15 +273,21 @@ int kiln_bench_cnn_device(int argc, char **argv) {
         kiln_set_cudnn_benchmark(tune == 1);
         for (int train = 1; train >= 0 && !st; train--) st = cnn_rate(&b, train, &g, &rate[tune][train]);
     }
-    /* Autotuning on from here: AMP eager, then each precision as a CUDA graph. */
-    double amp[2] = {0}, graph[2][2] = {{0}}; /* [amp][train] */
-    char graph_why[2][2][300] = {{"", ""}, {"", ""}};
+    /* Autotuning on from here: f32 with TF32 allowed (PyTorch's default for
+     * convolutions) and AMP eager, then each as a CUDA graph. */
+    double tf32[2] = {0}, amp[2] = {0}, graph[3][2] = {{0}}; /* graph: [f32, AMP, TF32][train] */
+    char graph_why[3][2][300] = {{"", ""}, {"", ""}, {"", ""}};
     kiln_set_cudnn_benchmark(true);
+    bool saved_tf32 = kiln_allow_tf32();
+    kiln_set_allow_tf32(true);
+    for (int train = 1; train >= 0 && !st; train--) st = cnn_rate(&b, train, &g, &tf32[train]);
+    kiln_set_allow_tf32(saved_tf32);
     if (!st && !(b.scaler = kiln_grad_scaler_create(NULL))) st = kiln_error_last()->status;
     for (int train = 1; train >= 0 && !st; train--) st = cnn_rate(&b, train, &g, &amp[train]);
-    for (int a = 0; a < 2 && !st; a++) {
+    for (int a = 0; a < 3 && !st; a++) {
         kiln_grad_scaler *scaler = b.scaler;
-        if (!a) b.scaler = NULL;
+        if (a != 1) b.scaler = NULL;
+        kiln_set_allow_tf32(a == 2 ? true : saved_tf32);
         for (int train = 1; train >= 0 && !st; train--) {
             cnn_call c = {&b, train};
             kiln_tensor *in[2] = {b.x, b.y};
@@ -298,6 +306,7 @@ int kiln_bench_cnn_device(int argc, char **argv) {
         }
         b.scaler = scaler;
     }
+    kiln_set_allow_tf32(saved_tf32);
     kiln_grad_scaler_free(b.scaler);
     b.scaler = NULL;
     kiln_set_cudnn_benchmark(saved_bench);
@@ -307,20 +316,26 @@ int kiln_bench_cnn_device(int argc, char **argv) {
         printf("%-34s %14s %14s\n", "setup", "train img/s", "infer img/s");
         printf("%-34s %14.0f %14.0f\n", "f32, cuDNN autotuning off", rate[0][1], rate[0][0]);
         printf("%-34s %14.0f %14.0f\n", "f32, autotuning on (timed, cached)", rate[1][1], rate[1][0]);
+        printf("%-34s %14.0f %14.0f\n", "f32 + TF32 allowed, autotuning", tf32[1], tf32[0]);
         printf("%-34s %14.0f %14.0f\n", "AMP f16 + grad scaler, autotuning", amp[1], amp[0]);
         printf("%-34s %14.0f %14.0f\n", "f32, CUDA graph replay", graph[0][1], graph[0][0]);
         printf("%-34s %14.0f %14.0f\n", "AMP, CUDA graph replay", graph[1][1], graph[1][0]);
-        for (int a = 0; a < 2; a++)
+        printf("%-34s %14.0f %14.0f\n", "f32 + TF32, CUDA graph replay", graph[2][1], graph[2][0]);
+        static const char *const setup[3] = {"f32", "AMP", "f32 + TF32"};
+        for (int a = 0; a < 3; a++)
             for (int train = 0; train < 2; train++)
                 if (graph_why[a][train][0])
-                    printf("  %s %s as a graph: not traced: %s\n", a ? "AMP" : "f32", train ? "training" : "inference",
+                    printf("  %s %s as a graph: not traced: %s\n", setup[a], train ? "training" : "inference",
                            graph_why[a][train]);
         printf("{\"bench\":\"cnn\",\"threads\":%d,\"device\":\"%s\",\"batch\":%d,\"train_ips\":%.1f,\"infer_ips\":%.1f,"
-               "\"train_ips_autotune\":%.1f,\"infer_ips_autotune\":%.1f,\"train_ips_amp\":%.1f,\"infer_ips_amp\":%.1f,",
-               kiln_num_threads(), dev, g.batch, rate[0][1], rate[0][0], rate[1][1], rate[1][0], amp[1], amp[0]);
-        static const char *const names[2][2] = {{"infer_ips_graph", "train_ips_graph"},
-                                                {"infer_ips_amp_graph", "train_ips_amp_graph"}};
-        for (int a = 0; a < 2; a++)
+               "\"train_ips_autotune\":%.1f,\"infer_ips_autotune\":%.1f,\"train_ips_tf32\":%.1f,\"infer_ips_tf32\":%.1f,"
+               "\"train_ips_amp\":%.1f,\"infer_ips_amp\":%.1f,",
+               kiln_num_threads(), dev, g.batch, rate[0][1], rate[0][0], rate[1][1], rate[1][0], tf32[1], tf32[0],
+               amp[1], amp[0]);
+        static const char *const names[3][2] = {{"infer_ips_graph", "train_ips_graph"},
+                                                {"infer_ips_amp_graph", "train_ips_amp_graph"},
+                                                {"infer_ips_tf32_graph", "train_ips_tf32_graph"}};
+        for (int a = 0; a < 3; a++)
             for (int train = 1; train >= 0; train--) {
                 if (graph[a][train] > 0) printf("\"%s\":%.1f,", names[a][train], graph[a][train]);
                 else printf("\"%s\":null,", names[a][train]);
