@@ -11,11 +11,11 @@
 #                                         # Fashion-MNIST copied into .gpu/fmnist
 # On the GPU machine, from the repository's root (.gpu carried along):
 #   scripts/gpu-lease.sh [SECONDS]        # in this order, inside SECONDS (default 420):
-#     kiln info and the module check; the tests that touch cuda:0, then the rest; the GPU
+#     kiln info and the module check; the tests that touch cuda:0; the GPU
 #     benchmarks (kiln bench cnn/trace --device cuda:0) and the PyTorch
 #     peer of the CNN benchmark on the same GPU; the main job (kiln train on
 #     cuda:0, amp auto and f32, its report page) and its PyTorch peer; the profiler
-#     over 20 steps in f32 and AMP; kiln bench gemm and copy.
+#     over 20 steps in f32 and AMP; kiln bench gemm and copy; the rest of the suite last.
 # Output: $OUT/lease.log (or gpu-lease-out/ here) and the main job's summary files.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -96,10 +96,6 @@ run 170 ctest --test-dir "$b" -R "$cuda_tests" -j 14 --timeout 150 --output-on-f
 cp "$b/Testing/Temporary/LastTest.log" "$out/ctest-cuda.log" 2>/dev/null
 grep -E "cuda:0|algo|pick" "$out/ctest-cuda.log" | grep -iE "fast|cudnn|cublas|algo" | head -n 30
 
-step "the rest of the test suite"
-run 120 ctest --test-dir "$b" -E "$cuda_tests" -LE slow -j 14 --timeout 100 --output-on-failure 2>&1 | grep -E "^FAIL|tests passed|Failed|\*\*\*|Total Test" | tail -n 40
-cp "$b/Testing/Temporary/LastTest.log" "$out/ctest-rest.log" 2>/dev/null
-
 step "kiln bench cnn --device cuda:0"
 run 90 "$kiln" bench cnn --device cuda:0
 step "kiln bench trace --device cuda:0 (eager against the CUDA graph, batch 1 to 128)"
@@ -128,5 +124,9 @@ done
 step "kiln bench gemm / copy"
 run 30 "$kiln" bench gemm --device cuda:0
 run 30 "$kiln" bench copy --device cuda:0
+
+step "the rest of the test suite"
+run 120 ctest --test-dir "$b" -E "$cuda_tests" -LE slow -j 14 --timeout 100 --output-on-failure 2>&1 | grep -E "^FAIL|tests passed|Failed|\*\*\*|Total Test" | tail -n 40
+cp "$b/Testing/Temporary/LastTest.log" "$out/ctest-rest.log" 2>/dev/null
 
 step "gpu-lease done in $(( $(date +%s) - t_start ))s"
