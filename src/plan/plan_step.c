@@ -312,6 +312,7 @@ kiln_status plan_run(const kiln_plan_opts *o, bool measure, kiln_plan *out) {
     kiln_rng_positions rng;
     kiln_device_rng_save(&rng);
     kiln_device_type saved_kernels = kiln_meta_kernels();
+    int saved_index = kiln_meta_kernels_index();
     kiln_status st = KILN_OK;
     /* The planner's meta allocator simulates the device's address range:
      * a limit set for every allocator (KILN_ALLOC_CONF=limit_mb) is the
@@ -322,6 +323,7 @@ kiln_status plan_run(const kiln_plan_opts *o, bool measure, kiln_plan *out) {
     if (!measure && meta_limit) st = kiln_memory_set_limit(KILN_META, 0);
     if (!st && !measure) {
         kiln_meta_kernels_set(o->device.type);
+        kiln_meta_kernels_set_index(o->device.index);
         st = kiln_empty_cache(KILN_META);
         if (!st) st = plan_breakdown_begin();
     }
@@ -330,6 +332,7 @@ kiln_status plan_run(const kiln_plan_opts *o, bool measure, kiln_plan *out) {
     if (!measure) {
         plan_breakdown_end();
         kiln_meta_kernels_set(saved_kernels);
+        kiln_meta_kernels_set_index(saved_index);
         if (!st) st = kiln_empty_cache(KILN_META);
         /* The pinned pool's parts: the batch's buffers, all of it. */
         out->memory[1].requested_at_peak = out->memory[1].allocated_peak;

@@ -35,6 +35,12 @@ void kiln_meta_kernels_set(kiln_device_type type) {
 
 kiln_device_type kiln_meta_kernels(void) { return tls_meta_kernels; }
 
+static _Thread_local int tls_meta_index;
+
+void kiln_meta_kernels_set_index(int index) { tls_meta_index = index; }
+
+int kiln_meta_kernels_index(void) { return tls_meta_index; }
+
 void kiln_backend_register(const kiln_backend *backend) {
     KILN_ASSERT(backend && (unsigned)backend->type < KILN_DEVICE_TYPE_COUNT);
     atomic_store(&backends[backend->type], backend);

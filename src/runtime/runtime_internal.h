@@ -22,6 +22,11 @@ kiln_status kiln_runtime_copy(kiln_device dst_device, void *dst, kiln_device src
  * default; cuda while kiln_plan models a CUDA device). Per thread. */
 void kiln_meta_kernels_set(kiln_device_type type);
 kiln_device_type kiln_meta_kernels(void);
+/* Which device of that type (its index; 0 unless set): a library kernel
+ * that sizes its workspace from the device's own heuristics (cuDNN's
+ * convolutions) asks that device while a planned step has no data. */
+void kiln_meta_kernels_set_index(int index);
+int kiln_meta_kernels_index(void);
 
 /* The caching allocator of `device`, created on first use. NULL with an
  * error if the device is unavailable. */

@@ -40,6 +40,9 @@ extern "C" {
 /* The device owning ptr (a CUDA device pointer) made current; *previous
  * receives the caller's device for kiln_cuda_fast_leave (fast_guard_cublas.c). */
 kiln_status kiln_cuda_fast_enter(const void *ptr, int *device, int *previous);
+/* The same for a device given by index (a planned step on meta has no
+ * pointers: kiln_meta_kernels_index names the device it models). */
+kiln_status kiln_cuda_fast_enter_index(int index, int *device, int *previous);
 void kiln_cuda_fast_leave(int device, int previous);
 
 /* Whether a view is dense row-major (size-1 dims' strides ignored). */

@@ -57,6 +57,7 @@
 #include "kernels/cuda/cudnn_provider.h"
 #include "kiln/runtime.h"
 #include "runtime/cuda_backend.h"
+#include "runtime/runtime_internal.h"
 
 #define DNN_TRY(call)                                                                                        \
     do {                                                                                                     \
@@ -265,12 +266,13 @@ static bool conv_supports(conv_op op, const kiln_op_args *a) {
     return conv_call_of(op, a, &c);
 }
 
-/* The tuner's choice for the call (the device owning its output current). */
-static kiln_status conv_choose(kiln_cudnn_conv_call *c, kiln_autotune_choice *choice) {
+/* The tuner's choice for the call (the device owning its output current).
+ * can_time: the call has real buffers (not a planned step on meta). */
+static kiln_status conv_choose(kiln_cudnn_conv_call *c, bool can_time, kiln_autotune_choice *choice) {
     kiln_autotuner *t = kiln_autotune_global();
     if (!t) return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "no host memory for the autotuner");
     return kiln_autotune_choose(t, kiln_cudnn_conv_provider(), &c->cfg, c,
-                                kiln_autotune_mode_current(KILN_DEVICE_CUDA), true, choice);
+                                kiln_autotune_mode_current(KILN_DEVICE_CUDA), can_time, choice);
 }
 
 static const void *conv_owner(const kiln_cudnn_conv_call *c) {
@@ -279,18 +281,28 @@ static const void *conv_owner(const kiln_cudnn_conv_call *c) {
                                                         : c->w;
 }
 
+/* The chosen algorithm's workspace. A planned step on meta (no buffers)
+ * asks the device it models (kiln_meta_kernels_index) for cuDNN's
+ * heuristic order and takes the pick a real step would make without
+ * timing: the cached timed pick under kiln_set_cudnn_benchmark, else the
+ * default one, whose workspace the plan then holds (on an H100 the f32
+ * convolutions of the tutorial CNN's step wanted up to 53 MiB of it, which
+ * plans without this missed). */
 static size_t conv_workspace(conv_op op, const kiln_op_args *a) {
     kiln_cudnn_conv_call c;
     if (!conv_call_of(op, a, &c)) return 0;
     int device = -1, previous = -1;
-    if (kiln_cuda_fast_enter(conv_owner(&c), &device, &previous) != KILN_OK) {
+    bool planned = conv_owner(&c) == NULL && kiln_meta_kernels() == KILN_DEVICE_CUDA;
+    kiln_status en = planned ? kiln_cuda_fast_enter_index(kiln_meta_kernels_index(), &device, &previous)
+                             : kiln_cuda_fast_enter(conv_owner(&c), &device, &previous);
+    if (en != KILN_OK) {
         kiln_error_clear(); /* the run fn meets it again and falls back */
         return 0;
     }
     c.device = device;
     kiln_autotune_choice choice;
     size_t need = 0;
-    if (conv_choose(&c, &choice) == KILN_OK)
+    if (conv_choose(&c, !planned, &choice) == KILN_OK)
         need = kiln_cudnn_conv_workspace(&c, choice.index);
     else
         kiln_error_clear(); /* likewise: the run fn warns once and falls back */
@@ -315,7 +327,7 @@ static kiln_status conv_relu_body(cudnnHandle_t h, const dnn_entry *e, const kil
 
 static kiln_status conv_run_locked(conv_op op, const kiln_op_args *a, kiln_cudnn_conv_call *c) {
     kiln_autotune_choice choice;
-    KILN_TRY(conv_choose(c, &choice));
+    KILN_TRY(conv_choose(c, true, &choice));
     size_t need = kiln_cudnn_conv_workspace(c, choice.index);
     if (need > a->workspace_bytes)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,

@@ -18,6 +18,13 @@ kiln_status kiln_cuda_fast_enter(const void *ptr, int *device, int *previous) {
     return KILN_OK;
 }
 
+kiln_status kiln_cuda_fast_enter_index(int index, int *device, int *previous) {
+    *device = -1, *previous = -1;
+    KILN_TRY(kiln_cuda_device_switch(index, previous));
+    *device = index;
+    return KILN_OK;
+}
+
 void kiln_cuda_fast_leave(int device, int previous) { kiln_cuda_device_restore(device, previous); }
 
 bool kiln_cuda_fast_is_contiguous(const kiln_strided *s) {
