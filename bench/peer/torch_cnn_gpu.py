@@ -56,6 +56,21 @@ def timed(step, args, batch):
     return statistics.median(rates), min(rates), max(rates)
 
 
+def captured(fn):
+    """fn warmed up on a side stream (as torch.cuda.graph asks), captured
+    once, and the graph's replay returned."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
 def build(args, setup, mode):
     torch.manual_seed(0)
     dev = torch.device(args.device)
@@ -77,18 +92,7 @@ def build(args, setup, mode):
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=amp):
                 return model(x)
 
-        if not graph:
-            return infer
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                infer()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            infer()
-        return g.replay
+        return captured(infer) if graph else infer
     model.train()
     if not graph:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True) if amp else \
@@ -118,16 +122,7 @@ def build(args, setup, mode):
                 p.grad.mul_(1.0 / scale)
         opt.step()
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            train_g()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        train_g()
-    return g.replay
+    return captured(train_g)
 
 
 def main():
