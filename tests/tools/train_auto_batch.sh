@@ -22,8 +22,12 @@
 # stops before its first step with the plan's peak and the limit (and, with
 # --no-plan, at its first step saying nothing is left to halve). The ASan
 # tier runs this too (LeakSanitizer at each exit: nothing leaks).
-# usage: train_auto_batch.sh KILN_BINARY DEVICE LIMIT_MB
-# (exit 77, with the reason, for a CUDA device this build does not see)
+# usage: train_auto_batch.sh KILN_BINARY DEVICE LIMIT_MB|plan
+# (exit 77, with the reason, for a CUDA device this build does not see).
+# plan: the limit is halfway between kiln plan's reserved peak for
+# micro-batches of 64 and its allocated peak for the step at batch 128 on
+# DEVICE, so the test holds on any device: on an H100 cuBLASLt's 32 MiB
+# workspace alone is more than the emulated device's whole step.
 set -eu
 kiln=$1
 device=$2
@@ -54,6 +58,22 @@ linear 10
 EOF
 args="--model $out/bn.txt --device $device --limit 512 --epochs 1 --batch 128 --amp off --seed 3 --workers 0
       --progress lines --log-every 1"
+if [ "$limit" = plan ]; then
+  cp "$out/bn.txt" "$out/bn_28x28x1.txt" # kiln plan reads the input size from the name
+  plan() { # ACCUM KEY: a planned peak (bytes, two steps) of the step at batch 128
+    "$kiln" plan --model "$out/bn_28x28x1.txt" --device "$device" --batch 128 --accum "$1" --amp off --steps 2 |
+      tail -n 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["plan"]["memories"][0][sys.argv[1]])' "$2"
+  }
+  # Batch 128 must fail: under a limit the allocator frees its cache and
+  # retries, so what it cannot do without is the allocated peak. 64 must
+  # fit, fragmentation included: its reserved peak.
+  a128=$(plan 1 allocated_peak) && r64=$(plan 2 reserved_peak) || { echo "FAILED: kiln plan on $device"; exit 1; }
+  limit=$(( (a128 + r64) / 2 / 1048576 ))
+  if [ $((limit * 1048576)) -le "$r64" ] || [ $((limit * 1048576)) -ge "$a128" ]; then
+    echo "FAILED: no whole MiB between the planned reserved peak of micro-batches of 64 ($r64 bytes) and the allocated peak at batch 128 ($a128 bytes)"; exit 1
+  fi
+  echo "$device: planned allocated peak at batch 128 $a128 bytes, reserved at micro-batches of 64 $r64 bytes: limit_mb:$limit"
+fi
 # The reference: --accum 2 and no limit.
 "$kiln" train $args --accum 2 --out "$out/ref" > "$out/ref.out" 2> "$out/ref.err" || {
   echo "FAILED: the --accum 2 reference run:"; cat "$out/ref.err"; exit 1; }
