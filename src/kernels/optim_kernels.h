@@ -53,6 +53,20 @@ typedef struct kiln_sgd_step {
     const float *found_inf;
 } kiln_sgd_step;
 
+/* The grad scaler's unscale of one gradient (src/optim/grad_scaler.c), as
+ * PyTorch's _amp_foreach_non_finite_check_and_unscale_: every element
+ * g = R(g * *inv), R the rounding to the dtype (the op-by-op kiln_mul_'s
+ * bits), and *found set to 1 where a result is not finite, left as it is
+ * otherwise (so one flag can gather several gradients). inv and found are
+ * () f32 tensors' data on the gradient's device. */
+typedef struct kiln_unscale_step {
+    kiln_dtype dtype;
+    int64_t n;
+    void *g;
+    const float *inv;
+    float *found;
+} kiln_unscale_step;
+
 /* Updates per launch: the optimizer batches up to this many parameters of
  * one device into one call (the multi-tensor apply of PyTorch's foreach
  * optimizers): on CUDA one kernel launch updates them all. */
@@ -64,6 +78,8 @@ typedef struct kiln_optim_kernels {
      * may differ), enqueued on `stream`; do not block the host. */
     kiln_status (*adam)(const kiln_adam_step *s, int n, void *stream);
     kiln_status (*sgd)(const kiln_sgd_step *s, int n, void *stream);
+    /* n (1..KILN_OPTIM_MULTI) unscales, the same way (NULL: none). */
+    kiln_status (*unscale)(const kiln_unscale_step *s, int n, void *stream);
 } kiln_optim_kernels;
 
 const kiln_optim_kernels *kiln_cpu_optim_kernels(void);

@@ -17,9 +17,11 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "kernels/optim_kernels.h"
 #include "kiln/amp.h"
 #include "kiln/autograd.h"
 #include "optim/optim_internal.h"
+#include "runtime/runtime_internal.h"
 #include "tensor/scope.h"
 #include "tensor/tensor_internal.h"
 
@@ -163,6 +165,74 @@ static device_share *share_for(device_share *sh, int *n, kiln_tensor *inv0, kiln
     return &sh[(*n)++];
 }
 
+static _Atomic uint64_t fused_unscales;
+
+uint64_t kiln_grad_scaler_fused_unscales(void) { return fused_unscales; }
+
+/* The whole unscale as multi-tensor kernels (kiln_optim_kernels.unscale:
+ * one launch per KILN_OPTIM_MULTI gradients on CUDA, against about five
+ * ops per gradient below) where every gradient is f32 or f64, dense, on the
+ * scale's device, and the device has the kernel; not under kiln_trace
+ * (whose recorder sees ops and optimizer updates only) nor with the fused
+ * optimizer kernels turned off. The gradients get the op-by-op path's bits
+ * and *found the same 0 or 1. *done false: nothing was changed, take the
+ * ops. On meta (a planned step) the flag is allocated and nothing runs. */
+static kiln_status fused_unscale(kiln_grad_scaler *s, kiln_optimizer *opt, kiln_tensor *inv, kiln_tensor **found,
+                                 bool *done) {
+    *done = false;
+    kiln_device dev = kiln_get_device(s->scale);
+    if (!kiln_optim_fused_enabled() || kiln_optim_recording() || inv->dtype != KILN_F32) return KILN_OK;
+    const kiln_optim_kernels *k =
+        kiln_optim_kernels_for(dev.type == KILN_DEVICE_META ? kiln_meta_kernels() : dev.type);
+    if (!k || !k->unscale) return KILN_OK;
+    for (int i = 0; i < opt->n; i++) {
+        kiln_tensor *g = kiln_grad(opt->params[i]);
+        if (!g) continue;
+        kiln_device d = kiln_get_device(g);
+        bool ok = kiln_device_equal(d, dev) && (k->dtypes & (1u << g->dtype)) &&
+                  (g->dtype == KILN_F32 || g->dtype == KILN_F64) && kiln_is_contiguous(g);
+        kiln_tensor_drop(g);
+        if (!ok) return KILN_OK;
+    }
+    kiln_tensor *flag = kiln_new_zeros(s->scale, KILN_SHAPE()); /* () f32 */
+    if (!flag) return kiln_error_last()->status;
+    kiln_status st = KILN_OK;
+    void *stream = NULL;
+    bool meta = dev.type == KILN_DEVICE_META;
+    if (!meta) st = kiln_tensor_kernel_stream(dev, &stream);
+    kiln_unscale_step steps[KILN_OPTIM_MULTI];
+    kiln_tensor *hold[KILN_OPTIM_MULTI];
+    int n = 0;
+    for (int i = 0; i <= opt->n && !st; i++) {
+        kiln_tensor *g = i < opt->n ? kiln_grad(opt->params[i]) : NULL;
+        if (g) st = kiln_tensor_ensure_strided(g); /* a layout a CPU kernel left: flat memory first */
+        if (g && !st) {
+            kiln_strided v = kiln_tensor_kernel_view(g);
+            steps[n] = (kiln_unscale_step){.dtype = g->dtype,
+                                           .n = kiln_numel(g),
+                                           .g = v.data,
+                                           .inv = kiln_tensor_kernel_view(inv).data,
+                                           .found = kiln_tensor_kernel_view(flag).data};
+            hold[n++] = g;
+        } else if (g) {
+            kiln_tensor_drop(g);
+        }
+        if (n && (n == KILN_OPTIM_MULTI || i == opt->n || st)) {
+            if (!st && !meta) st = k->unscale(steps, n, stream);
+            if (!st) fused_unscales += (uint64_t)n;
+            for (int j = 0; j < n; j++) kiln_tensor_drop(hold[j]);
+            n = 0;
+        }
+    }
+    if (st) {
+        kiln_tensor_drop(flag);
+        return st;
+    }
+    *found = flag;
+    *done = true;
+    return KILN_OK;
+}
+
 /* Multiply every gradient of opt by 1/scale (on the gradient's device) and
  * return the found-inf flag on the scale's device: the devices' sums are
  * brought there and added. */
@@ -173,6 +243,13 @@ static kiln_status unscale_grads(kiln_grad_scaler *s, kiln_optimizer *opt, kiln_
     device_share sh[SCALER_MAX_DEVICES];
     int n_sh = 0;
     kiln_status st = inv ? KILN_OK : kiln_error_last()->status;
+    bool fused = false;
+    if (!st) st = fused_unscale(s, opt, inv, found, &fused);
+    if (st || fused) {
+        kiln_tensor_drop(inv);
+        kiln_tensor_drop(one);
+        return st;
+    }
     for (int i = 0; i < opt->n && !st; i++) {
         kiln_tensor *g = kiln_grad(opt->params[i]);
         if (!g) continue;

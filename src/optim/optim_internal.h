@@ -29,6 +29,10 @@ struct kiln_optimizer {
 /* Whether updates may use the fused kernels where they apply (default on);
  * off runs every update op by op. For tests that compare the two paths. */
 void kiln_optim_use_fused(bool on);
+bool kiln_optim_fused_enabled(void);
+/* Gradients the grad scaler unscaled with the fused multi-tensor kernel
+ * (grad_scaler.c), since the process started: for tests. */
+uint64_t kiln_grad_scaler_fused_unscales(void);
 /* Parameter updates that ran fused since the process started, and the
  * calls (kernel launches on CUDA) they took: up to KILN_OPTIM_MULTI
  * updates of one device share one. */

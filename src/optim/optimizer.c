@@ -205,6 +205,7 @@ static _Atomic bool fused_off;
 static _Atomic uint64_t fused_updates;
 
 void kiln_optim_use_fused(bool on) { fused_off = !on; }
+bool kiln_optim_fused_enabled(void) { return !fused_off; }
 uint64_t kiln_optim_fused_updates(void) { return fused_updates; }
 
 /* The fused kernels for these tensors (NULL entries skipped), or NULL when

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "optim/optim_internal.h"
 #include "test_util.h"
 
 #define N 6
@@ -384,8 +385,80 @@ static bool test_two_devices(void) {
     return true;
 }
 
+/* The fused unscale (one multi-tensor kernel, kiln_optim_kernels.unscale)
+ * against the op-by-op one: the same gradient bits and the same skip, for
+ * a clean step, an inf and a NaN, over three gradients (one of 70001
+ * elements: several blocks on CUDA, threads on the CPU); and the fused one
+ * really ran. */
+static void unscale_once(kiln_device dev, bool fused, int bad, float *out[3], bool *stepped) {
+    static const int64_t sizes[3] = {6, 70001, 17};
+    kiln_optim_use_fused(fused);
+    kiln_scope_begin();
+    kiln_tensor *p[3], *g[3];
+    for (int k = 0; k < 3; k++) {
+        p[k] = kiln_zeros(KILN_SHAPE(sizes[k]), KILN_F32, dev);
+        CHECK_OK(kiln_set_requires_grad(p[k], true));
+        float *v = malloc((size_t)sizes[k] * sizeof *v);
+        uint32_t x = 12345u + (uint32_t)k;
+        for (int64_t i = 0; i < sizes[k]; i++) {
+            x = x * 1664525u + 1013904223u;
+            v[i] = ((float)(x >> 8) / 16777216.0f - 0.5f) * 3e4f; /* scaled-gradient magnitudes */
+        }
+        if (bad == 1 && k == 1) v[40000] = INFINITY;
+        if (bad == 2 && k == 2) v[16] = NAN;
+        g[k] = kiln_from_data(KILN_SHAPE(sizes[k]), KILN_F32, KILN_CPU, v);
+        free(v);
+        kiln_tensor *gd = kiln_to(g[k], dev, KILN_F32, 0);
+        CHECK_OK(kiln_set_grad(p[k], gd));
+    }
+    kiln_sgd_opts so = kiln_sgd_defaults(0.1);
+    kiln_optimizer *opt = kiln_sgd(p, 3, &so);
+    kiln_grad_scaler_opts o = kiln_grad_scaler_defaults();
+    o.init_scale = 3.0; /* 1/3 is inexact: the products round */
+    kiln_grad_scaler *s = kiln_grad_scaler_create(&o);
+    CHECK(kiln_grad_scaler_scale(s, kiln_full(KILN_SHAPE(), 1.0, KILN_F32, dev)) != NULL);
+    uint64_t before = kiln_grad_scaler_fused_unscales();
+    CHECK_OK(kiln_grad_scaler_unscale_(s, opt));
+    uint64_t ran = kiln_grad_scaler_fused_unscales() - before;
+    CHECK_MSG(fused ? ran == 3 : ran == 0, "%s: %s unscale: %llu gradients through the fused kernel",
+              kiln_device_str(dev, (char[32]){0}, 32), fused ? "fused" : "op-by-op", (unsigned long long)ran);
+    for (int k = 0; k < 3; k++) {
+        out[k] = malloc((size_t)sizes[k] * sizeof(float));
+        kiln_tensor *gr = kiln_grad(p[k]);
+        CHECK_OK(kiln_to_host(gr, out[k], (size_t)sizes[k] * sizeof(float)));
+        kiln_release(gr);
+    }
+    CHECK_OK(kiln_grad_scaler_step(s, opt, stepped));
+    CHECK_OK(kiln_grad_scaler_update(s));
+    kiln_grad_scaler_free(s);
+    kiln_optimizer_free(opt);
+    kiln_scope_end();
+    kiln_optim_use_fused(true);
+}
+
+static void test_fused_unscale(kiln_device dev) {
+    static const int64_t sizes[3] = {6, 70001, 17};
+    char name[32];
+    kiln_device_str(dev, name, sizeof name);
+    for (int bad = 0; bad < 3; bad++) {
+        float *a[3], *b[3];
+        bool sa = false, sb = false;
+        unscale_once(dev, true, bad, a, &sa);
+        unscale_once(dev, false, bad, b, &sb);
+        CHECK_MSG(sa == sb && sa == (bad == 0), "%s case %d: fused stepped %d, op-by-op %d", name, bad, sa, sb);
+        for (int k = 0; k < 3; k++) {
+            CHECK_MSG(memcmp(a[k], b[k], (size_t)sizes[k] * sizeof(float)) == 0,
+                      "%s case %d: gradient %d differs between the fused and the op-by-op unscale", name, bad, k);
+            free(a[k]);
+            free(b[k]);
+        }
+    }
+}
+
 int main(void) {
     if (kiln_init()) return 1;
+    test_fused_unscale(KILN_CPU);
+    if (kiln_device_is_available(KILN_CUDA(0))) test_fused_unscale(KILN_CUDA(0));
     test_defaults();
     test_planted_overflow();
     test_growth();

@@ -16,8 +16,12 @@
 /* A parallel loop over elements where the build has OpenMP. */
 #ifdef _OPENMP
 #define OPTIM_PARALLEL_FOR _Pragma("omp parallel for schedule(static) if (s->n >= OPTIM_PARALLEL_MIN)")
+/* The same, or-ing each thread's `bad` into the loop's. */
+#define OPTIM_PARALLEL_FOR_BAD                                                                               \
+    _Pragma("omp parallel for schedule(static) reduction(|| : bad) if (s->n >= OPTIM_PARALLEL_MIN)")
 #else
 #define OPTIM_PARALLEL_FOR
+#define OPTIM_PARALLEL_FOR_BAD
 #endif
 
 #define R32(x) ((double)(float)(x))
@@ -186,10 +190,42 @@ static kiln_status cpu_sgd(const kiln_sgd_step *s, int n, void *stream) {
     return KILN_OK;
 }
 
+/* UNSCALE_BODY(T, R): s's gradient times *inv; bad is set by a result
+ * that is not finite. */
+#define UNSCALE_BODY(T, R)                                                                                   \
+    do {                                                                                                     \
+        T *g = s->g;                                                                                         \
+        const double inv = (double)*s->inv;                                                                  \
+        OPTIM_PARALLEL_FOR_BAD                                                                               \
+        for (int64_t i = 0; i < s->n; i++) {                                                                 \
+            double r = R((double)g[i] * inv);                                                                \
+            g[i] = (T)r;                                                                                     \
+            bad = bad || !isfinite(r);                                                                       \
+        }                                                                                                    \
+    } while (0)
+
+static kiln_status cpu_unscale(const kiln_unscale_step *st, int n, void *stream) {
+    (void)stream;
+    for (int k = 0; k < n; k++) {
+        const kiln_unscale_step *s = &st[k];
+        bool bad = false;
+        if (s->dtype == KILN_F32)
+            UNSCALE_BODY(float, R32);
+        else if (s->dtype == KILN_F64)
+            UNSCALE_BODY(double, R64);
+        else
+            return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "fused unscale: dtype %s is not covered",
+                              kiln_dtype_name(s->dtype));
+        if (bad) *s->found = 1.0f;
+    }
+    return KILN_OK;
+}
+
 static const kiln_optim_kernels cpu_table = {
     .dtypes = (1u << KILN_F32) | (1u << KILN_F64),
     .adam = cpu_adam,
     .sgd = cpu_sgd,
+    .unscale = cpu_unscale,
 };
 
 const kiln_optim_kernels *kiln_cpu_optim_kernels(void) { return &cpu_table; }

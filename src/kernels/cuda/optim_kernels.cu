@@ -95,6 +95,33 @@ __global__ void sgd_kernel(batch<kiln_sgd_step> b) {
         sgd_one<double>(s);
 }
 
+/* The grad scaler's unscale: a product and a finiteness test per element;
+ * every thread that meets a non-finite result stores the same 1. */
+template <class T> __device__ void unscale_one(const kiln_unscale_step &s) {
+    T *g = (T *)s.g;
+    const double inv = (double)*s.inv;
+    bool bad = false;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < s.n; i += (int64_t)gridDim.x * blockDim.x) {
+        double r = rnd<T>(mul_rn((double)g[i], inv));
+        g[i] = (T)r;
+        bad = bad || !isfinite(r);
+    }
+    if (bad) *s.found = 1.0f;
+}
+
+__global__ void unscale_kernel(batch<kiln_unscale_step> b) {
+    const kiln_unscale_step &s = b.s[blockIdx.y];
+    if (s.dtype == KILN_F32)
+        unscale_one<float>(s);
+    else
+        unscale_one<double>(s);
+}
+
+/* The tensor whose device runs the batch. */
+inline const void *first_data(const kiln_adam_step &s) { return s.p; }
+inline const void *first_data(const kiln_sgd_step &s) { return s.p; }
+inline const void *first_data(const kiln_unscale_step &s) { return s.g; }
+
 /* Checks the batch, makes the device of its first parameter current and
  * gives the grid: x covers the largest parameter, y the parameters. */
 template <class S>
@@ -110,7 +137,7 @@ kiln_status prepare(const S *s, int n, const char *what, kiln_cuda::device_guard
         if (s[k].n > most) most = s[k].n;
         b.s[k] = s[k];
     }
-    KILN_TRY(guard.enter(s[0].p));
+    KILN_TRY(guard.enter(first_data(s[0])));
     grid = dim3(kiln_cuda::grid_for(most), (unsigned)n, 1);
     return KILN_OK;
 }
@@ -135,10 +162,21 @@ kiln_status cuda_sgd(const kiln_sgd_step *s, int n, void *stream) {
     return KILN_OK;
 }
 
+kiln_status cuda_unscale(const kiln_unscale_step *s, int n, void *stream) {
+    kiln_cuda::device_guard guard;
+    batch<kiln_unscale_step> b;
+    dim3 grid;
+    KILN_TRY(prepare(s, n, "unscale", guard, b, grid));
+    KILN_LAUNCH(unscale_kernel, grid, kiln_cuda::kThreads, 0, stream, b);
+    KILN_LAUNCH_CHECK(guard.device, "unscale_kernel");
+    return KILN_OK;
+}
+
 const kiln_optim_kernels cuda_table = {
     (1u << KILN_F32) | (1u << KILN_F64),
     cuda_adam,
     cuda_sgd,
+    cuda_unscale,
 };
 
 } // namespace
