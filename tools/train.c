@@ -287,29 +287,6 @@ typedef struct epoch_state {
     double last_draw;         /* the TTY bar's last redraw */
 } epoch_state;
 
-/* Whether every parameter is finite, into *finite. Run only after a
- * non-finite window loss: one reduction and one host read per parameter
- * (p * 0 is 0 for a finite element and NaN otherwise). */
-static kiln_status params_finite(train_run *r, bool *finite) {
-    kiln_tensor **params = NULL;
-    int np = 0;
-    KILN_TRY(kiln_module_parameters(r->model, &params, &np));
-    kiln_status st = KILN_OK;
-    *finite = true;
-    kiln_no_grad_begin();
-    kiln_scope_begin();
-    for (int i = 0; i < np && !st && *finite; i++) {
-        double v = 0;
-        kiln_tensor *z = kiln_sum(kiln_mul_scalar(params[i], 0.0), 0, NULL, false);
-        st = z ? kiln_item(z, &v) : kiln_error_last()->status;
-        if (!st && v != v) *finite = false;
-    }
-    kiln_status end = kiln_scope_end();
-    kiln_grad_mode_end();
-    free(params);
-    return st ? st : end;
-}
-
 /* Land the closed window's sums (wait for them when `wait`, else only if
  * they are there) and write its record and, without a TTY, its progress
  * line: the one writer of both. */
@@ -326,7 +303,7 @@ static kiln_status window_land(train_run *r, epoch_state *e, bool wait) {
      * stop the run as they do without it. */
     if (!isfinite(e->shown_loss)) {
         bool weights_ok = false;
-        if (r->amp == KILN_F16) KILN_TRY(params_finite(r, &weights_ok));
+        if (r->amp == KILN_F16) KILN_TRY(train_amp_params_finite(r, &weights_ok));
         if (!weights_ok)
             return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
                               "lower --lr, or rerun with --detect-anomaly to name the op that made the first NaN/inf",

@@ -3,8 +3,10 @@
  * grad scaler around backward and the optimizer step). docs/training.md,
  * "Mixed precision". */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "base/error.h"
 #include "kiln/kiln.h"
 #include "train_run.h"
 #if defined(__x86_64__) || defined(__i386__)
@@ -150,3 +152,25 @@ double train_amp_scale(train_run *r) {
 }
 
 int64_t train_amp_skipped(const train_run *r) { return r->scaler ? kiln_grad_scaler_skipped_steps(r->scaler) : 0; }
+
+/* One reduction and one host read per parameter (p * 0 is 0 for a finite
+ * element and NaN otherwise): run only after a non-finite window loss. */
+kiln_status train_amp_params_finite(train_run *r, bool *finite) {
+    kiln_tensor **params = NULL;
+    int np = 0;
+    KILN_TRY(kiln_module_parameters(r->model, &params, &np));
+    kiln_status st = KILN_OK;
+    *finite = true;
+    kiln_no_grad_begin();
+    kiln_scope_begin();
+    for (int i = 0; i < np && !st && *finite; i++) {
+        double v = 0;
+        kiln_tensor *z = kiln_sum(kiln_mul_scalar(params[i], 0.0), 0, NULL, false);
+        st = z ? kiln_item(z, &v) : kiln_error_last()->status;
+        if (!st && v != v) *finite = false;
+    }
+    kiln_status end = kiln_scope_end();
+    kiln_grad_mode_end();
+    free(params);
+    return st ? st : end;
+}

@@ -163,6 +163,10 @@ kiln_status train_amp_resume(train_run *r, const kiln_train_state *s);
 const char *train_amp_name(const train_run *r);
 double train_amp_scale(train_run *r);
 int64_t train_amp_skipped(const train_run *r);
+/* Whether every parameter is finite, into *finite (blocks: reads them).
+ * With f16 loss scaling a non-finite loss stops the run only then: the
+ * scaler skips an overflowing step, but not past NaN weights. */
+kiln_status train_amp_params_finite(train_run *r, bool *finite);
 
 
 /* Out-of-memory recovery (train_oom.c): the snapshot made (an exit code)
