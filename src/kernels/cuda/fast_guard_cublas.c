@@ -9,20 +9,18 @@
 #include "runtime/cuda_backend.h"
 #include "runtime/cuda_device.h"
 
-kiln_status kiln_cuda_fast_enter(const void *ptr, int *device, int *previous) {
-    *device = -1, *previous = -1;
-    int d = -1;
-    KILN_TRY(kiln_cuda_device_of(ptr, "CUDA library path", &d));
-    KILN_TRY(kiln_cuda_device_switch(d, previous));
-    *device = d;
-    return KILN_OK;
-}
-
 kiln_status kiln_cuda_fast_enter_index(int index, int *device, int *previous) {
     *device = -1, *previous = -1;
     KILN_TRY(kiln_cuda_device_switch(index, previous));
     *device = index;
     return KILN_OK;
+}
+
+kiln_status kiln_cuda_fast_enter(const void *ptr, int *device, int *previous) {
+    *device = -1, *previous = -1;
+    int d = -1;
+    KILN_TRY(kiln_cuda_device_of(ptr, "CUDA library path", &d));
+    return kiln_cuda_fast_enter_index(d, device, previous);
 }
 
 void kiln_cuda_fast_leave(int device, int previous) { kiln_cuda_device_restore(device, previous); }

@@ -122,13 +122,16 @@ inline const void *first_data(const kiln_adam_step &s) { return s.p; }
 inline const void *first_data(const kiln_sgd_step &s) { return s.p; }
 inline const void *first_data(const kiln_unscale_step &s) { return s.g; }
 
-/* Checks the batch, makes the device of its first parameter current and
- * gives the grid: x covers the largest parameter, y the parameters. */
+/* One launch of kernel over the batch s[0..n): checks it, makes the device
+ * of its first tensor current; the grid's x covers the largest tensor, y
+ * the batch's entries. */
 template <class S>
-kiln_status prepare(const S *s, int n, const char *what, kiln_cuda::device_guard &guard, batch<S> &b, dim3 &grid) {
+kiln_status launch(void (*kernel)(batch<S>), const char *kernel_name, const char *what, const S *s, int n,
+                   void *stream) {
     if (n < 1 || n > KILN_OPTIM_MULTI)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, NULL, "fused %s: %d updates in one batch (1..%d)", what, n,
                           KILN_OPTIM_MULTI);
+    batch<S> b;
     int64_t most = 0;
     for (int k = 0; k < n; k++) {
         if (s[k].dtype != KILN_F32 && s[k].dtype != KILN_F64)
@@ -137,39 +140,24 @@ kiln_status prepare(const S *s, int n, const char *what, kiln_cuda::device_guard
         if (s[k].n > most) most = s[k].n;
         b.s[k] = s[k];
     }
+    kiln_cuda::device_guard guard;
     KILN_TRY(guard.enter(first_data(s[0])));
-    grid = dim3(kiln_cuda::grid_for(most), (unsigned)n, 1);
+    dim3 grid(kiln_cuda::grid_for(most), (unsigned)n, 1);
+    KILN_LAUNCH(kernel, grid, kiln_cuda::kThreads, 0, stream, b);
+    KILN_LAUNCH_CHECK(guard.device, kernel_name);
     return KILN_OK;
 }
 
 kiln_status cuda_adam(const kiln_adam_step *s, int n, void *stream) {
-    kiln_cuda::device_guard guard;
-    batch<kiln_adam_step> b;
-    dim3 grid;
-    KILN_TRY(prepare(s, n, "Adam", guard, b, grid));
-    KILN_LAUNCH(adam_kernel, grid, kiln_cuda::kThreads, 0, stream, b);
-    KILN_LAUNCH_CHECK(guard.device, "adam_kernel");
-    return KILN_OK;
+    return launch(adam_kernel, "adam_kernel", "Adam", s, n, stream);
 }
 
 kiln_status cuda_sgd(const kiln_sgd_step *s, int n, void *stream) {
-    kiln_cuda::device_guard guard;
-    batch<kiln_sgd_step> b;
-    dim3 grid;
-    KILN_TRY(prepare(s, n, "SGD", guard, b, grid));
-    KILN_LAUNCH(sgd_kernel, grid, kiln_cuda::kThreads, 0, stream, b);
-    KILN_LAUNCH_CHECK(guard.device, "sgd_kernel");
-    return KILN_OK;
+    return launch(sgd_kernel, "sgd_kernel", "SGD", s, n, stream);
 }
 
 kiln_status cuda_unscale(const kiln_unscale_step *s, int n, void *stream) {
-    kiln_cuda::device_guard guard;
-    batch<kiln_unscale_step> b;
-    dim3 grid;
-    KILN_TRY(prepare(s, n, "unscale", guard, b, grid));
-    KILN_LAUNCH(unscale_kernel, grid, kiln_cuda::kThreads, 0, stream, b);
-    KILN_LAUNCH_CHECK(guard.device, "unscale_kernel");
-    return KILN_OK;
+    return launch(unscale_kernel, "unscale_kernel", "unscale", s, n, stream);
 }
 
 const kiln_optim_kernels cuda_table = {
