@@ -185,49 +185,42 @@ static kiln_status fused_unscale(kiln_grad_scaler *s, kiln_optimizer *opt, kiln_
     const kiln_optim_kernels *k =
         kiln_optim_kernels_for(dev.type == KILN_DEVICE_META ? kiln_meta_kernels() : dev.type);
     if (!k || !k->unscale) return KILN_OK;
-    for (int i = 0; i < opt->n; i++) {
-        kiln_tensor *g = kiln_grad(opt->params[i]);
-        if (!g) continue;
-        kiln_device d = kiln_get_device(g);
-        bool ok = kiln_device_equal(d, dev) && (k->dtypes & (1u << g->dtype)) &&
-                  (g->dtype == KILN_F32 || g->dtype == KILN_F64) && kiln_is_contiguous(g);
-        kiln_tensor_drop(g);
-        if (!ok) return KILN_OK;
+    /* The gradients, held until their launch; any that does not qualify
+     * sends the whole unscale to the ops. */
+    kiln_tensor **g = calloc((size_t)opt->n + 1, sizeof *g);
+    if (!g) return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, NULL, "kiln_grad_scaler_unscale_: out of host memory");
+    int m = 0;
+    bool ok = true;
+    for (int i = 0; i < opt->n && ok; i++) {
+        kiln_tensor *t = kiln_grad(opt->params[i]);
+        if (!t) continue;
+        g[m++] = t;
+        ok = kiln_device_equal(kiln_get_device(t), dev) && (k->dtypes & (1u << t->dtype)) &&
+             (t->dtype == KILN_F32 || t->dtype == KILN_F64) && kiln_is_contiguous(t);
     }
-    kiln_tensor *flag = kiln_new_zeros(s->scale, KILN_SHAPE()); /* () f32 */
-    if (!flag) return kiln_error_last()->status;
-    kiln_status st = KILN_OK;
+    kiln_tensor *flag = ok ? kiln_new_zeros(s->scale, KILN_SHAPE()) : NULL; /* () f32 */
+    kiln_status st = ok && !flag ? kiln_error_last()->status : KILN_OK;
     void *stream = NULL;
     bool meta = dev.type == KILN_DEVICE_META;
-    if (!meta) st = kiln_tensor_kernel_stream(dev, &stream);
-    kiln_unscale_step steps[KILN_OPTIM_MULTI];
-    kiln_tensor *hold[KILN_OPTIM_MULTI];
-    int n = 0;
-    for (int i = 0; i <= opt->n && !st; i++) {
-        kiln_tensor *g = i < opt->n ? kiln_grad(opt->params[i]) : NULL;
-        if (g) st = kiln_tensor_ensure_strided(g); /* a layout a CPU kernel left: flat memory first */
-        if (g && !st) {
-            kiln_strided v = kiln_tensor_kernel_view(g);
-            steps[n] = (kiln_unscale_step){.dtype = g->dtype,
-                                           .n = kiln_numel(g),
-                                           .g = v.data,
+    if (flag && !meta) st = kiln_tensor_kernel_stream(dev, &stream);
+    for (int c = 0; flag && c < m && !st; c += KILN_OPTIM_MULTI) {
+        kiln_unscale_step steps[KILN_OPTIM_MULTI];
+        int n = m - c < KILN_OPTIM_MULTI ? m - c : KILN_OPTIM_MULTI;
+        for (int j = 0; j < n && !st; j++) {
+            st = kiln_tensor_ensure_strided(g[c + j]); /* a layout a CPU kernel left: flat memory first */
+            steps[j] = (kiln_unscale_step){.dtype = g[c + j]->dtype,
+                                           .n = kiln_numel(g[c + j]),
+                                           .g = kiln_tensor_kernel_view(g[c + j]).data,
                                            .inv = kiln_tensor_kernel_view(inv).data,
                                            .found = kiln_tensor_kernel_view(flag).data};
-            hold[n++] = g;
-        } else if (g) {
-            kiln_tensor_drop(g);
         }
-        if (n && (n == KILN_OPTIM_MULTI || i == opt->n || st)) {
-            if (!st && !meta) st = k->unscale(steps, n, stream);
-            if (!st) fused_unscales += (uint64_t)n;
-            for (int j = 0; j < n; j++) kiln_tensor_drop(hold[j]);
-            n = 0;
-        }
+        if (!st && !meta) st = k->unscale(steps, n, stream);
+        if (!st) fused_unscales += (uint64_t)n;
     }
-    if (st) {
-        kiln_tensor_drop(flag);
-        return st;
-    }
+    for (int i = 0; i < m; i++) kiln_tensor_drop(g[i]);
+    free(g);
+    if (st && flag) kiln_tensor_drop(flag);
+    if (st || !flag) return st;
     *found = flag;
     *done = true;
     return KILN_OK;
