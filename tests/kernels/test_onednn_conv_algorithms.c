@@ -7,7 +7,7 @@
  * directly) against a double-precision reference on the same f32 inputs;
  * the error is normwise, ||got - ref||_2 / ||ref||_2. Tolerances:
  *   - direct, direct_plain: 1e-5 (the op harness's f32 threshold);
- *   - winograd: 2e-5. F(4x4, 3x3) transforms the tiles with matrices
+ *   - winograd (oneDNN's) and winograd_2x2 (Kiln's, AVX2): 2e-5. F(4x4, 3x3) transforms the tiles with matrices
  *     whose entries reach 8 (and fractions down to 1/24 in the inverse),
  *     so rounding in the transformed domain is amplified: measured
  *     3.7e-7..1.1e-6 on these shapes on the 2-core Cascade Lake (2-4x the
@@ -29,6 +29,7 @@
 #ifdef KILN_WITH_ONEDNN
 #include "kernels/autotune.h"
 #include "kernels/cpu/onednn/onednn_kernels.h"
+#include "kernels/cpu/onednn/onednn_winograd.h"
 #include "ops/op_registry.h"
 
 typedef struct shape {
@@ -155,11 +156,14 @@ static void check_algorithm(const char *alg, double tol) {
         };
         /* oneDNN's Winograd exists only for AVX-512 (avx512_core): elsewhere
          * every shape is declined, and the kernel must say so, not fail. */
-        bool expect = strcmp(alg, "winograd") || (s->winograd && cpu_has_avx512_core());
+        bool expect = !strcmp(alg, "winograd")       ? s->winograd && cpu_has_avx512_core()
+                      : !strcmp(alg, "winograd_2x2") ? s->c % 8 == 0 && s->o % 8 == 0 && s->k == 3 &&
+                                                           s->stride == 1 && s->pad == 1 && kiln_wino_cpu_ok()
+                                                     : true;
         double err[3] = {ran[0] ? rel_err(y, ry, ny) : -1, ran[1] ? rel_err(gx, rgx, nx) : -1,
                          ran[2] ? rel_err(gw, rgw, nw) : -1};
         printf("%-15s %-20s fwd %.2e  bwd_data %.2e  bwd_weight %.2e%s\n", alg, s->name, err[0], err[1],
-               err[2], expect ? "" : s->winograd ? "  (declined: no AVX-512 on this CPU)" : "  (declined, as expected)");
+               err[2], expect ? "" : s->winograd && !strcmp(alg, "winograd") ? "  (declined: no AVX-512 on this CPU)" : "  (declined, as expected)");
         for (int p = 0; p < 3; p++) {
             CHECK_MSG(ran[p] == expect, "%s %s pass %d: ran %d, expected %d", alg, s->name, p, ran[p],
                       expect);
@@ -260,6 +264,7 @@ int main(void) {
     check_algorithm("direct", 1e-5);
     check_algorithm("direct_plain", 1e-5);
     check_algorithm("winograd", 2e-5);
+    check_algorithm("winograd_2x2", 2e-5); /* Kiln's, AVX2: tests/kernels/test_winograd_conv.c */
     check_wiring(cache);
     kiln_shutdown();
     remove(cache);

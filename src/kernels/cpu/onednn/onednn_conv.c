@@ -35,6 +35,7 @@
 
 #include "kernels/autotune.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
+#include "kernels/cpu/onednn/onednn_winograd.h"
 #include "kernels/nn_geometry.h"
 #include "kiln/runtime.h"
 
@@ -66,9 +67,9 @@ enum {
     K_COUNT
 };
 
-typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_PLAIN, ALG_WINOGRAD, ALG_COUNT } conv_alg;
+typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_PLAIN, ALG_WINOGRAD, ALG_WINO2, ALG_COUNT } conv_alg;
 
-static const char *const alg_names[ALG_COUNT] = {"direct", "direct_plain", "winograd"};
+static const char *const alg_names[ALG_COUNT] = {"direct", "direct_plain", "winograd", "winograd_2x2"};
 
 /* x (N, C, H, W), w (O, C/G, kH, kW), y (N, O, OH, OW): the forward names
  * of the three tensors, whichever pass's inputs and outputs they are. */
@@ -285,6 +286,10 @@ static size_t align_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
  * blocked buffer at offset[pos], the reorders' scratchpad at
  * reorder_scratch_at. */
 typedef struct conv_plan {
+    bool wino; /* Kiln's Winograd (onednn_winograd.c) instead of a oneDNN primitive */
+    kiln_wino_pass wino_pass;
+    kiln_wino_shape wino_shape;
+    bool relu;
     kiln_onednn_prim *conv;
     kiln_onednn_prim *reorder[3];
     size_t offset[3];
@@ -292,9 +297,35 @@ typedef struct conv_plan {
     size_t workspace;
 } conv_plan;
 
+/* The Winograd candidate: 3x3, stride 1, padding 1, no dilation or groups,
+ * channels divisible by 8, on an AVX2 CPU; else it does not build. */
+static bool wino_geometry(const int64_t *v) {
+    return v[K_KH] == 3 && v[K_KW] == 3 && v[K_SH] == 1 && v[K_SW] == 1 && v[K_PH] == 1 && v[K_PW] == 1 &&
+           v[K_DH] == 1 && v[K_DW] == 1 && v[K_G] == 1 && v[K_OH] == v[K_H] && v[K_OW] == v[K_W];
+}
+
+static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, conv_plan *plan) {
+    const int64_t *v = key->v;
+    kiln_wino_shape s = {v[K_N], v[K_C], v[K_H], v[K_W], v[K_O], (int)v[K_LX], (int)v[K_LY]};
+    if (!kiln_wino_cpu_ok())
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "Winograd 2x2: the CPU has no AVX2 and FMA");
+    if (!wino_geometry(v) || !kiln_wino_shape_ok(&s))
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL,
+                          "Winograd 2x2: only 3x3 stride-1 padding-1 convolutions with channels divisible by 8");
+    plan->wino = true;
+    plan->wino_pass = kind == KILN_ONEDNN_CONV_FWD        ? KILN_WINO_FWD
+                      : kind == KILN_ONEDNN_CONV_BWD_DATA ? KILN_WINO_BWD_DATA
+                                                          : KILN_WINO_BWD_WEIGHTS;
+    plan->wino_shape = s;
+    plan->relu = v[K_RELU] != 0;
+    plan->workspace = kiln_wino_workspace(plan->wino_pass, &s);
+    return KILN_OK;
+}
+
 static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, int n_args,
                               conv_plan *plan) {
     memset(plan, 0, sizeof *plan);
+    if (key->v[K_ALG] == ALG_WINO2) return wino_plan_build(kind, key, plan);
     KILN_TRY(kiln_onednn_get(key, build_conv, n_args, args_of(kind), &plan->conv));
     size_t at = align_up(plan->conv->scratch_bytes), reorder_scratch = 0;
     for (int pos = 0; pos < 3; pos++) {
@@ -327,6 +358,16 @@ static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
                           "oneDNN convolution: workspace of %zu bytes, the plan needs %zu", workspace_bytes,
                           plan->workspace);
+    if (plan->wino) {
+        /* data in the op's order: forward (x, w, y, bias), input gradient
+         * (grad_out, w, grad_input), weight gradient (grad_out, x, grad_w). */
+        kiln_wino_buffers b = {0};
+        b.relu = plan->relu;
+        if (plan->wino_pass == KILN_WINO_FWD) b.x = data[0], b.w = data[1], b.y = data[2], b.bias = data[3];
+        else if (plan->wino_pass == KILN_WINO_BWD_DATA) b.y = data[0], b.w = data[1], b.x = data[2];
+        else b.y = data[0], b.x = data[1], b.w_out = data[2];
+        return kiln_wino_run(plan->wino_pass, &plan->wino_shape, &b, workspace, workspace_bytes);
+    }
     char *ws = workspace;
     void *conv_data[4] = {data[0], data[1], data[2], data[3]};
     for (int pos = 0; pos < 3; pos++)
@@ -391,18 +432,41 @@ static void onednn_identity(void *self, void *ctx, char *device, size_t device_s
     snprintf(versions, versions_size, "%s", identity_versions);
 }
 
+/* The default without timing: Kiln's Winograd where it measured faster than
+ * oneDNN's direct convolution on an AVX2 CPU (docs/performance.md,
+ * "Winograd F(2x2, 3x3) for AVX2"): every pass of a 3x3 stride-1 padding-1
+ * convolution with channels divisible by 8 and at least 512 output tiles
+ * (the tutorial CNN's conv2 from batch 8, conv3 from batch 32); below, the
+ * per-call transforms cost more than they save. On AVX-512 CPUs oneDNN's
+ * own kernels stay the default (the tuner can still pick it). */
+static bool wino_default(const kiln_autotune_conv *cfg) {
+    static int avx512 = -1;
+    if (avx512 < 0) {
+        __builtin_cpu_init();
+        avx512 = __builtin_cpu_supports("avx512f");
+    }
+    if (avx512 || !kiln_wino_cpu_ok()) return false;
+    int64_t v[K_COUNT] = {0};
+    v[K_KH] = cfg->w[2], v[K_KW] = cfg->w[3], v[K_SH] = cfg->stride[0], v[K_SW] = cfg->stride[1];
+    v[K_PH] = cfg->padding[0], v[K_PW] = cfg->padding[1], v[K_DH] = cfg->dilation[0], v[K_DW] = cfg->dilation[1];
+    v[K_G] = cfg->groups, v[K_H] = cfg->x[2], v[K_W] = cfg->x[3], v[K_OH] = cfg->y[2], v[K_OW] = cfg->y[3];
+    int64_t tiles = cfg->x[0] * ((cfg->x[2] + 1) / 2) * ((cfg->x[3] + 1) / 2);
+    return wino_geometry(v) && cfg->x[1] % 8 == 0 && cfg->y[1] % 8 == 0 && tiles >= 512;
+}
+
 static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, void *ctx,
                                      kiln_autotune_candidate *out, int max, int *n) {
-    (void)self, (void)cfg, (void)ctx;
+    (void)self, (void)ctx;
     *n = 0;
-    /* oneDNN's CPU convolutions give the same bits run to run for a fixed
-     * thread count, so all three are deterministic; deterministic mode
-     * still picks "direct", the provider's first. */
+    /* oneDNN's CPU convolutions, and Kiln's Winograd, give the same bits
+     * run to run for a fixed thread count, so all are deterministic;
+     * deterministic mode still picks "direct", the provider's first. */
+    bool wino = wino_default(cfg);
     for (int i = 0; i < ALG_COUNT && i < max; i++) {
         memset(&out[i], 0, sizeof out[i]);
         snprintf(out[i].name, sizeof out[i].name, "%s", alg_names[i]);
         out[i].deterministic = true;
-        out[i].is_default = i == ALG_DIRECT;
+        out[i].is_default = wino ? i == ALG_WINO2 : i == ALG_DIRECT;
         *n = i + 1;
     }
     return KILN_OK;
@@ -684,6 +748,13 @@ static void conv_out_layout(kiln_onednn_kind kind, const kiln_op_args *a, kiln_l
     bool ok;
     if (conv_prepare(kind, a, &plan, &ok) != KILN_OK || !ok) {
         kiln_error_clear();
+        return;
+    }
+    if (plan.wino) { /* it writes any layout: blocked as its input, else nChw8c, saves a copy */
+        bool fwd = kind == KILN_ONEDNN_CONV_FWD;
+        int in = fwd ? plan.wino_shape.xb : plan.wino_shape.yb, cur = fwd ? plan.wino_shape.yb : plan.wino_shape.xb;
+        int block = cur ? cur : in ? in : 8;
+        out[0] = block == 16 ? KILN_LAYOUT_NCHW16C : KILN_LAYOUT_NCHW8C;
         return;
     }
     const dnnl_memory_desc_t *chosen = NULL;

@@ -1,0 +1,495 @@
+/* Winograd F(2x2, 3x3) convolutions for AVX2 CPUs: the forward (with bias
+ * and fused ReLU), the input gradient and the weight gradient of a 3x3,
+ * stride-1, padding-1, ungrouped f32 convolution, on activations in
+ * Kiln's blocked layouts (nChw8c, nChw16c) or plain NCHW. oneDNN has
+ * Winograd only for AVX-512; this is the AVX2 counterpart, one candidate
+ * of the oneDNN convolution provider (onednn_conv.c), its 16 matrix
+ * products done by oneDNN's sgemm.
+ *
+ * The method (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+ * Networks", 2016): each 2x2 output tile is A^T [U (.) V] A, where
+ * V = B^T d B is the transform of the 4x4 input tile d around it and
+ * U = G g G^T that of the 3x3 filter g. Summed over the input channels,
+ * the 16 element-wise products become 16 matrix products, each with 4/9
+ * of the direct convolution's multiply-adds per output:
+ *     M[xi] (tiles x K) = V[xi] (tiles x C) . U[xi] (C x K),  xi = 0..15.
+ *   - input gradient: the forward of grad_out with the filters flipped
+ *     and transposed (w'[c][k] = rot180(w[k][c])), padding 1 again;
+ *   - weight gradient: by linearity, dL/dg = G^T [(A dY A^T) (.) V] G
+ *     summed over tiles, so S[xi] (C x K) = V[xi]^T . Z[xi] with
+ *     Z = A dY A^T the transformed 2x2 output-gradient tiles.
+ * The transforms are adds, subtracts and halvings (exact in binary), the
+ * rounding differs from the direct algorithm's by the order of the sums:
+ * tests/kernels/test_winograd_conv.c holds every pass to a float64
+ * reference with a normwise tolerance of 2e-5, oneDNN's Winograd's.
+ *
+ * Tiles are taken in chunks sized to keep a chunk's V and M in the L2
+ * cache; chunks are split statically over the OpenMP threads, each with
+ * its own buffers, so a fixed thread count gives the same bits run to
+ * run (the weight gradient's per-thread sums are added in thread order). */
+#ifdef KILN_WITH_ONEDNN
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/cpu/onednn/onednn_internal.h"
+#include "kernels/cpu/onednn/onednn_winograd.h"
+#include "kernels/kernels.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define WINO_X86 1
+#define AVX2 __attribute__((target("avx2,fma")))
+#include <immintrin.h>
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+#else
+#define WINO_X86 0
+#endif
+
+bool kiln_wino_cpu_ok(void) {
+#if WINO_X86
+    static int ok = -1;
+    if (ok < 0) {
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return ok;
+#else
+    return false;
+#endif
+}
+
+bool kiln_wino_shape_ok(const kiln_wino_shape *s) {
+    return s->n >= 1 && s->c >= 8 && s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
+           (s->xb == 0 || s->xb == 8 || s->xb == 16) && (s->yb == 0 || s->yb == 8 || s->yb == 16) &&
+           (s->xb == 0 || s->c % s->xb == 0) && (s->yb == 0 || s->k % s->yb == 0);
+}
+
+/* The pass's channels: in (transformed as V) and out (the products' columns). */
+static void pass_channels(kiln_wino_pass pass, const kiln_wino_shape *s, int64_t *cin, int64_t *cout) {
+    /* forward: x (c) -> y (k); input gradient: grad_y (k) -> grad_x (c);
+     * weight gradient: x (c) with grad_y (k). */
+    *cin = pass == KILN_WINO_BWD_DATA ? s->k : s->c;
+    *cout = pass == KILN_WINO_BWD_DATA ? s->c : s->k;
+}
+
+static int64_t tiles_of(const kiln_wino_shape *s) { return s->n * ((s->h + 1) / 2) * ((s->w + 1) / 2); }
+
+/* Tiles per chunk: a chunk's V and M (16 x chunk x channels each) in about
+ * 768 KiB, a multiple of 8, between 16 and 256. */
+static int64_t chunk_of(int64_t cin, int64_t cout, int64_t tiles, int threads) {
+    int64_t t = 12288 / (cin + cout);
+    t = t / 8 * 8;
+    t = t < 16 ? 16 : t > 256 ? 256 : t;
+    /* at least one chunk per thread where the tiles allow */
+    int64_t share = (tiles + threads - 1) / threads;
+    share = (share + 7) / 8 * 8;
+    return share < t ? share : t;
+}
+
+static int threads_max(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Workspace layout, in floats, 64-byte aligned pieces:
+ *   U (16 x cin x cout; forward and input gradient) or the per-thread sums
+ *   S (threads x 16 x c x k; weight gradient), then per thread V and M
+ *   (16 x chunk x cin, 16 x chunk x cout), then the blocked copies of
+ *   plain activations (x and y as nChw8c). */
+typedef struct wino_layout {
+    int64_t cin, cout, chunk, threads;
+    size_t u, per_thread, v, m, xcopy, ycopy, total; /* offsets and sizes in bytes */
+} wino_layout;
+
+static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
+
+static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int threads) {
+    wino_layout l;
+    pass_channels(pass, s, &l.cin, &l.cout);
+    int64_t tiles = tiles_of(s);
+    l.chunk = chunk_of(l.cin, l.cout, tiles, threads < 1 ? 1 : threads);
+    int64_t chunks = (tiles + l.chunk - 1) / l.chunk;
+    l.threads = threads < 1 ? 1 : threads > chunks ? chunks : threads;
+    size_t f = sizeof(float);
+    size_t u_bytes = pass == KILN_WINO_BWD_WEIGHTS ? (size_t)l.threads * up64(16 * (size_t)(s->c * s->k) * f)
+                                                   : up64(16 * (size_t)(l.cin * l.cout) * f);
+    l.v = up64(16 * (size_t)(l.chunk * l.cin) * f);
+    l.m = up64(16 * (size_t)(l.chunk * l.cout) * f);
+    l.u = 0;
+    l.per_thread = u_bytes;
+    size_t at = u_bytes + (size_t)l.threads * (l.v + l.m);
+    /* The plain activations: copies in nChw8c. x is the transformed input
+     * of every pass but the input gradient's, whose transformed input is y. */
+    l.xcopy = l.ycopy = 0;
+    size_t x_bytes = up64((size_t)(s->n * s->c * s->h * s->w) * f), y_bytes = up64((size_t)(s->n * s->k * s->h * s->w) * f);
+    if (s->xb == 0) l.xcopy = at, at += x_bytes;
+    if (s->yb == 0) l.ycopy = at, at += y_bytes;
+    l.total = at;
+    return l;
+}
+
+size_t kiln_wino_workspace(kiln_wino_pass pass, const kiln_wino_shape *s) {
+    return layout_of(pass, s, threads_max()).total;
+}
+
+#if WINO_X86
+
+/* An activation as the kernels address it: channel c, row h, column w of
+ * image n in a blocked layout of block b (8 or 16). */
+typedef struct act {
+    float *p;
+    int64_t ch, h, w, b;
+} act;
+
+/* (n, c0, 0, 0), c0 a multiple of 8; the block is 8 or 16 (shifts, not
+ * divisions: this is called per tile). Element (h, w) of the 8 channels
+ * from c0 is at (h * w_size + w) * b from it. */
+static inline float *act_base(const act *a, int64_t n, int64_t c0) {
+    int sh = a->b == 16 ? 4 : 3;
+    return a->p + (n * (a->ch >> sh) + (c0 >> sh)) * a->h * a->w * a->b + (c0 & (a->b - 1));
+}
+
+/* ---- transforms ---------------------------------------------------------------------- */
+
+/* U[xi][ci][co] = (G g G^T)[xi] with g the 3x3 filter from input channel ci
+ * to output channel co; flip: the input gradient's filters (rot180 of
+ * w[ci][co], w indexed [k][c] as OIHW). */
+static void weights_transform(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < cin; ci++)
+        for (int64_t co = 0; co < cout; co++) {
+            const float *g0 = flip ? w + (ci * cout + co) * 9 : w + (co * cin + ci) * 9;
+            float g[3][3];
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++) g[i][j] = flip ? g0[(2 - i) * 3 + (2 - j)] : g0[i * 3 + j];
+            float t[4][3]; /* G g */
+            for (int j = 0; j < 3; j++) {
+                t[0][j] = g[0][j];
+                t[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
+                t[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
+                t[3][j] = g[2][j];
+            }
+            for (int i = 0; i < 4; i++) {
+                float r[4] = {t[i][0], 0.5f * (t[i][0] + t[i][1] + t[i][2]), 0.5f * (t[i][0] - t[i][1] + t[i][2]),
+                              t[i][2]};
+                for (int j = 0; j < 4; j++) u[((int64_t)(i * 4 + j) * cin + ci) * cout + co] = r[j];
+            }
+        }
+}
+
+/* dW[k][c] = G^T S[c][k] G, summing the threads' S. */
+static void weights_grad_transform(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
+                                   int64_t k) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ck = 0; ck < c * k; ck++) {
+        int64_t ci = ck / k, co = ck % k;
+        float m[4][4];
+        for (int xi = 0; xi < 16; xi++) {
+            float acc = 0.0f;
+            for (int64_t t = 0; t < threads; t++)
+                acc += s[(size_t)t * thread_stride + ((int64_t)xi * c + ci) * k + co];
+            m[xi / 4][xi % 4] = acc;
+        }
+        float t[3][4]; /* G^T m */
+        for (int j = 0; j < 4; j++) {
+            t[0][j] = m[0][j] + 0.5f * (m[1][j] + m[2][j]);
+            t[1][j] = 0.5f * (m[1][j] - m[2][j]);
+            t[2][j] = 0.5f * (m[1][j] + m[2][j]) + m[3][j];
+        }
+        float *out = dw + (co * c + ci) * 9;
+        for (int i = 0; i < 3; i++) {
+            out[i * 3 + 0] = t[i][0] + 0.5f * (t[i][1] + t[i][2]);
+            out[i * 3 + 1] = 0.5f * (t[i][1] - t[i][2]);
+            out[i * 3 + 2] = 0.5f * (t[i][1] + t[i][2]) + t[i][3];
+        }
+    }
+}
+
+/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 4x4 input tile whose top-left
+ * is (h0, w0) (zeros outside the image). */
+AVX2 static void input_tile(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
+    v8 d[4][4];
+    const v8 zero = {0};
+    int64_t rs = x->w * x->b, cs = x->b;
+    if (h0 >= 0 && w0 >= 0 && h0 + 4 <= x->h && w0 + 4 <= x->w) {
+        const float *p = base + h0 * rs + w0 * cs;
+        for (int r = 0; r < 4; r++)
+            for (int q = 0; q < 4; q++) d[r][q] = *(const v8u *)(p + r * rs + q * cs);
+    } else {
+        for (int r = 0; r < 4; r++)
+            for (int q = 0; q < 4; q++) {
+                int64_t h = h0 + r, w = w0 + q;
+                d[r][q] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
+            }
+    }
+    v8 t[4][4]; /* B^T d */
+    for (int q = 0; q < 4; q++) {
+        t[0][q] = d[0][q] - d[2][q];
+        t[1][q] = d[1][q] + d[2][q];
+        t[2][q] = d[2][q] - d[1][q];
+        t[3][q] = d[1][q] - d[3][q];
+    }
+    for (int i = 0; i < 4; i++) {
+        *(v8u *)(v + (size_t)(i * 4 + 0) * xi_stride) = t[i][0] - t[i][2];
+        *(v8u *)(v + (size_t)(i * 4 + 1) * xi_stride) = t[i][1] + t[i][2];
+        *(v8u *)(v + (size_t)(i * 4 + 2) * xi_stride) = t[i][2] - t[i][1];
+        *(v8u *)(v + (size_t)(i * 4 + 3) * xi_stride) = t[i][1] - t[i][3];
+    }
+}
+
+/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the 2x2 output-gradient tile e at
+ * (h0, w0) (zeros outside the image). */
+AVX2 static void grad_tile(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
+    v8 e[2][2];
+    const v8 zero = {0};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            e[a][b] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
+    v8 u[4][2]; /* A e */
+    for (int b = 0; b < 2; b++) {
+        u[0][b] = e[0][b];
+        u[1][b] = e[0][b] + e[1][b];
+        u[2][b] = e[0][b] - e[1][b];
+        u[3][b] = -e[1][b];
+    }
+    for (int i = 0; i < 4; i++) {
+        *(v8u *)(z + (size_t)(i * 4 + 0) * xi_stride) = u[i][0];
+        *(v8u *)(z + (size_t)(i * 4 + 1) * xi_stride) = u[i][0] + u[i][1];
+        *(v8u *)(z + (size_t)(i * 4 + 2) * xi_stride) = u[i][0] - u[i][1];
+        *(v8u *)(z + (size_t)(i * 4 + 3) * xi_stride) = -u[i][1];
+    }
+}
+
+/* y's 2x2 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
+AVX2 static void output_tile(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                             int64_t h0, int64_t w0) {
+    v8 mm[4][4];
+    for (int xi = 0; xi < 16; xi++) mm[xi / 4][xi % 4] = *(const v8u *)(m + (size_t)xi * xi_stride);
+    v8 s[2][4]; /* A^T m */
+    for (int q = 0; q < 4; q++) {
+        s[0][q] = mm[0][q] + mm[1][q] + mm[2][q];
+        s[1][q] = mm[1][q] - mm[2][q] - mm[3][q];
+    }
+    v8 o[2][2];
+    for (int a = 0; a < 2; a++) {
+        o[a][0] = s[a][0] + s[a][1] + s[a][2];
+        o[a][1] = s[a][1] - s[a][2] - s[a][3];
+    }
+    const v8 zero = {0};
+    v8 bv = bias ? *(const v8u *)bias : zero;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            if (h0 + a >= y->h || w0 + b >= y->w) continue;
+            v8 r = o[a][b] + bv;
+            if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
+            *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
+        }
+}
+
+/* ---- the passes ---------------------------------------------------------------------- */
+
+typedef struct tile_pos {
+    int64_t n, h0, w0;
+} tile_pos;
+
+static tile_pos tile_at(const kiln_wino_shape *s, int64_t t) {
+    int64_t th = (s->h + 1) / 2, tw = (s->w + 1) / 2;
+    tile_pos p = {t / (th * tw), (t / tw) % th * 2, t % tw * 2};
+    return p;
+}
+
+/* ---- the products ------------------------------------------------------------------ */
+
+/* C (rows x 8*nv) (+)= A (rows x kd) . B (kd x 8*nv): A's element (i, l) at
+ * a[i * ai + l * al] (the forward's V rows, or the weight gradient's V
+ * transposed), B's rows ldb apart, C's ldc apart. rows and nv are
+ * constants where it is inlined, so the 12 sums stay in registers. */
+#define MR 6
+/* The sums are named variables, not an array: GCC keeps an array of
+ * vectors in memory and stores it every iteration. */
+#define ROW_INIT(r)                                                                                          \
+    __m256 s##r##0 = _mm256_setzero_ps(), s##r##1 = _mm256_setzero_ps();                                     \
+    if (rows > r && acc) {                                                                                   \
+        s##r##0 = _mm256_loadu_ps(c + r * ldc);                                                              \
+        if (nv > 1) s##r##1 = _mm256_loadu_ps(c + r * ldc + 8);                                              \
+    }
+#define ROW_FMA(r)                                                                                           \
+    if (rows > r) {                                                                                          \
+        __m256 av = _mm256_broadcast_ss(ap + r * ai);                                                        \
+        s##r##0 = _mm256_fmadd_ps(av, b0, s##r##0);                                                          \
+        if (nv > 1) s##r##1 = _mm256_fmadd_ps(av, b1, s##r##1);                                              \
+    }
+#define ROW_STORE(r)                                                                                         \
+    if (rows > r) {                                                                                          \
+        _mm256_storeu_ps(c + r * ldc, s##r##0);                                                              \
+        if (nv > 1) _mm256_storeu_ps(c + r * ldc + 8, s##r##1);                                              \
+    }
+AVX2 static inline __attribute__((always_inline)) void micro(const int rows, const int nv, int64_t kd, const float *a,
+                                                             int64_t ai, int64_t al, const float *b, int64_t ldb,
+                                                             float *c, int64_t ldc, bool acc) {
+    ROW_INIT(0) ROW_INIT(1) ROW_INIT(2) ROW_INIT(3) ROW_INIT(4) ROW_INIT(5)
+    for (int64_t l = 0; l < kd; l++) {
+        __m256 b0 = _mm256_loadu_ps(b + l * ldb), b1 = nv > 1 ? _mm256_loadu_ps(b + l * ldb + 8) : b0;
+        const float *ap = a + l * al;
+        ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
+    }
+    ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
+}
+
+#define MICRO_CASE(R)                                                                                        \
+    case R:                                                                                                  \
+        if (nv == 2) micro(R, 2, kd, a, ai, al, b, ldb, c, ldc, acc);                                        \
+        else micro(R, 1, kd, a, ai, al, b, ldb, c, ldc, acc);                                                \
+        break;
+
+AVX2 static void micro_any(int rows, int nv, int64_t kd, const float *a, int64_t ai, int64_t al, const float *b,
+                           int64_t ldb, float *c, int64_t ldc, bool acc) {
+    switch (rows) {
+        MICRO_CASE(1)
+        MICRO_CASE(2)
+        MICRO_CASE(3)
+        MICRO_CASE(4)
+        MICRO_CASE(5)
+        MICRO_CASE(6)
+    }
+}
+
+/* C (m x n) (+)= A (m x kd) . B (kd x n), n a multiple of 8, in tiles of
+ * MR rows by 16 columns (8 at the end when n is not a multiple of 16). */
+AVX2 static void gemm(int64_t m, int64_t n, int64_t kd, const float *a, int64_t ai, int64_t al, const float *b,
+                      int64_t ldb, float *c, int64_t ldc, bool acc) {
+    for (int64_t j = 0; j < n; j += 16) {
+        int nv = n - j >= 16 ? 2 : 1;
+        for (int64_t i = 0; i < m; i += MR)
+            micro_any(m - i < MR ? (int)(m - i) : MR, nv, kd, a + i * ai, ai, al, b + j, ldb, c + i * ldc + j, ldc,
+                      acc);
+    }
+}
+
+/* The forward of `in` (cin channels) into `out` (cout channels) with the
+ * transformed filters u; the input gradient is this with flipped filters. */
+static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *in, const float *u,
+                                 const float *bias, bool relu, const act *out, char *ws) {
+    int64_t tiles = tiles_of(s), chunks = (tiles + l->chunk - 1) / l->chunk;
+    int64_t cin = l->cin, cout = l->cout, chunk = l->chunk;
+#pragma omp parallel num_threads((int)l->threads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *v = (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
+        float *m = (float *)((char *)v + l->v);
+#pragma omp for schedule(static)
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            int64_t t0 = ch * chunk, pc = tiles - t0 < chunk ? tiles - t0 : chunk;
+            for (int64_t p = 0; p < pc; p++) {
+                tile_pos tp = tile_at(s, t0 + p);
+                for (int64_t c0 = 0; c0 < cin; c0 += 8)
+                    input_tile(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
+            }
+            for (int xi = 0; xi < 16; xi++)
+                gemm(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout, cout,
+                     m + (size_t)xi * chunk * cout, cout, false);
+            for (int64_t p = 0; p < pc; p++) {
+                tile_pos tp = tile_at(s, t0 + p);
+                for (int64_t k0 = 0; k0 < cout; k0 += 8)
+                    output_tile(m + p * cout + k0, (size_t)(chunk * cout), bias ? bias + k0 : NULL, relu, out,
+                                act_base(out, tp.n, k0), tp.h0, tp.w0);
+            }
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *x, const act *gy,
+                                     float *dw, char *ws) {
+    int64_t tiles = tiles_of(s), chunks = (tiles + l->chunk - 1) / l->chunk;
+    int64_t c = s->c, k = s->k, chunk = l->chunk;
+    size_t s_stride = up64(16 * (size_t)(c * k) * sizeof(float)) / sizeof(float);
+    float *sums = (float *)ws;
+#pragma omp parallel num_threads((int)l->threads)
+    {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *st = sums + (size_t)tid * s_stride;
+        memset(st, 0, 16 * (size_t)(c * k) * sizeof(float));
+        float *v = (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
+        float *z = (float *)((char *)v + l->v);
+#pragma omp for schedule(static)
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            int64_t t0 = ch * chunk, pc = tiles - t0 < chunk ? tiles - t0 : chunk;
+            for (int64_t p = 0; p < pc; p++) {
+                tile_pos tp = tile_at(s, t0 + p);
+                for (int64_t c0 = 0; c0 < c; c0 += 8)
+                    input_tile(x, act_base(x, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * c + c0, (size_t)(chunk * c));
+                for (int64_t k0 = 0; k0 < k; k0 += 8)
+                    grad_tile(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
+            }
+            for (int xi = 0; xi < 16; xi++)
+                gemm(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
+                     st + (size_t)xi * c * k, k, true);
+        }
+    }
+    weights_grad_transform(sums, l->threads, s_stride, dw, c, k);
+    return KILN_OK;
+}
+
+/* The plain NCHW tensor t as nChw8c in copy (to_blocked), or back. */
+static void blocked_copy(float *copy, float *t, int64_t n, int64_t ch, int64_t h, int64_t w, bool to_blocked) {
+    int64_t shape[4] = {n, ch, h, w};
+    if (to_blocked) kiln_cpu_reorder_blocked(copy, t, sizeof(float), shape, 8, true);
+    else kiln_cpu_reorder_blocked(t, copy, sizeof(float), shape, 8, false);
+}
+
+kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
+                          size_t workspace_bytes) {
+    if (!kiln_wino_cpu_ok() || !kiln_wino_shape_ok(s))
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "Winograd convolution: unsupported shape or CPU");
+    wino_layout l = layout_of(pass, s, threads_max());
+    if (workspace_bytes < l.total || !workspace)
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "Winograd convolution: workspace of %zu bytes, it needs %zu",
+                          workspace_bytes, l.total);
+    char *ws = workspace;
+    act x = {b->x, s->c, s->h, s->w, s->xb ? s->xb : 8}, y = {b->y, s->k, s->h, s->w, s->yb ? s->yb : 8};
+    if (!s->xb) x.p = (float *)(ws + l.xcopy);
+    if (!s->yb) y.p = (float *)(ws + l.ycopy);
+    /* Inputs to the blocked copies: x but in the input gradient, y in the
+     * input gradient and the weight gradient. */
+    if (!s->xb && pass != KILN_WINO_BWD_DATA) blocked_copy(x.p, b->x, s->n, s->c, s->h, s->w, true);
+    if (!s->yb && pass != KILN_WINO_FWD) blocked_copy(y.p, b->y, s->n, s->k, s->h, s->w, true);
+    kiln_status st;
+    if (pass == KILN_WINO_BWD_WEIGHTS) {
+        st = weight_grad_tiles(s, &l, &x, &y, b->w_out, ws);
+    } else {
+        float *u = (float *)(ws + l.u);
+        weights_transform(b->w, u, l.cin, l.cout, pass == KILN_WINO_BWD_DATA);
+        st = pass == KILN_WINO_FWD ? forward_tiles(s, &l, &x, u, b->bias, b->relu, &y, ws)
+                                   : forward_tiles(s, &l, &y, u, NULL, false, &x, ws);
+    }
+    if (st) return st;
+    if (!s->yb && pass == KILN_WINO_FWD) blocked_copy(y.p, b->y, s->n, s->k, s->h, s->w, false);
+    if (!s->xb && pass == KILN_WINO_BWD_DATA) blocked_copy(x.p, b->x, s->n, s->c, s->h, s->w, false);
+    return KILN_OK;
+}
+
+#else /* not x86-64 */
+
+kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
+                          size_t workspace_bytes) {
+    (void)pass, (void)s, (void)b, (void)workspace, (void)workspace_bytes;
+    return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "Winograd convolution: built for x86-64 only");
+}
+
+#endif
+#else
+typedef int kiln_onednn_winograd_unused; /* ISO C: a translation unit is not empty */
+#endif

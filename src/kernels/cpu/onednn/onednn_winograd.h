@@ -1,0 +1,49 @@
+/* Kiln's Winograd F(2x2, 3x3) convolutions for AVX2 CPUs
+ * (onednn_winograd.c): a candidate of the oneDNN convolution provider
+ * (onednn_conv.c, "winograd_2x2"), for 3x3 stride-1 padding-1 ungrouped
+ * f32 convolutions with channel counts divisible by 8. All calls block
+ * the host until their results are written; the caller owns every
+ * buffer. */
+#ifndef KILN_SRC_KERNELS_CPU_ONEDNN_ONEDNN_WINOGRAD_H
+#define KILN_SRC_KERNELS_CPU_ONEDNN_ONEDNN_WINOGRAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kiln/base.h"
+
+typedef enum kiln_wino_pass { KILN_WINO_FWD, KILN_WINO_BWD_DATA, KILN_WINO_BWD_WEIGHTS } kiln_wino_pass;
+
+/* x (n, c, h, w) -> y (n, k, h, w) in forward terms, whichever pass; xb
+ * and yb: the activations' channel blocks (8: nChw8c, 16: nChw16c, 0:
+ * plain NCHW). */
+typedef struct kiln_wino_shape {
+    int64_t n, c, h, w, k;
+    int xb, yb;
+} kiln_wino_shape;
+
+/* The pass's tensors in forward names: forward reads x, w and bias (or
+ * NULL) and writes y; the input gradient reads y (grad_out) and w and
+ * writes x (grad_input); the weight gradient reads x and y and writes
+ * w_out (OIHW, overwritten). */
+typedef struct kiln_wino_buffers {
+    float *x, *y;
+    const float *w, *bias;
+    float *w_out;
+    bool relu; /* forward: ReLU after the bias */
+} kiln_wino_buffers;
+
+/* True on a CPU with AVX2 and FMA (the transforms are written for it). */
+bool kiln_wino_cpu_ok(void);
+/* True when the shape is one these kernels cover (channels divisible by
+ * 8, at least 2x2, a block of 8 or 16 dividing the channels). */
+bool kiln_wino_shape_ok(const kiln_wino_shape *s);
+/* Workspace bytes of the pass, for the current OpenMP thread count. */
+size_t kiln_wino_workspace(kiln_wino_pass pass, const kiln_wino_shape *s);
+/* Runs the pass; the workspace must hold kiln_wino_workspace bytes for
+ * the thread count at the time of the call. */
+kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
+                          size_t workspace_bytes);
+
+#endif

@@ -1,0 +1,188 @@
+/* Kiln's Winograd F(2x2, 3x3) convolutions for AVX2
+ * (src/kernels/cpu/onednn/onednn_winograd.c), each pass against a
+ * double-precision reference on the same f32 inputs, normwise
+ * (||got - ref||_2 / ||ref||_2 <= 2e-5, oneDNN's Winograd's tolerance in
+ * test_onednn_conv_algorithms), and elementwise (every element within
+ * 1e-4 of the reference's scale), on:
+ *   - odd and even images (7x5, 2x3, 9x9, 16x16: partial tiles at the
+ *     right and bottom edges, and tiles that are all padding there);
+ *   - every layout pair of x and y: plain NCHW, nChw8c, nChw16c;
+ *   - the forward with and without bias and ReLU, the input gradient and
+ *     the weight gradient;
+ *   - chunks that split an image (many tiles) and one partial chunk;
+ *   - one and two OpenMP threads: each gives the same bits run to run.
+ * Shapes the kernels do not cover are refused (channels not divisible by
+ * 8), and a short workspace is an error, not a write past it. Skips (77)
+ * on a CPU without AVX2 and FMA. */
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "test_util.h"
+
+#ifdef KILN_WITH_ONEDNN
+#include "kernels/cpu/onednn/onednn_winograd.h"
+#include "kernels/kernels.h"
+
+typedef struct shape {
+    int64_t n, c, h, w, k;
+} shape;
+
+static const shape shapes[] = {
+    {2, 8, 7, 5, 16}, {1, 16, 2, 3, 8}, {3, 24, 9, 9, 8}, {2, 32, 16, 16, 64}, {1, 8, 33, 31, 8},
+};
+
+static void fill(float *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        p[i] = (float)((seed >> 8) * (1.0 / 16777216.0) * 2.0 - 1.0);
+    }
+}
+
+/* The three passes in double: y = relu?(conv(x, w) + b), gx, gw from gy. */
+static void reference(const shape *s, const float *x, const float *w, const float *b, bool relu, const float *gy,
+                      double *y, double *gx, double *gw) {
+    int64_t H = s->h, W = s->w;
+    memset(gx, 0, sizeof(double) * (size_t)(s->n * s->c * H * W));
+    memset(gw, 0, sizeof(double) * (size_t)(s->k * s->c * 9));
+    for (int64_t n = 0; n < s->n; n++)
+        for (int64_t o = 0; o < s->k; o++)
+            for (int64_t oh = 0; oh < H; oh++)
+                for (int64_t ow = 0; ow < W; ow++) {
+                    int64_t yi = ((n * s->k + o) * H + oh) * W + ow;
+                    double acc = b ? b[o] : 0.0;
+                    for (int64_t c = 0; c < s->c; c++)
+                        for (int64_t i = 0; i < 3; i++)
+                            for (int64_t j = 0; j < 3; j++) {
+                                int64_t ih = oh - 1 + i, iw = ow - 1 + j;
+                                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+                                int64_t xi = ((n * s->c + c) * H + ih) * W + iw, wi = ((o * s->c + c) * 3 + i) * 3 + j;
+                                acc += (double)x[xi] * w[wi];
+                                gx[xi] += (double)gy[yi] * w[wi];
+                                gw[wi] += (double)gy[yi] * x[xi];
+                            }
+                    y[yi] = relu && acc < 0 ? 0.0 : acc;
+                }
+}
+
+/* Normwise error; *elem: the largest elementwise error over the reference's
+ * largest magnitude. */
+static double rel_err(const float *got, const double *ref, size_t n, double *elem) {
+    double num = 0, den = 0, worst = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = got[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+        if (fabs(d) > worst || d != d) worst = d != d ? INFINITY : fabs(d);
+        if (fabs(ref[i]) > scale) scale = fabs(ref[i]);
+    }
+    *elem = scale > 0 ? worst / scale : worst;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* t (plain, n x ch x h x w) in the layout of block b (0: plain) into dst. */
+static void to_layout(float *dst, const float *t, const shape *s, int64_t ch, int b) {
+    int64_t sh[4] = {s->n, ch, s->h, s->w};
+    if (b) kiln_cpu_reorder_blocked(dst, t, sizeof(float), sh, b, true);
+    else memcpy(dst, t, sizeof(float) * (size_t)(s->n * ch * s->h * s->w));
+}
+
+static void from_layout(float *dst, const float *t, const shape *s, int64_t ch, int b) {
+    int64_t sh[4] = {s->n, ch, s->h, s->w};
+    if (b) kiln_cpu_reorder_blocked(dst, t, sizeof(float), sh, b, false);
+    else memcpy(dst, t, sizeof(float) * (size_t)(s->n * ch * s->h * s->w));
+}
+
+/* Runs a pass with a fresh workspace, twice: the same bits both times. */
+static void run2(kiln_wino_pass pass, const kiln_wino_shape *ws, const kiln_wino_buffers *b, float *out,
+                 size_t n_out, const char *what) {
+    size_t bytes = kiln_wino_workspace(pass, ws);
+    void *w1 = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    float *first = malloc(n_out * sizeof(float));
+    CHECK_OK(kiln_wino_run(pass, ws, b, w1, bytes));
+    memcpy(first, out, n_out * sizeof(float));
+    memset(w1, 0xff, bytes); /* NaN everywhere: nothing may be read before written */
+    memset(out, 0xff, n_out * sizeof(float));
+    CHECK_OK(kiln_wino_run(pass, ws, b, w1, bytes));
+    CHECK_MSG(!memcmp(first, out, n_out * sizeof(float)), "%s: two runs differ", what);
+    /* A workspace one byte short is refused. */
+    CHECK_FAILS(kiln_wino_run(pass, ws, b, w1, bytes - 1), KILN_ERR_INTERNAL, "workspace");
+    free(first);
+    free(w1);
+}
+
+static int checked_cases;
+
+static void check_shape(const shape *s, int xb, int yb) {
+    if ((xb && s->c % xb) || (yb && s->k % yb)) return;
+    size_t nx = (size_t)(s->n * s->c * s->h * s->w), ny = (size_t)(s->n * s->k * s->h * s->w),
+           nw = (size_t)(s->k * s->c * 9);
+    float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc((size_t)s->k * 4), *gy = malloc(ny * 4);
+    float *xl = malloc(nx * 4), *yl = malloc(ny * 4), *gyl = malloc(ny * 4), *gxl = malloc(nx * 4);
+    float *out = malloc((nx > ny ? nx : ny) * 4), *gw = malloc(nw * 4);
+    double *ry = malloc(ny * 8), *rgx = malloc(nx * 8), *rgw = malloc(nw * 8);
+    fill(x, nx, 1), fill(w, nw, 2), fill(b, (size_t)s->k, 3), fill(gy, ny, 4);
+    to_layout(xl, x, s, s->c, xb);
+    to_layout(gyl, gy, s, s->k, yb);
+    kiln_wino_shape ws = {s->n, s->c, s->h, s->w, s->k, xb, yb};
+    CHECK(kiln_wino_shape_ok(&ws));
+    char what[160];
+    double e, elem;
+    for (int variant = 0; variant < 2; variant++) {
+        bool relu = variant == 1;
+        const float *bias = variant == 1 ? b : NULL;
+        reference(s, x, w, bias, relu, gy, ry, rgx, rgw);
+        kiln_wino_buffers fb = {.x = xl, .y = yl, .w = w, .bias = bias, .relu = relu};
+        snprintf(what, sizeof what, "fwd %lldx%lldx%lldx%lld->%lld x%d y%d %s", (long long)s->n, (long long)s->c,
+                 (long long)s->h, (long long)s->w, (long long)s->k, xb, yb, relu ? "bias+relu" : "plain");
+        run2(KILN_WINO_FWD, &ws, &fb, yl, ny, what);
+        from_layout(out, yl, s, s->k, yb);
+        e = rel_err(out, ry, ny, &elem);
+        CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
+        checked_cases++;
+    }
+    kiln_wino_buffers db = {.x = gxl, .y = gyl, .w = w};
+    snprintf(what, sizeof what, "bwd_data %lldx%lldx%lldx%lld->%lld x%d y%d", (long long)s->n, (long long)s->c,
+             (long long)s->h, (long long)s->w, (long long)s->k, xb, yb);
+    run2(KILN_WINO_BWD_DATA, &ws, &db, gxl, nx, what);
+    from_layout(out, gxl, s, s->c, xb);
+    e = rel_err(out, rgx, nx, &elem);
+    CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
+    kiln_wino_buffers wb = {.x = xl, .y = gyl, .w_out = gw};
+    snprintf(what, sizeof what, "bwd_weight %lldx%lldx%lldx%lld->%lld x%d y%d", (long long)s->n, (long long)s->c,
+             (long long)s->h, (long long)s->w, (long long)s->k, xb, yb);
+    run2(KILN_WINO_BWD_WEIGHTS, &ws, &wb, gw, nw, what);
+    e = rel_err(gw, rgw, nw, &elem);
+    CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
+    checked_cases += 2;
+    free(x), free(w), free(b), free(gy), free(xl), free(yl), free(gyl), free(gxl), free(out), free(gw);
+    free(ry), free(rgx), free(rgw);
+}
+
+int main(void) {
+    if (!kiln_wino_cpu_ok()) kt_skip("this CPU has no AVX2 and FMA: the Winograd kernels are not used");
+    if (kiln_init() != KILN_OK) {
+        fprintf(stderr, "kiln_init: %s\n", kiln_error_message());
+        return 1;
+    }
+    static const int blocks[3] = {0, 8, 16};
+    for (int threads = 1; threads <= 2; threads++) {
+#ifdef _OPENMP
+        omp_set_num_threads(threads);
+#endif
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+            for (int xb = 0; xb < 3; xb++)
+                for (int yb = 0; yb < 3; yb++) check_shape(&shapes[i], blocks[xb], blocks[yb]);
+    }
+    printf("%d pass checks\n", checked_cases);
+    kiln_wino_shape bad = {1, 12, 8, 8, 16, 0, 0};
+    CHECK(!kiln_wino_shape_ok(&bad));
+    bad.c = 16, bad.h = 1;
+    CHECK(!kiln_wino_shape_ok(&bad));
+    kiln_shutdown();
+    return kt_finish();
+}
+#else
+int main(void) { kt_skip("built without oneDNN (KILN_WITH_ONEDNN off)"); }
+#endif
