@@ -9,6 +9,7 @@
  * passes. Completion finishes the host-side part: the division of an
  * average, the copy back into a non-contiguous tensor. */
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,6 +225,26 @@ static kiln_status device_failure(kiln_dist_work *w, kiln_status st, const char 
     return st;
 }
 
+/* The pause between two polls of a collective in flight. For the first
+ * DIST_SPIN_S it only yields the core: Open MPI moves a non-blocking
+ * collective only inside MPI calls (a ring all-reduce takes a round of
+ * calls per step), so a sleep there delays every round, and between ranks
+ * that keep pace the collective ends within it. After that, sleeps from
+ * 50 us doubling to 1 ms: a rank far ahead of the others (or waiting out a
+ * lost one) does not hold a core its peers may need. Measured with
+ * `kiln bench ddp --threads 1` (docs/distributed.md): sleeping from the
+ * first poll cost each rank several ms per step. */
+#define DIST_SPIN_S 0.005
+static void poll_pause(double waited, long *sleep_ns) {
+    if (waited < DIST_SPIN_S) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, *sleep_ns};
+    nanosleep(&ts, NULL);
+    if (*sleep_ns < 1000000) *sleep_ns *= 2;
+}
+
 /* An NCCL collective: poll its event and the communicator's asynchronous
  * error until it completes or `seconds` pass or a rank is lost. Any failure
  * aborts the device's communicator (ncclCommAbort), which ends the
@@ -231,7 +252,7 @@ static kiln_status device_failure(kiln_dist_work *w, kiln_status st, const char 
 static kiln_status wait_device(kiln_dist_work *w, double seconds, const char *what) {
     kiln_dist_group *g = w->group;
     double start = kiln_clock_now_s(), next_check = DIST_PEER_CHECK_S;
-    long sleep_ns = 1000;
+    long sleep_ns = 50000;
     for (;;) {
         bool done = false, failed = false;
         kiln_status st = kiln_dist_nccl_query(w, &done, &failed);
@@ -245,9 +266,7 @@ static kiln_status wait_device(kiln_dist_work *w, double seconds, const char *wh
         }
         if (!failed && waited >= seconds) st = timeout_error(g, what, seconds), failed = true;
         if (failed) return device_failure(w, st, what);
-        struct timespec ts = {0, sleep_ns};
-        nanosleep(&ts, NULL);
-        if (sleep_ns < 1000000) sleep_ns *= 2;
+        poll_pause(waited, &sleep_ns);
     }
 }
 
@@ -259,7 +278,7 @@ kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, c
                          bool *timed_out) {
     *timed_out = false;
     double start = kiln_clock_now_s(), next_check = DIST_PEER_CHECK_S;
-    long sleep_ns = 1000;
+    long sleep_ns = 50000;
     for (;;) {
         int flag = 0;
         int rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
@@ -279,9 +298,7 @@ kiln_status wait_request(kiln_dist_group *g, MPI_Request *req, double seconds, c
             *timed_out = true;
             return timeout_error(g, what, seconds);
         }
-        struct timespec ts = {0, sleep_ns};
-        nanosleep(&ts, NULL);
-        if (sleep_ns < 1000000) sleep_ns *= 2;
+        poll_pause(waited, &sleep_ns);
     }
 }
 #endif
