@@ -88,7 +88,7 @@ static kiln_status mpi_join(kiln_dist_group *g, int local_rank) {
         /* Open MPI's non-blocking all-reduce (libnbc) as a ring, unless the
          * user chose: its own choice took 2.0-2.7 ms for DDP's 4.4 MiB of
          * the tutorial CNN's gradients between 2 ranks on one host, the
-         * ring 0.7-1.0 ms (docs/distributed.md, "Transport settings"). */
+         * ring 0.7-1.0 ms (docs/distributed.md, "Where the bars stand"). */
         setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", 0);
 #endif
         MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided));
