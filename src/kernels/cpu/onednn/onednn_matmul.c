@@ -6,6 +6,7 @@
 #ifdef KILN_WITH_ONEDNN
 #include <string.h>
 
+#include "kernels/cpu/fast/gemm_avx2.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
 #include "kernels/kernels.h"
 
@@ -137,7 +138,41 @@ static kiln_status mm_prepare(mm_kind kind, const kiln_op_args *a, kiln_onednn_p
     return kiln_onednn_get(&key, build_matmul, key.v[K_BIAS] ? 4 : 3, mm_args, p);
 }
 
+/* mm on an AVX2 CPU without AVX-512, when the right operand and the
+ * output are row-major and at least 16 columns wide: Kiln's micro-kernel
+ * (kernels/cpu/fast/gemm_avx2.c) instead of oneDNN's matmul, which ran the
+ * fully-connected layers' backward products at 35-55% of the FMA peak here
+ * (docs/performance.md, "The fully-connected layers' backward"). The left
+ * operand may have any strides (backward's transposed views). */
+static bool avx2_mm(const kiln_op_args *a) {
+    static int avx512 = -1;
+    if (avx512 < 0) {
+        __builtin_cpu_init();
+        avx512 = __builtin_cpu_supports("avx512f");
+    }
+    if (avx512 || !kiln_cpu_gemm_avx2_ok() || !all_f32(a)) return false;
+    const kiln_strided *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
+    if (x->ndim != 2 || w->ndim != 2 || y->ndim != 2 || y->shape[1] < 16 || x->shape[1] < 1) return false;
+    if (w->strides[1] != 1 || y->strides[1] != 1 || w->strides[0] < w->shape[1] || y->strides[0] < y->shape[1])
+        return false;
+    /* the output is written while the inputs are read: no overlap */
+    const char *yb = y->data, *ye = yb + sizeof(float) * (size_t)((y->shape[0] - 1) * y->strides[0] + y->shape[1]);
+    for (int i = 0; i < 2; i++) {
+        const kiln_strided *t = &a->in[i];
+        const char *tb = t->data;
+        size_t span = sizeof(float) * (size_t)((t->shape[0] - 1) * t->strides[0] + (t->shape[1] - 1) * t->strides[1] + 1);
+        if (tb < ye && yb < tb + span) return false;
+    }
+    return x->strides[0] >= 0 && x->strides[1] >= 0;
+}
+
 static kiln_status mm_run(mm_kind kind, const kiln_op_args *a, const char *op) {
+    if (kind == MM_PLAIN && a->in[0].data && avx2_mm(a)) {
+        const kiln_strided *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
+        kiln_cpu_gemm_avx2_parallel(y->shape[0], y->shape[1], x->shape[1], x->data, x->strides[0], x->strides[1],
+                                    w->data, w->strides[0], y->data, y->strides[0], false);
+        return KILN_OK;
+    }
     kiln_onednn_prim *p;
     KILN_TRY(mm_prepare(kind, a, &p));
     if (!p)

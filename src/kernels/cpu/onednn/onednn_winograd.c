@@ -4,7 +4,7 @@
  * Kiln's blocked layouts (nChw8c, nChw16c) or plain NCHW. oneDNN has
  * Winograd only for AVX-512; this is the AVX2 counterpart, one candidate
  * of the oneDNN convolution provider (onednn_conv.c), its 16 matrix
- * products done by oneDNN's sgemm.
+ * products done by Kiln's AVX2 micro-kernel (kernels/cpu/fast/gemm_avx2.c).
  *
  * The method (Lavin and Gray, "Fast Algorithms for Convolutional Neural
  * Networks", 2016): each 2x2 output tile is A^T [U (.) V] A, where
@@ -33,6 +33,7 @@
 #include <omp.h>
 #endif
 
+#include "kernels/cpu/fast/gemm_avx2.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
 #include "kernels/cpu/onednn/onednn_winograd.h"
 #include "kernels/kernels.h"
@@ -40,7 +41,6 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define WINO_X86 1
 #define AVX2 __attribute__((target("avx2,fma")))
-#include <immintrin.h>
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -304,74 +304,6 @@ static tile_pos tile_at(const kiln_wino_shape *s, int64_t t) {
     return p;
 }
 
-/* ---- the products ------------------------------------------------------------------ */
-
-/* C (rows x 8*nv) (+)= A (rows x kd) . B (kd x 8*nv): A's element (i, l) at
- * a[i * ai + l * al] (the forward's V rows, or the weight gradient's V
- * transposed), B's rows ldb apart, C's ldc apart. rows and nv are
- * constants where it is inlined, so the 12 sums stay in registers. */
-#define MR 6
-/* The sums are named variables, not an array: GCC keeps an array of
- * vectors in memory and stores it every iteration. */
-#define ROW_INIT(r)                                                                                          \
-    __m256 s##r##0 = _mm256_setzero_ps(), s##r##1 = _mm256_setzero_ps();                                     \
-    if (rows > r && acc) {                                                                                   \
-        s##r##0 = _mm256_loadu_ps(c + r * ldc);                                                              \
-        if (nv > 1) s##r##1 = _mm256_loadu_ps(c + r * ldc + 8);                                              \
-    }
-#define ROW_FMA(r)                                                                                           \
-    if (rows > r) {                                                                                          \
-        __m256 av = _mm256_broadcast_ss(ap + r * ai);                                                        \
-        s##r##0 = _mm256_fmadd_ps(av, b0, s##r##0);                                                          \
-        if (nv > 1) s##r##1 = _mm256_fmadd_ps(av, b1, s##r##1);                                              \
-    }
-#define ROW_STORE(r)                                                                                         \
-    if (rows > r) {                                                                                          \
-        _mm256_storeu_ps(c + r * ldc, s##r##0);                                                              \
-        if (nv > 1) _mm256_storeu_ps(c + r * ldc + 8, s##r##1);                                              \
-    }
-AVX2 static inline __attribute__((always_inline)) void micro(const int rows, const int nv, int64_t kd, const float *a,
-                                                             int64_t ai, int64_t al, const float *b, int64_t ldb,
-                                                             float *c, int64_t ldc, bool acc) {
-    ROW_INIT(0) ROW_INIT(1) ROW_INIT(2) ROW_INIT(3) ROW_INIT(4) ROW_INIT(5)
-    for (int64_t l = 0; l < kd; l++) {
-        __m256 b0 = _mm256_loadu_ps(b + l * ldb), b1 = nv > 1 ? _mm256_loadu_ps(b + l * ldb + 8) : b0;
-        const float *ap = a + l * al;
-        ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
-    }
-    ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
-}
-
-#define MICRO_CASE(R)                                                                                        \
-    case R:                                                                                                  \
-        if (nv == 2) micro(R, 2, kd, a, ai, al, b, ldb, c, ldc, acc);                                        \
-        else micro(R, 1, kd, a, ai, al, b, ldb, c, ldc, acc);                                                \
-        break;
-
-AVX2 static void micro_any(int rows, int nv, int64_t kd, const float *a, int64_t ai, int64_t al, const float *b,
-                           int64_t ldb, float *c, int64_t ldc, bool acc) {
-    switch (rows) {
-        MICRO_CASE(1)
-        MICRO_CASE(2)
-        MICRO_CASE(3)
-        MICRO_CASE(4)
-        MICRO_CASE(5)
-        MICRO_CASE(6)
-    }
-}
-
-/* C (m x n) (+)= A (m x kd) . B (kd x n), n a multiple of 8, in tiles of
- * MR rows by 16 columns (8 at the end when n is not a multiple of 16). */
-AVX2 static void gemm(int64_t m, int64_t n, int64_t kd, const float *a, int64_t ai, int64_t al, const float *b,
-                      int64_t ldb, float *c, int64_t ldc, bool acc) {
-    for (int64_t j = 0; j < n; j += 16) {
-        int nv = n - j >= 16 ? 2 : 1;
-        for (int64_t i = 0; i < m; i += MR)
-            micro_any(m - i < MR ? (int)(m - i) : MR, nv, kd, a + i * ai, ai, al, b + j, ldb, c + i * ldc + j, ldc,
-                      acc);
-    }
-}
-
 /* The forward of `in` (cin channels) into `out` (cout channels) with the
  * transformed filters u; the input gradient is this with flipped filters. */
 static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *in, const float *u,
@@ -395,7 +327,7 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
                     input_tile(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
             }
             for (int xi = 0; xi < 16; xi++)
-                gemm(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout, cout,
+                kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout, cout,
                      m + (size_t)xi * chunk * cout, cout, false);
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(s, t0 + p);
@@ -435,7 +367,7 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
                     grad_tile(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
             }
             for (int xi = 0; xi < 16; xi++)
-                gemm(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
+                kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
                      st + (size_t)xi * c * k, k, true);
         }
     }

@@ -1,0 +1,160 @@
+/* The single-precision product of gemm_avx2.h: a 6 x 16 micro-kernel of
+ * fused multiply-adds (12 sums in registers, B's row loaded as two
+ * 8-lane vectors, A's element broadcast), tiled over C. No packing: A is
+ * read through its strides (a transposed A costs nothing), B row by row.
+ * At these operands' sizes (the Winograd products, fully-connected
+ * backward passes) it runs at 89-95% of a core's FMA peak on the machine
+ * of docs/performance.md. */
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/cpu/fast/gemm_avx2.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define AVX2 __attribute__((target("avx2,fma")))
+#include <immintrin.h>
+
+bool kiln_cpu_gemm_avx2_ok(void) {
+    static int ok = -1;
+    if (ok < 0) {
+        __builtin_cpu_init();
+        ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return ok;
+}
+
+/* C (rows x 8*nv) (+)= A (rows x kd) . B (kd x 8*nv): A's element (i, l) at
+ * a[i * ai + l * al] (the forward's V rows, or the weight gradient's V
+ * transposed), B's rows ldb apart, C's ldc apart. rows and nv are
+ * constants where it is inlined, so the 12 sums stay in registers. */
+#define MR 6
+/* The sums are named variables, not an array: GCC keeps an array of
+ * vectors in memory and stores it every iteration. */
+#define ROW_INIT(r)                                                                                          \
+    __m256 s##r##0 = _mm256_setzero_ps(), s##r##1 = _mm256_setzero_ps();                                     \
+    if (rows > r && acc) {                                                                                   \
+        s##r##0 = _mm256_loadu_ps(c + r * ldc);                                                              \
+        if (nv > 1) s##r##1 = _mm256_loadu_ps(c + r * ldc + 8);                                              \
+    }
+#define ROW_FMA(r)                                                                                           \
+    if (rows > r) {                                                                                          \
+        __m256 av = _mm256_broadcast_ss(ap + r * ai);                                                        \
+        s##r##0 = _mm256_fmadd_ps(av, b0, s##r##0);                                                          \
+        if (nv > 1) s##r##1 = _mm256_fmadd_ps(av, b1, s##r##1);                                              \
+    }
+#define ROW_STORE(r)                                                                                         \
+    if (rows > r) {                                                                                          \
+        _mm256_storeu_ps(c + r * ldc, s##r##0);                                                              \
+        if (nv > 1) _mm256_storeu_ps(c + r * ldc + 8, s##r##1);                                              \
+    }
+AVX2 static inline __attribute__((always_inline)) void micro(const int rows, const int nv, int64_t kd, const float *a,
+                                                             int64_t ai, int64_t al, const float *b, int64_t ldb,
+                                                             float *c, int64_t ldc, bool acc) {
+    ROW_INIT(0) ROW_INIT(1) ROW_INIT(2) ROW_INIT(3) ROW_INIT(4) ROW_INIT(5)
+    for (int64_t l = 0; l < kd; l++) {
+        __m256 b0 = _mm256_loadu_ps(b + l * ldb), b1 = nv > 1 ? _mm256_loadu_ps(b + l * ldb + 8) : b0;
+        const float *ap = a + l * al;
+        ROW_FMA(0) ROW_FMA(1) ROW_FMA(2) ROW_FMA(3) ROW_FMA(4) ROW_FMA(5)
+    }
+    ROW_STORE(0) ROW_STORE(1) ROW_STORE(2) ROW_STORE(3) ROW_STORE(4) ROW_STORE(5)
+}
+
+#define MICRO_CASE(R)                                                                                        \
+    case R:                                                                                                  \
+        if (nv == 2) micro(R, 2, kd, a, ai, al, b, ldb, c, ldc, acc);                                        \
+        else micro(R, 1, kd, a, ai, al, b, ldb, c, ldc, acc);                                                \
+        break;
+
+AVX2 static void micro_any(int rows, int nv, int64_t kd, const float *a, int64_t ai, int64_t al, const float *b,
+                           int64_t ldb, float *c, int64_t ldc, bool acc) {
+    switch (rows) {
+        MICRO_CASE(1)
+        MICRO_CASE(2)
+        MICRO_CASE(3)
+        MICRO_CASE(4)
+        MICRO_CASE(5)
+        MICRO_CASE(6)
+    }
+}
+
+/* C (m x n) (+)= A (m x kd) . B (kd x n), n a multiple of 8, in tiles of
+ * MR rows by 16 columns (8 at the end when n is not a multiple of 16). */
+AVX2 void kiln_cpu_gemm_avx2(int64_t m, int64_t n, int64_t kd, const float *a, int64_t ai, int64_t al, const float *b,
+                      int64_t ldb, float *c, int64_t ldc, bool acc) {
+    for (int64_t j = 0; j < n; j += 16) {
+        int nv = n - j >= 16 ? 2 : 1;
+        for (int64_t i = 0; i < m; i += MR)
+            micro_any(m - i < MR ? (int)(m - i) : MR, nv, kd, a + i * ai, ai, al, b + j, ldb, c + i * ldc + j, ldc,
+                      acc);
+    }
+}
+
+
+/* The last n % 8 columns: the same chain of fused multiply-adds per element. */
+AVX2 static void tail_columns(int64_t m, int64_t j0, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                              const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = j0; j < n; j++) {
+            float s = acc ? c[i * ldc + j] : 0.0f;
+            for (int64_t l = 0; l < k; l++) s = __builtin_fmaf(a[i * ai + l * al], b[l * ldb + j], s);
+            c[i * ldc + j] = s;
+        }
+}
+
+#define COL_BLOCK 64
+#define K_BLOCK 256
+
+/* A 16-column panel of B, K_BLOCK rows, packed contiguous: B's rows are
+ * often a power-of-two bytes apart (8 KiB for fc1's 2048 columns), which
+ * maps a panel onto a few L1 sets and evicts it between row tiles. */
+AVX2 static void pack_panel(const float *b, int64_t ldb, int64_t rows, int nv, float *dst) {
+    for (int64_t l = 0; l < rows; l++) {
+        _mm256_storeu_ps(dst + l * 16, _mm256_loadu_ps(b + l * ldb));
+        if (nv > 1) _mm256_storeu_ps(dst + l * 16 + 8, _mm256_loadu_ps(b + l * ldb + 8));
+    }
+}
+
+/* Columns [j0, j0 + w) of C, K in blocks: the later blocks continue each
+ * element's chain of fused multiply-adds from C (a float, as in the
+ * registers), so the bits are those of one unblocked chain. */
+AVX2 static void column_block(int64_t m, int64_t j0, int64_t w, int64_t k, const float *a, int64_t ai, int64_t al,
+                              const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    float panel[K_BLOCK * 16] __attribute__((aligned(32)));
+    for (int64_t l0 = 0; l0 < k; l0 += K_BLOCK) {
+        int64_t kl = k - l0 < K_BLOCK ? k - l0 : K_BLOCK;
+        for (int64_t j = j0; j < j0 + w; j += 16) {
+            int nv = j0 + w - j >= 16 ? 2 : 1;
+            pack_panel(b + l0 * ldb + j, ldb, kl, nv, panel);
+            kiln_cpu_gemm_avx2(m, nv * 8, kl, a + l0 * al, ai, al, panel, 16, c + j, ldc, acc || l0 > 0);
+        }
+    }
+}
+
+void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                                 const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    int64_t n8 = n / 8 * 8, blocks = (n8 + COL_BLOCK - 1) / COL_BLOCK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (m * n * k >= 65536 && blocks > 1)
+#endif
+    for (int64_t cb = 0; cb < blocks; cb++) {
+        int64_t j = cb * COL_BLOCK, w = n8 - j < COL_BLOCK ? n8 - j : COL_BLOCK;
+        column_block(m, j, w, k, a, ai, al, b, ldb, c, ldc, acc);
+    }
+    if (n8 < n) tail_columns(m, n8, n, k, a, ai, al, b, ldb, c, ldc, acc);
+}
+
+#else /* not x86-64: never used (kiln_cpu_gemm_avx2_ok is false) */
+
+bool kiln_cpu_gemm_avx2_ok(void) { return false; }
+void kiln_cpu_gemm_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al, const float *b,
+                        int64_t ldb, float *c, int64_t ldc, bool acc) {
+    (void)m, (void)n, (void)k, (void)a, (void)ai, (void)al, (void)b, (void)ldb, (void)c, (void)ldc, (void)acc;
+}
+void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                                 const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    (void)m, (void)n, (void)k, (void)a, (void)ai, (void)al, (void)b, (void)ldb, (void)c, (void)ldc, (void)acc;
+}
+
+#endif

@@ -1,0 +1,30 @@
+/* A single-precision matrix product on AVX2 + FMA (gemm_avx2.c): the
+ * products of Kiln's Winograd convolutions and the CPU mm of backward
+ * passes. Every output element is one chain of fused multiply-adds over
+ * k in order, so the result does not depend on the thread count. All
+ * calls block the host; the caller owns every buffer, and C must not
+ * overlap A or B. */
+#ifndef KILN_SRC_KERNELS_CPU_FAST_GEMM_AVX2_H
+#define KILN_SRC_KERNELS_CPU_FAST_GEMM_AVX2_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* True on a CPU with AVX2 and FMA. */
+bool kiln_cpu_gemm_avx2_ok(void);
+
+/* C (m x n) = A (m x k) . B (k x n), or C += it when acc: A's element
+ * (i, l) at a[i * ai + l * al] (any strides: a transposed A is ai = 1),
+ * B row-major with rows ldb apart, C row-major with rows ldc apart. n a
+ * multiple of 8. On the calling thread; only on a CPU where
+ * kiln_cpu_gemm_avx2_ok. */
+void kiln_cpu_gemm_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al, const float *b,
+                        int64_t ldb, float *c, int64_t ldc, bool acc);
+
+/* The same for any n (the last n % 8 columns by scalar fused
+ * multiply-adds in the same order), over the OpenMP threads in blocks of
+ * 64 columns. */
+void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                                 const float *b, int64_t ldb, float *c, int64_t ldc, bool acc);
+
+#endif
