@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "runtime/caching_allocator.h"
 
 #define HEADER      "kiln-autotune-cache 1"
 #define FIELD_MAX   256                /* bytes of one key field, NUL included */
@@ -92,6 +93,34 @@ size_t kiln_autotune_allocator_headroom(kiln_device device) {
         if (cap < headroom) headroom = cap;
     }
     return headroom;
+}
+
+size_t kiln_autotune_allocator_fit(kiln_device device) {
+    kiln_memory_stats st;
+    size_t free_dev = 0, total = 0;
+    if (kiln_memory_stats_get(device, &st) != KILN_OK) {
+        kiln_error_clear();
+        return 0;
+    }
+    if (kiln_device_mem_info(device, &free_dev, &total) != KILN_OK) {
+        kiln_error_clear();
+        free_dev = 0;
+    }
+    int64_t cached = st.reserved_bytes[KILN_POOL_ALL].current - st.allocated_bytes[KILN_POOL_ALL].current;
+    size_t room = free_dev; /* for a new segment */
+    if (st.limit_bytes) {
+        int64_t left = (int64_t)st.limit_bytes - st.reserved_bytes[KILN_POOL_ALL].current;
+        size_t cap = left > 0 ? (size_t)left : 0;
+        if (cap < room) room = cap;
+    }
+    /* The largest request whose new segment fits in room: any, from a room
+     * of one large segment (requests between the small pool's 1 MiB and
+     * 10 MiB take 20 MiB, larger ones about themselves); the small pool's
+     * requests from a room of one small segment (2 MiB); none below. */
+    size_t small_seg = kiln_alloc_segment_size(1), large_seg = kiln_alloc_segment_size(small_seg);
+    size_t by_segment = room >= large_seg ? room : room >= small_seg ? small_seg / 2 : 0;
+    size_t by_cache = cached > 0 ? (size_t)cached : 0;
+    return by_segment > by_cache ? by_segment : by_cache;
 }
 
 /* ---- Entries ------------------------------------------------------------------------ */

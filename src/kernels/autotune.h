@@ -135,6 +135,13 @@ kiln_autotune_mode kiln_autotune_mode_current(kiln_device_type type);
  * plus the device's free memory, capped by the allocator's limit
  * (kiln_memory_set_limit). The workspace_limit of the real providers. */
 size_t kiln_autotune_allocator_headroom(kiln_device device);
+/* The largest workspace `device`'s caching allocator can surely give now:
+ * its free cached bytes, or a request whose new segment fits under the
+ * limit and the device's free memory. A request that takes a new segment
+ * takes a whole one (2 MiB for up to 1 MiB, 20 MiB for up to 10 MiB), so
+ * under a tight limit a 2 MiB workspace can fail where the headroom says
+ * it fits. The CPU (oneDNN) provider's workspace_limit. */
+size_t kiln_autotune_allocator_fit(kiln_device device);
 
 /* The pick. */
 typedef struct kiln_autotune_choice {

@@ -10,7 +10,9 @@
  *   - the forward with and without bias and ReLU, the input gradient and
  *     the weight gradient;
  *   - chunks that split an image (many tiles) and one partial chunk;
- *   - one and two OpenMP threads: each gives the same bits run to run.
+ *   - one and two OpenMP threads: each gives the same bits run to run;
+ *   - the filters transformed beforehand (the dispatcher's prepared copy)
+ *     give the same bits as transforming them in the call.
  * Shapes the kernels do not cover are refused (channels not divisible by
  * 8), and a short workspace is an error, not a write past it. Skips (77)
  * on a CPU without AVX2 and FMA. */
@@ -94,7 +96,9 @@ static void from_layout(float *dst, const float *t, const shape *s, int64_t ch, 
     else memcpy(dst, t, sizeof(float) * (size_t)(s->n * ch * s->h * s->w));
 }
 
-/* Runs a pass with a fresh workspace, twice: the same bits both times. */
+/* Runs a pass with a fresh workspace, twice: the same bits both times;
+ * then, for the forward and the input gradient, with the filters
+ * transformed beforehand (the prepared copy): the same bits again. */
 static void run2(kiln_wino_pass pass, const kiln_wino_shape *ws, const kiln_wino_buffers *b, float *out,
                  size_t n_out, const char *what) {
     size_t bytes = kiln_wino_workspace(pass, ws);
@@ -106,6 +110,17 @@ static void run2(kiln_wino_pass pass, const kiln_wino_shape *ws, const kiln_wino
     memset(out, 0xff, n_out * sizeof(float));
     CHECK_OK(kiln_wino_run(pass, ws, b, w1, bytes));
     CHECK_MSG(!memcmp(first, out, n_out * sizeof(float)), "%s: two runs differ", what);
+    if (pass != KILN_WINO_BWD_WEIGHTS) {
+        float *u = malloc(kiln_wino_weights_size(pass, ws) * sizeof(float));
+        kiln_wino_weights(pass, ws, b->w, u);
+        kiln_wino_buffers bu = *b;
+        bu.u = u;
+        bu.w = NULL; /* not read when the filters are prepared */
+        memset(out, 0xff, n_out * sizeof(float));
+        CHECK_OK(kiln_wino_run(pass, ws, &bu, w1, bytes));
+        CHECK_MSG(!memcmp(first, out, n_out * sizeof(float)), "%s: prepared filters give other bits", what);
+        free(u);
+    }
     /* A workspace one byte short is refused. */
     CHECK_FAILS(kiln_wino_run(pass, ws, b, w1, bytes - 1), KILN_ERR_INTERNAL, "workspace");
     free(first);

@@ -363,6 +363,7 @@ static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *
          * (grad_out, w, grad_input), weight gradient (grad_out, x, grad_w). */
         kiln_wino_buffers b = {0};
         b.relu = plan->relu;
+        b.u = weights; /* the transformed filters, when prepared */
         if (plan->wino_pass == KILN_WINO_FWD) b.x = data[0], b.w = data[1], b.y = data[2], b.bias = data[3];
         else if (plan->wino_pass == KILN_WINO_BWD_DATA) b.y = data[0], b.w = data[1], b.x = data[2];
         else b.y = data[0], b.x = data[1], b.w_out = data[2];
@@ -434,11 +435,14 @@ static void onednn_identity(void *self, void *ctx, char *device, size_t device_s
 
 /* The default without timing: Kiln's Winograd where it measured faster than
  * oneDNN's direct convolution on an AVX2 CPU (docs/performance.md,
- * "Winograd F(2x2, 3x3) for AVX2"): every pass of a 3x3 stride-1 padding-1
- * convolution with channels divisible by 8 and at least 512 output tiles
- * (the tutorial CNN's conv2 from batch 8, conv3 from batch 32); below, the
- * per-call transforms cost more than they save. On AVX-512 CPUs oneDNN's
- * own kernels stay the default (the tuner can still pick it). */
+ * "Winograd F(2x2, 3x3) for AVX2"), for a 3x3 stride-1 padding-1
+ * convolution with channels divisible by 8: the forward and the input
+ * gradient at every batch (their filters are transformed once per weight
+ * version, the prepared copy), the weight gradient from C * K / 256
+ * output tiles (its per-call sums over 16 x C x K cost more than they save
+ * below: the tutorial CNN's conv3 at batch 1 on 2 threads). On AVX-512
+ * CPUs oneDNN's own kernels stay the default (the tuner can still pick
+ * it). */
 static bool wino_default(const kiln_autotune_conv *cfg) {
     static int avx512 = -1;
     if (avx512 < 0) {
@@ -450,8 +454,9 @@ static bool wino_default(const kiln_autotune_conv *cfg) {
     v[K_KH] = cfg->w[2], v[K_KW] = cfg->w[3], v[K_SH] = cfg->stride[0], v[K_SW] = cfg->stride[1];
     v[K_PH] = cfg->padding[0], v[K_PW] = cfg->padding[1], v[K_DH] = cfg->dilation[0], v[K_DW] = cfg->dilation[1];
     v[K_G] = cfg->groups, v[K_H] = cfg->x[2], v[K_W] = cfg->x[3], v[K_OH] = cfg->y[2], v[K_OW] = cfg->y[3];
+    if (!wino_geometry(v) || cfg->x[1] % 8 || cfg->y[1] % 8) return false;
     int64_t tiles = cfg->x[0] * ((cfg->x[2] + 1) / 2) * ((cfg->x[3] + 1) / 2);
-    return wino_geometry(v) && cfg->x[1] % 8 == 0 && cfg->y[1] % 8 == 0 && tiles >= 512;
+    return cfg->pass != KILN_AUTOTUNE_CONV_BWD_WEIGHT || tiles * 256 >= cfg->x[1] * cfg->y[1];
 }
 
 static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, void *ctx,
@@ -513,9 +518,13 @@ static kiln_status onednn_timer_stop(void *self, void *ctx, double *ms) {
     return KILN_OK;
 }
 
+/* What the CPU allocator can surely give: a Winograd workspace of 1-10 MiB
+ * takes a 20 MiB segment where no cached block holds it, so under a tight
+ * limit (KILN_ALLOC_CONF=limit_mb:3) the tuner falls back to direct instead
+ * of running out of memory. */
 static size_t onednn_workspace_limit(void *self, void *ctx) {
     (void)self, (void)ctx;
-    return kiln_autotune_allocator_headroom(KILN_CPU);
+    return kiln_autotune_allocator_fit(KILN_CPU);
 }
 
 static kiln_status onednn_workspace_alloc(void *self, void *ctx, size_t bytes, void **ptr) {
@@ -677,6 +686,13 @@ static void conv_prepare_weights(kiln_onednn_kind kind, const kiln_op_args *a, k
         kiln_error_clear();
         return;
     }
+    if (plan.wino) { /* the transformed filters (16 x C x K), keyed by the pass and shape */
+        p->input = 1;
+        p->key = 0x77696e6f32000000ULL ^ ((uint64_t)plan.wino_pass << 44) ^ ((uint64_t)plan.wino_shape.c << 22) ^
+                 (uint64_t)plan.wino_shape.k;
+        p->bytes = kiln_wino_weights_size(plan.wino_pass, &plan.wino_shape) * sizeof(float);
+        return;
+    }
     const dnnl_memory_desc_t *chosen = NULL;
     if (!plan.reorder[1] || dnnl_memory_get_memory_desc(plan.conv->mem[1], &chosen) != dnnl_success) return;
     p->input = 1;
@@ -688,6 +704,10 @@ static kiln_status conv_fill_weights(kiln_onednn_kind kind, const kiln_op_args *
     conv_plan plan;
     bool ok;
     KILN_TRY(conv_prepare(kind, a, &plan, &ok));
+    if (ok && plan.wino) {
+        kiln_wino_weights(plan.wino_pass, &plan.wino_shape, a->in[1].data, dst);
+        return KILN_OK;
+    }
     if (!ok || !plan.reorder[1])
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "oneDNN convolution: no weight reorder to prepare");
     void *io[2] = {a->in[1].data, dst};

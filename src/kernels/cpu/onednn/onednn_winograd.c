@@ -159,56 +159,69 @@ static inline float *act_base(const act *a, int64_t n, int64_t c0) {
 
 /* U[xi][ci][co] = (G g G^T)[xi] with g the 3x3 filter from input channel ci
  * to output channel co; flip: the input gradient's filters (rot180 of
- * w[ci][co], w indexed [k][c] as OIHW). */
-static void weights_transform(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
+ * w[ci][co], w indexed [k][c] as OIHW). Eight output channels at once
+ * (cout is a multiple of 8): their 3x3 filters gathered, transformed in
+ * vectors, stored contiguous in each of the 16 planes. */
+AVX2 static void weights_transform(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
 #pragma omp parallel for schedule(static)
     for (int64_t ci = 0; ci < cin; ci++)
-        for (int64_t co = 0; co < cout; co++) {
-            const float *g0 = flip ? w + (ci * cout + co) * 9 : w + (co * cin + ci) * 9;
-            float g[3][3];
+        for (int64_t co = 0; co < cout; co += 8) {
+            v8 g[3][3];
             for (int i = 0; i < 3; i++)
-                for (int j = 0; j < 3; j++) g[i][j] = flip ? g0[(2 - i) * 3 + (2 - j)] : g0[i * 3 + j];
-            float t[4][3]; /* G g */
+                for (int j = 0; j < 3; j++) {
+                    int tap = flip ? (2 - i) * 3 + (2 - j) : i * 3 + j;
+                    float lane[8];
+                    for (int e = 0; e < 8; e++)
+                        lane[e] = flip ? w[(ci * cout + co + e) * 9 + tap] : w[((co + e) * cin + ci) * 9 + tap];
+                    g[i][j] = *(const v8u *)lane;
+                }
+            const v8 half = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+            v8 t[4][3]; /* G g */
             for (int j = 0; j < 3; j++) {
                 t[0][j] = g[0][j];
-                t[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
-                t[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
+                t[1][j] = half * (g[0][j] + g[1][j] + g[2][j]);
+                t[2][j] = half * (g[0][j] - g[1][j] + g[2][j]);
                 t[3][j] = g[2][j];
             }
             for (int i = 0; i < 4; i++) {
-                float r[4] = {t[i][0], 0.5f * (t[i][0] + t[i][1] + t[i][2]), 0.5f * (t[i][0] - t[i][1] + t[i][2]),
-                              t[i][2]};
-                for (int j = 0; j < 4; j++) u[((int64_t)(i * 4 + j) * cin + ci) * cout + co] = r[j];
+                v8 r[4] = {t[i][0], half * (t[i][0] + t[i][1] + t[i][2]), half * (t[i][0] - t[i][1] + t[i][2]), t[i][2]};
+                for (int j = 0; j < 4; j++) *(v8u *)(u + ((int64_t)(i * 4 + j) * cin + ci) * cout + co) = r[j];
             }
         }
 }
 
-/* dW[k][c] = G^T S[c][k] G, summing the threads' S. */
-static void weights_grad_transform(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
-                                   int64_t k) {
+/* dW[k][c] = G^T S[c][k] G, summing the threads' S (in thread order), eight
+ * output channels at once. */
+AVX2 static void weights_grad_transform(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
+                                        int64_t k) {
 #pragma omp parallel for schedule(static)
-    for (int64_t ck = 0; ck < c * k; ck++) {
-        int64_t ci = ck / k, co = ck % k;
-        float m[4][4];
-        for (int xi = 0; xi < 16; xi++) {
-            float acc = 0.0f;
-            for (int64_t t = 0; t < threads; t++)
-                acc += s[(size_t)t * thread_stride + ((int64_t)xi * c + ci) * k + co];
-            m[xi / 4][xi % 4] = acc;
+    for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t co = 0; co < k; co += 8) {
+            v8 m[4][4];
+            for (int xi = 0; xi < 16; xi++) {
+                v8 acc = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
+                for (int64_t t = 1; t < threads; t++)
+                    acc += *(const v8u *)(s + (size_t)t * thread_stride + ((int64_t)xi * c + ci) * k + co);
+                m[xi / 4][xi % 4] = acc;
+            }
+            const v8 half = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+            v8 t[3][4]; /* G^T m */
+            for (int j = 0; j < 4; j++) {
+                t[0][j] = m[0][j] + half * (m[1][j] + m[2][j]);
+                t[1][j] = half * (m[1][j] - m[2][j]);
+                t[2][j] = half * (m[1][j] + m[2][j]) + m[3][j];
+            }
+            v8 o[9];
+            for (int i = 0; i < 3; i++) {
+                o[i * 3 + 0] = t[i][0] + half * (t[i][1] + t[i][2]);
+                o[i * 3 + 1] = half * (t[i][1] - t[i][2]);
+                o[i * 3 + 2] = half * (t[i][1] + t[i][2]) + t[i][3];
+            }
+            for (int e = 0; e < 8; e++) {
+                float *out = dw + ((co + e) * c + ci) * 9;
+                for (int tap = 0; tap < 9; tap++) out[tap] = o[tap][e];
+            }
         }
-        float t[3][4]; /* G^T m */
-        for (int j = 0; j < 4; j++) {
-            t[0][j] = m[0][j] + 0.5f * (m[1][j] + m[2][j]);
-            t[1][j] = 0.5f * (m[1][j] - m[2][j]);
-            t[2][j] = 0.5f * (m[1][j] + m[2][j]) + m[3][j];
-        }
-        float *out = dw + (co * c + ci) * 9;
-        for (int i = 0; i < 3; i++) {
-            out[i * 3 + 0] = t[i][0] + 0.5f * (t[i][1] + t[i][2]);
-            out[i * 3 + 1] = 0.5f * (t[i][1] - t[i][2]);
-            out[i * 3 + 2] = 0.5f * (t[i][1] + t[i][2]) + t[i][3];
-        }
-    }
 }
 
 /* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 4x4 input tile whose top-left
@@ -382,6 +395,17 @@ static void blocked_copy(float *copy, float *t, int64_t n, int64_t ch, int64_t h
     else kiln_cpu_reorder_blocked(t, copy, sizeof(float), shape, 8, false);
 }
 
+size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
+    (void)pass;
+    return 16 * (size_t)(s->c * s->k);
+}
+
+void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {
+    int64_t cin, cout;
+    pass_channels(pass, s, &cin, &cout);
+    weights_transform(w, u, cin, cout, pass == KILN_WINO_BWD_DATA);
+}
+
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
                           size_t workspace_bytes) {
     if (!kiln_wino_cpu_ok() || !kiln_wino_shape_ok(s))
@@ -402,8 +426,11 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
     if (pass == KILN_WINO_BWD_WEIGHTS) {
         st = weight_grad_tiles(s, &l, &x, &y, b->w_out, ws);
     } else {
-        float *u = (float *)(ws + l.u);
-        weights_transform(b->w, u, l.cin, l.cout, pass == KILN_WINO_BWD_DATA);
+        const float *u = b->u;
+        if (!u) {
+            weights_transform(b->w, (float *)(ws + l.u), l.cin, l.cout, pass == KILN_WINO_BWD_DATA);
+            u = (const float *)(ws + l.u);
+        }
         st = pass == KILN_WINO_FWD ? forward_tiles(s, &l, &x, u, b->bias, b->relu, &y, ws)
                                    : forward_tiles(s, &l, &y, u, NULL, false, &x, ws);
     }
@@ -414,6 +441,15 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
 }
 
 #else /* not x86-64 */
+
+size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
+    (void)pass;
+    return 16 * (size_t)(s->c * s->k);
+}
+
+void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {
+    (void)pass, (void)s, (void)w, (void)u;
+}
 
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
                           size_t workspace_bytes) {

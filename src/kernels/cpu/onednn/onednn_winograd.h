@@ -31,7 +31,10 @@ typedef struct kiln_wino_buffers {
     float *x, *y;
     const float *w, *bias;
     float *w_out;
-    bool relu; /* forward: ReLU after the bias */
+    bool relu;      /* forward: ReLU after the bias */
+    const float *u; /* forward and input gradient: the filters already
+                       transformed (kiln_wino_weights), or NULL to
+                       transform w in the call */
 } kiln_wino_buffers;
 
 /* True on a CPU with AVX2 and FMA (the transforms are written for it). */
@@ -41,6 +44,12 @@ bool kiln_wino_cpu_ok(void);
 bool kiln_wino_shape_ok(const kiln_wino_shape *s);
 /* Workspace bytes of the pass, for the current OpenMP thread count. */
 size_t kiln_wino_workspace(kiln_wino_pass pass, const kiln_wino_shape *s);
+/* Floats of the transformed filters of a forward or input-gradient pass. */
+size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s);
+/* The pass's transformed filters of w (OIHW) into u: what the dispatcher
+ * keeps as the weight's prepared copy (kernels/op_args.h), refilled when
+ * the weight changes, so a call does not transform them again. */
+void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u);
 /* Runs the pass; the workspace must hold kiln_wino_workspace bytes for
  * the thread count at the time of the call. */
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
