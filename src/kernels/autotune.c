@@ -73,54 +73,55 @@ kiln_autotune_mode kiln_autotune_mode_current(kiln_device_type type) {
     return m;
 }
 
-size_t kiln_autotune_allocator_headroom(kiln_device device) {
+/* What `device`'s allocator holds: its free cached bytes, the device's free
+ * memory and, under a limit, the bytes the limit leaves over its reserved
+ * ones (*limited false: no limit). False when its statistics cannot be
+ * read. */
+static bool allocator_state(kiln_device device, size_t *cached, size_t *free_dev, bool *limited, int64_t *left) {
     kiln_memory_stats st;
-    size_t free_dev = 0, total = 0;
+    size_t total = 0;
     if (kiln_memory_stats_get(device, &st) != KILN_OK) {
         kiln_error_clear();
-        return 0;
+        return false;
     }
-    if (kiln_device_mem_info(device, &free_dev, &total) != KILN_OK) {
+    if (kiln_device_mem_info(device, free_dev, &total) != KILN_OK) {
         kiln_error_clear();
-        free_dev = 0;
+        *free_dev = 0;
     }
-    int64_t cached = st.reserved_bytes[KILN_POOL_ALL].current - st.allocated_bytes[KILN_POOL_ALL].current;
-    size_t headroom = free_dev + (size_t)(cached > 0 ? cached : 0);
-    if (st.limit_bytes) {
-        int64_t left =
-            (int64_t)st.limit_bytes - st.reserved_bytes[KILN_POOL_ALL].current + (cached > 0 ? cached : 0);
-        size_t cap = left > 0 ? (size_t)left : 0;
-        if (cap < headroom) headroom = cap;
+    int64_t c = st.reserved_bytes[KILN_POOL_ALL].current - st.allocated_bytes[KILN_POOL_ALL].current;
+    *cached = c > 0 ? (size_t)c : 0;
+    *limited = st.limit_bytes != 0;
+    *left = (int64_t)st.limit_bytes - st.reserved_bytes[KILN_POOL_ALL].current;
+    return true;
+}
+
+size_t kiln_autotune_allocator_headroom(kiln_device device) {
+    size_t cached, free_dev;
+    bool limited;
+    int64_t left;
+    if (!allocator_state(device, &cached, &free_dev, &limited, &left)) return 0;
+    size_t headroom = free_dev + cached;
+    if (limited) {
+        int64_t cap = left + (int64_t)cached;
+        if (cap < 0) cap = 0;
+        if ((size_t)cap < headroom) headroom = (size_t)cap;
     }
     return headroom;
 }
 
 size_t kiln_autotune_allocator_fit(kiln_device device) {
-    kiln_memory_stats st;
-    size_t free_dev = 0, total = 0;
-    if (kiln_memory_stats_get(device, &st) != KILN_OK) {
-        kiln_error_clear();
-        return 0;
-    }
-    if (kiln_device_mem_info(device, &free_dev, &total) != KILN_OK) {
-        kiln_error_clear();
-        free_dev = 0;
-    }
-    int64_t cached = st.reserved_bytes[KILN_POOL_ALL].current - st.allocated_bytes[KILN_POOL_ALL].current;
-    size_t room = free_dev; /* for a new segment */
-    if (st.limit_bytes) {
-        int64_t left = (int64_t)st.limit_bytes - st.reserved_bytes[KILN_POOL_ALL].current;
-        size_t cap = left > 0 ? (size_t)left : 0;
-        if (cap < room) room = cap;
-    }
+    size_t cached, room; /* room: for a new segment */
+    bool limited;
+    int64_t left;
+    if (!allocator_state(device, &cached, &room, &limited, &left)) return 0;
+    if (limited && (size_t)(left > 0 ? left : 0) < room) room = (size_t)(left > 0 ? left : 0);
     /* The largest request whose new segment fits in room: any, from a room
      * of one large segment (requests between the small pool's 1 MiB and
      * 10 MiB take 20 MiB, larger ones about themselves); the small pool's
      * requests from a room of one small segment (2 MiB); none below. */
     size_t small_seg = kiln_alloc_segment_size(1), large_seg = kiln_alloc_segment_size(small_seg);
     size_t by_segment = room >= large_seg ? room : room >= small_seg ? small_seg / 2 : 0;
-    size_t by_cache = cached > 0 ? (size_t)cached : 0;
-    return by_segment > by_cache ? by_segment : by_cache;
+    return by_segment > cached ? by_segment : cached;
 }
 
 /* ---- Entries ------------------------------------------------------------------------ */

@@ -317,6 +317,31 @@ static tile_pos tile_at(const kiln_wino_shape *s, int64_t t) {
     return p;
 }
 
+/* The calling thread's transform buffers: V, then M (or Z) after it. */
+static float *thread_buffers(const wino_layout *l, char *ws) {
+    int tid = 0;
+#ifdef _OPENMP
+    tid = omp_get_thread_num();
+#endif
+    return (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
+}
+
+/* Chunk ch's first tile in *t0; returns how many tiles it has. */
+static int64_t chunk_tiles(int64_t ch, int64_t chunk, int64_t tiles, int64_t *t0) {
+    *t0 = ch * chunk;
+    return tiles - *t0 < chunk ? tiles - *t0 : chunk;
+}
+
+/* V for the pc tiles from t0 of `in` (cin channels), rows of a chunk. */
+static void input_chunk(const kiln_wino_shape *s, const act *in, int64_t t0, int64_t pc, int64_t cin, int64_t chunk,
+                        float *v) {
+    for (int64_t p = 0; p < pc; p++) {
+        tile_pos tp = tile_at(s, t0 + p);
+        for (int64_t c0 = 0; c0 < cin; c0 += 8)
+            input_tile(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
+    }
+}
+
 /* The forward of `in` (cin channels) into `out` (cout channels) with the
  * transformed filters u; the input gradient is this with flipped filters. */
 static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *in, const float *u,
@@ -325,23 +350,14 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
     int64_t cin = l->cin, cout = l->cout, chunk = l->chunk;
 #pragma omp parallel num_threads((int)l->threads)
     {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        float *v = (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
-        float *m = (float *)((char *)v + l->v);
+        float *v = thread_buffers(l, ws), *m = (float *)((char *)v + l->v);
 #pragma omp for schedule(static)
         for (int64_t ch = 0; ch < chunks; ch++) {
-            int64_t t0 = ch * chunk, pc = tiles - t0 < chunk ? tiles - t0 : chunk;
-            for (int64_t p = 0; p < pc; p++) {
-                tile_pos tp = tile_at(s, t0 + p);
-                for (int64_t c0 = 0; c0 < cin; c0 += 8)
-                    input_tile(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
-            }
+            int64_t t0, pc = chunk_tiles(ch, chunk, tiles, &t0);
+            input_chunk(s, in, t0, pc, cin, chunk, v);
             for (int xi = 0; xi < 16; xi++)
-                kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout, cout,
-                     m + (size_t)xi * chunk * cout, cout, false);
+                kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout,
+                                   cout, m + (size_t)xi * chunk * cout, cout, false);
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(s, t0 + p);
                 for (int64_t k0 = 0; k0 < cout; k0 += 8)
@@ -367,21 +383,19 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
 #endif
         float *st = sums + (size_t)tid * s_stride;
         memset(st, 0, 16 * (size_t)(c * k) * sizeof(float));
-        float *v = (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
-        float *z = (float *)((char *)v + l->v);
+        float *v = thread_buffers(l, ws), *z = (float *)((char *)v + l->v);
 #pragma omp for schedule(static)
         for (int64_t ch = 0; ch < chunks; ch++) {
-            int64_t t0 = ch * chunk, pc = tiles - t0 < chunk ? tiles - t0 : chunk;
+            int64_t t0, pc = chunk_tiles(ch, chunk, tiles, &t0);
+            input_chunk(s, x, t0, pc, c, chunk, v);
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(s, t0 + p);
-                for (int64_t c0 = 0; c0 < c; c0 += 8)
-                    input_tile(x, act_base(x, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * c + c0, (size_t)(chunk * c));
                 for (int64_t k0 = 0; k0 < k; k0 += 8)
                     grad_tile(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
             }
             for (int xi = 0; xi < 16; xi++)
                 kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
-                     st + (size_t)xi * c * k, k, true);
+                                   st + (size_t)xi * c * k, k, true);
         }
     }
     weights_grad_transform(sums, l->threads, s_stride, dw, c, k);
