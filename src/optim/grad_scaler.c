@@ -203,6 +203,8 @@ static kiln_status fused_unscale(kiln_grad_scaler *s, kiln_optimizer *opt, kiln_
     void *stream = NULL;
     bool meta = dev.type == KILN_DEVICE_META;
     if (flag && !meta) st = kiln_tensor_kernel_stream(dev, &stream);
+    const float *inv_data = kiln_tensor_kernel_view(inv).data;
+    float *found_data = flag ? kiln_tensor_kernel_view(flag).data : NULL;
     for (int c = 0; flag && c < m && !st; c += KILN_OPTIM_MULTI) {
         kiln_unscale_step steps[KILN_OPTIM_MULTI];
         int n = m - c < KILN_OPTIM_MULTI ? m - c : KILN_OPTIM_MULTI;
@@ -211,8 +213,8 @@ static kiln_status fused_unscale(kiln_grad_scaler *s, kiln_optimizer *opt, kiln_
             steps[j] = (kiln_unscale_step){.dtype = g[c + j]->dtype,
                                            .n = kiln_numel(g[c + j]),
                                            .g = kiln_tensor_kernel_view(g[c + j]).data,
-                                           .inv = kiln_tensor_kernel_view(inv).data,
-                                           .found = kiln_tensor_kernel_view(flag).data};
+                                           .inv = inv_data,
+                                           .found = found_data};
         }
         if (!st && !meta) st = k->unscale(steps, n, stream);
         if (!st) fused_unscales += (uint64_t)n;

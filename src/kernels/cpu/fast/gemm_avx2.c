@@ -1,11 +1,11 @@
 /* The single-precision product of gemm_avx2.h: a 6 x 16 micro-kernel of
  * fused multiply-adds (12 sums in registers, B's row loaded as two
- * 8-lane vectors, A's element broadcast), tiled over C. No packing: A is
- * read through its strides (a transposed A costs nothing), B row by row.
- * At these operands' sizes (the Winograd products, fully-connected
- * backward passes) it runs at 89-95% of a core's FMA peak on the machine
- * of docs/performance.md. */
-#include <string.h>
+ * 8-lane vectors, A's element broadcast), tiled over C. A is read through
+ * its strides (a transposed A costs nothing); the parallel entry packs B in
+ * 16-column panels, the single-threaded one reads its rows in place. At
+ * these operands' sizes (the Winograd products, fully-connected backward
+ * passes) it runs at 89-95% of a core's FMA peak on the machine of
+ * docs/performance.md. */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -23,6 +23,15 @@ bool kiln_cpu_gemm_avx2_ok(void) {
         ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     return ok;
+}
+
+bool kiln_cpu_avx2_kernels_default(void) {
+    static int avx512 = -1;
+    if (avx512 < 0) {
+        __builtin_cpu_init();
+        avx512 = __builtin_cpu_supports("avx512f");
+    }
+    return !avx512 && kiln_cpu_gemm_avx2_ok();
 }
 
 /* C (rows x 8*nv) (+)= A (rows x kd) . B (kd x 8*nv): A's element (i, l) at
@@ -148,6 +157,7 @@ void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a
 #else /* not x86-64: never used (kiln_cpu_gemm_avx2_ok is false) */
 
 bool kiln_cpu_gemm_avx2_ok(void) { return false; }
+bool kiln_cpu_avx2_kernels_default(void) { return false; }
 void kiln_cpu_gemm_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al, const float *b,
                         int64_t ldb, float *c, int64_t ldc, bool acc) {
     (void)m, (void)n, (void)k, (void)a, (void)ai, (void)al, (void)b, (void)ldb, (void)c, (void)ldc, (void)acc;

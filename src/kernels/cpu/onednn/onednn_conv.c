@@ -34,6 +34,7 @@
 #endif
 
 #include "kernels/autotune.h"
+#include "kernels/cpu/fast/gemm_avx2.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
 #include "kernels/cpu/onednn/onednn_winograd.h"
 #include "kernels/nn_geometry.h"
@@ -443,30 +444,21 @@ static void onednn_identity(void *self, void *ctx, char *device, size_t device_s
  * below: the tutorial CNN's conv3 at batch 1 on 2 threads). On AVX-512
  * CPUs oneDNN's own kernels stay the default (the tuner can still pick
  * it). */
-static bool wino_default(const kiln_autotune_conv *cfg) {
-    static int avx512 = -1;
-    if (avx512 < 0) {
-        __builtin_cpu_init();
-        avx512 = __builtin_cpu_supports("avx512f");
-    }
-    if (avx512 || !kiln_wino_cpu_ok()) return false;
-    int64_t v[K_COUNT] = {0};
-    v[K_KH] = cfg->w[2], v[K_KW] = cfg->w[3], v[K_SH] = cfg->stride[0], v[K_SW] = cfg->stride[1];
-    v[K_PH] = cfg->padding[0], v[K_PW] = cfg->padding[1], v[K_DH] = cfg->dilation[0], v[K_DW] = cfg->dilation[1];
-    v[K_G] = cfg->groups, v[K_H] = cfg->x[2], v[K_W] = cfg->x[3], v[K_OH] = cfg->y[2], v[K_OW] = cfg->y[3];
-    if (!wino_geometry(v) || cfg->x[1] % 8 || cfg->y[1] % 8) return false;
-    int64_t tiles = cfg->x[0] * ((cfg->x[2] + 1) / 2) * ((cfg->x[3] + 1) / 2);
-    return cfg->pass != KILN_AUTOTUNE_CONV_BWD_WEIGHT || tiles * 256 >= cfg->x[1] * cfg->y[1];
+static bool wino_default(const conv_call *c) {
+    const int64_t *v = c->key.v;
+    if (!kiln_cpu_avx2_kernels_default() || !wino_geometry(v) || v[K_C] % 8 || v[K_O] % 8) return false;
+    int64_t tiles = v[K_N] * ((v[K_H] + 1) / 2) * ((v[K_W] + 1) / 2);
+    return c->kind != KILN_ONEDNN_CONV_BWD_WEIGHTS || tiles * 256 >= v[K_C] * v[K_O];
 }
 
 static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, void *ctx,
                                      kiln_autotune_candidate *out, int max, int *n) {
-    (void)self, (void)ctx;
+    (void)self, (void)cfg;
     *n = 0;
     /* oneDNN's CPU convolutions, and Kiln's Winograd, give the same bits
      * run to run for a fixed thread count, so all are deterministic;
      * deterministic mode still picks "direct", the provider's first. */
-    bool wino = wino_default(cfg);
+    bool wino = wino_default(ctx);
     for (int i = 0; i < ALG_COUNT && i < max; i++) {
         memset(&out[i], 0, sizeof out[i]);
         snprintf(out[i].name, sizeof out[i].name, "%s", alg_names[i]);

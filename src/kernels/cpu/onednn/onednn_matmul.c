@@ -145,12 +145,7 @@ static kiln_status mm_prepare(mm_kind kind, const kiln_op_args *a, kiln_onednn_p
  * (docs/performance.md, "The fully-connected layers' backward"). The left
  * operand may have any strides (backward's transposed views). */
 static bool avx2_mm(const kiln_op_args *a) {
-    static int avx512 = -1;
-    if (avx512 < 0) {
-        __builtin_cpu_init();
-        avx512 = __builtin_cpu_supports("avx512f");
-    }
-    if (avx512 || !kiln_cpu_gemm_avx2_ok() || !all_f32(a)) return false;
+    if (!kiln_cpu_avx2_kernels_default() || !all_f32(a)) return false;
     const kiln_strided *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
     if (x->ndim != 2 || w->ndim != 2 || y->ndim != 2 || y->shape[1] < 16 || x->shape[1] < 1) return false;
     if (w->strides[1] != 1 || y->strides[1] != 1 || w->strides[0] < w->shape[1] || y->strides[0] < y->shape[1])

@@ -33,8 +33,8 @@
 #include <omp.h>
 #endif
 
+#include "base/error.h"
 #include "kernels/cpu/fast/gemm_avx2.h"
-#include "kernels/cpu/onednn/onednn_internal.h"
 #include "kernels/cpu/onednn/onednn_winograd.h"
 #include "kernels/kernels.h"
 
@@ -48,18 +48,8 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 #define WINO_X86 0
 #endif
 
-bool kiln_wino_cpu_ok(void) {
-#if WINO_X86
-    static int ok = -1;
-    if (ok < 0) {
-        __builtin_cpu_init();
-        ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return ok;
-#else
-    return false;
-#endif
-}
+/* The transforms are AVX2 and the products the AVX2 micro-kernel's. */
+bool kiln_wino_cpu_ok(void) { return kiln_cpu_gemm_avx2_ok(); }
 
 bool kiln_wino_shape_ok(const kiln_wino_shape *s) {
     return s->n >= 1 && s->c >= 8 && s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
