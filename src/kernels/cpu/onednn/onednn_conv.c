@@ -5,7 +5,7 @@
  * the sum op (backward_conv2d sums grad_out, which the fast sum does on
  * either layout; CONV2D_GRAD_WEIGHT has one output).
  *
- * Three algorithms, chosen per configuration by the autotuner
+ * Five algorithms, chosen per configuration by the autotuner
  * (kernels/autotune.h) through the provider at the end of this file:
  *   - "direct": oneDNN's direct convolution in the layouts it prefers
  *     (nChw16c activations when the channels allow, blocked weights).
@@ -22,7 +22,11 @@
  *     only (on CPUs with AVX-512); elsewhere building it fails and the tuner
  *     skips it. Its numerics differ from the direct algorithm beyond f32
  *     rounding (tests/kernels/test_onednn_conv_algorithms.c holds it to its
- *     own tolerance). */
+ *     own tolerance).
+ *   - "winograd_2x2": Kiln's F(2x2, 3x3) for AVX2 (onednn_winograd.c);
+ *   - "small_c": Kiln's kernels for 1-4 input channels (onednn_smallc.c).
+ *     These two are the defaults where they apply on AVX2 CPUs without
+ *     AVX-512 (deterministic mode keeps "direct"). */
 #ifdef KILN_WITH_ONEDNN
 #include <pthread.h>
 #include <stdatomic.h>
@@ -36,6 +40,7 @@
 #include "kernels/autotune.h"
 #include "kernels/cpu/fast/gemm_avx2.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
+#include "kernels/cpu/onednn/onednn_smallc.h"
 #include "kernels/cpu/onednn/onednn_winograd.h"
 #include "kernels/nn_geometry.h"
 #include "kiln/runtime.h"
@@ -68,9 +73,9 @@ enum {
     K_COUNT
 };
 
-typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_PLAIN, ALG_WINOGRAD, ALG_WINO2, ALG_COUNT } conv_alg;
+typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_PLAIN, ALG_WINOGRAD, ALG_WINO2, ALG_SMALLC, ALG_COUNT } conv_alg;
 
-static const char *const alg_names[ALG_COUNT] = {"direct", "direct_plain", "winograd", "winograd_2x2"};
+static const char *const alg_names[ALG_COUNT] = {"direct", "direct_plain", "winograd", "winograd_2x2", "small_c"};
 
 /* x (N, C, H, W), w (O, C/G, kH, kW), y (N, O, OH, OW): the forward names
  * of the three tensors, whichever pass's inputs and outputs they are. */
@@ -290,6 +295,9 @@ typedef struct conv_plan {
     bool wino; /* Kiln's Winograd (onednn_winograd.c) instead of a oneDNN primitive */
     kiln_wino_pass wino_pass;
     kiln_wino_shape wino_shape;
+    bool smallc; /* Kiln's small-channel kernels (onednn_smallc.c) */
+    kiln_smallc_pass sc_pass;
+    kiln_smallc_shape sc_shape;
     bool relu;
     kiln_onednn_prim *conv;
     kiln_onednn_prim *reorder[3];
@@ -323,10 +331,30 @@ static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key 
     return KILN_OK;
 }
 
+/* The small-channel candidate: the forward or weight gradient of a 3x3
+ * ungrouped convolution of a plain input with 1-4 channels, on an AVX2 CPU. */
+static bool smallc_shape(kiln_onednn_kind kind, const int64_t *v, kiln_smallc_shape *s) {
+    *s = (kiln_smallc_shape){v[K_N], v[K_C], v[K_H], v[K_W], v[K_O], v[K_OH], v[K_OW],
+                             (int)v[K_SH], (int)v[K_SW], (int)v[K_PH], (int)v[K_PW], (int)v[K_LY]};
+    return kind != KILN_ONEDNN_CONV_BWD_DATA && v[K_KH] == 3 && v[K_KW] == 3 && v[K_DH] == 1 && v[K_DW] == 1 &&
+           v[K_G] == 1 && v[K_LX] == 0 && kiln_cpu_gemm_avx2_ok() && kiln_smallc_shape_ok(s);
+}
+
 static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, int n_args,
                               conv_plan *plan) {
     memset(plan, 0, sizeof *plan);
     if (key->v[K_ALG] == ALG_WINO2) return wino_plan_build(kind, key, plan);
+    if (key->v[K_ALG] == ALG_SMALLC) {
+        if (!smallc_shape(kind, key->v, &plan->sc_shape))
+            return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL,
+                              "small_c: only the forward and weight gradient of 3x3 convolutions of 1-4 plain "
+                              "input channels, on an AVX2 CPU");
+        plan->smallc = true;
+        plan->sc_pass = kind == KILN_ONEDNN_CONV_FWD ? KILN_SMALLC_FWD : KILN_SMALLC_BWD_WEIGHTS;
+        plan->relu = key->v[K_RELU] != 0;
+        plan->workspace = kiln_smallc_workspace(plan->sc_pass, &plan->sc_shape);
+        return KILN_OK;
+    }
     KILN_TRY(kiln_onednn_get(key, build_conv, n_args, args_of(kind), &plan->conv));
     size_t at = align_up(plan->conv->scratch_bytes), reorder_scratch = 0;
     for (int pos = 0; pos < 3; pos++) {
@@ -369,6 +397,12 @@ static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *
         else if (plan->wino_pass == KILN_WINO_BWD_DATA) b.y = data[0], b.w = data[1], b.x = data[2];
         else b.y = data[0], b.x = data[1], b.w_out = data[2];
         return kiln_wino_run(plan->wino_pass, &plan->wino_shape, &b, workspace, workspace_bytes);
+    }
+    if (plan->smallc) { /* forward (x, w, y, bias), weight gradient (grad_out, x, grad_w) */
+        kiln_smallc_buffers b = {.relu = plan->relu};
+        if (plan->sc_pass == KILN_SMALLC_FWD) b.x = data[0], b.w = data[1], b.y = data[2], b.bias = data[3];
+        else b.y = data[0], b.x = data[1], b.w_out = data[2];
+        return kiln_smallc_run(plan->sc_pass, &plan->sc_shape, &b, workspace, workspace_bytes);
     }
     char *ws = workspace;
     void *conv_data[4] = {data[0], data[1], data[2], data[3]};
@@ -459,11 +493,22 @@ static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, 
      * run to run for a fixed thread count, so all are deterministic;
      * deterministic mode still picks "direct", the provider's first. */
     bool wino = wino_default(ctx);
+    kiln_smallc_shape sc;
+    const conv_call *c = ctx;
+    /* the small-channel weight gradient: the default where Kiln's AVX2
+     * kernels are, but for 3 channels, which oneDNN has its own kernel for
+     * (at batch 128, 2 threads: 0.56 against 7.4 ms for 1 channel, 2.4
+     * against 1.7 for 3; docs/performance.md). Its forward only when tuned:
+     * oneDNN's is as fast. */
+    bool sc_def = c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && c->key.v[K_C] != 3;
+    int def = sc_def && kiln_cpu_avx2_kernels_default() && smallc_shape(c->kind, c->key.v, &sc) ? ALG_SMALLC
+              : wino                                                              ? ALG_WINO2
+                                                                                  : ALG_DIRECT;
     for (int i = 0; i < ALG_COUNT && i < max; i++) {
         memset(&out[i], 0, sizeof out[i]);
         snprintf(out[i].name, sizeof out[i].name, "%s", alg_names[i]);
         out[i].deterministic = true;
-        out[i].is_default = wino ? i == ALG_WINO2 : i == ALG_DIRECT;
+        out[i].is_default = i == def;
         *n = i + 1;
     }
     return KILN_OK;
@@ -590,7 +635,7 @@ kiln_status kiln_onednn_conv_force_algorithm(const char *name) {
             atomic_store(&forced_alg, i);
             return KILN_OK;
         }
-    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use direct, direct_plain or winograd",
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use direct, direct_plain, winograd, winograd_2x2 or small_c",
                       "oneDNN convolution: no algorithm '%s'", name);
 }
 
@@ -767,6 +812,10 @@ static void conv_out_layout(kiln_onednn_kind kind, const kiln_op_args *a, kiln_l
         int in = fwd ? plan.wino_shape.xb : plan.wino_shape.yb, cur = fwd ? plan.wino_shape.yb : plan.wino_shape.xb;
         int block = cur ? cur : in ? in : 8;
         out[0] = block == 16 ? KILN_LAYOUT_NCHW16C : KILN_LAYOUT_NCHW8C;
+        return;
+    }
+    if (plan.smallc) { /* it writes any layout: blocked, nChw8c unless asked for nChw16c */
+        out[0] = plan.sc_shape.yb == 16 ? KILN_LAYOUT_NCHW16C : KILN_LAYOUT_NCHW8C;
         return;
     }
     const dnnl_memory_desc_t *chosen = NULL;
