@@ -111,7 +111,17 @@ int train_parse_args(int argc, char **argv, train_args *a) {
             return 2;
         } else {
             if (i + 1 >= argc) {
-                fprintf(stderr, "kiln train: %s needs a value (kiln train --help)\n", o);
+                /* the options below that take a value */
+                static const char *const valued[] = {
+                    "--model", "--data", "--dataset", "--augment", "--out", "--device", "--devices",
+                    "--split", "--micro-batches", "--resume", "--epochs", "--accum", "--log-every",
+                    "--profile", "--workers", "--batch", "--limit", "--max-steps", "--world", "--amp",
+                    "--checkpoint", "--memory-budget", "--seed", "--progress", "--schedule",
+                    "--label-smoothing", "--lr"};
+                bool known = false;
+                for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(o, valued[k]);
+                if (known) fprintf(stderr, "kiln train: %s needs a value (kiln train --help)\n", o);
+                else fprintf(stderr, "kiln train: unknown option '%s' (kiln train --help)\n", o);
                 return 2;
             }
             const char *v = argv[++i];
