@@ -9,7 +9,7 @@
  *   - direct, direct_plain: 1e-5 (the op harness's f32 threshold);
  *   - small_c (Kiln's, AVX2, 1-4 input channels; forward and weight
  *     gradient only): 1e-5, tests/kernels/test_smallc_conv.c has the rest;
- *   - winograd (oneDNN's) and winograd_2x2 (Kiln's, AVX2): 2e-5. F(4x4, 3x3) transforms the tiles with matrices
+ *   - winograd (oneDNN's), winograd_2x2 and winograd_4x4 (Kiln's, AVX2): 2e-5. F(4x4, 3x3) transforms the tiles with matrices
  *     whose entries reach 8 (and fractions down to 1/24 in the inverse),
  *     so rounding in the transformed domain is amplified: measured
  *     3.7e-7..1.1e-6 on these shapes on the 2-core Cascade Lake (2-4x the
@@ -161,7 +161,7 @@ static void check_algorithm(const char *alg, double tol) {
         /* oneDNN's Winograd exists only for AVX-512 (avx512_core): elsewhere
          * every shape is declined, and the kernel must say so, not fail. */
         bool expect = !strcmp(alg, "winograd")       ? s->winograd && cpu_has_avx512_core()
-                      : !strcmp(alg, "winograd_2x2") ? s->c % 8 == 0 && s->o % 8 == 0 && s->k == 3 &&
+                      : !strncmp(alg, "winograd_", 9) ? s->c % 8 == 0 && s->o % 8 == 0 && s->k == 3 &&
                                                            s->stride == 1 && s->pad == 1 && kiln_wino_cpu_ok()
                                                      : true;
         /* Kiln's small-channel kernels: the forward and weight gradient of
@@ -275,6 +275,7 @@ int main(void) {
     check_algorithm("direct_plain", 1e-5);
     check_algorithm("winograd", 2e-5);
     check_algorithm("winograd_2x2", 2e-5); /* Kiln's, AVX2: tests/kernels/test_winograd_conv.c */
+    check_algorithm("winograd_4x4", 2e-5);
     check_algorithm("small_c", 1e-5);      /* Kiln's, AVX2: tests/kernels/test_smallc_conv.c */
     check_wiring(cache);
     kiln_shutdown();

@@ -1,11 +1,12 @@
-/* Kiln's Winograd F(2x2, 3x3) convolutions for AVX2
- * (src/kernels/cpu/onednn/onednn_winograd.c), each pass against a
+/* Kiln's Winograd F(2x2, 3x3) and F(4x4, 3x3) convolutions for AVX2
+ * (src/kernels/cpu/onednn/onednn_winograd.c), each pass of each against a
  * double-precision reference on the same f32 inputs, normwise
  * (||got - ref||_2 / ||ref||_2 <= 2e-5, oneDNN's Winograd's tolerance in
  * test_onednn_conv_algorithms), and elementwise (every element within
  * 1e-4 of the reference's scale), on:
- *   - odd and even images (7x5, 2x3, 9x9, 16x16: partial tiles at the
- *     right and bottom edges, and tiles that are all padding there);
+ *   - odd and even images (7x5, 2x3, 9x9, 16x16, 14x14, 7x7: partial
+ *     tiles at the right and bottom edges, and tiles that are all padding
+ *     there, for both tile sizes);
  *   - every layout pair of x and y: plain NCHW, nChw8c, nChw16c;
  *   - the forward with and without bias and ReLU, the input gradient and
  *     the weight gradient;
@@ -33,6 +34,7 @@ typedef struct shape {
 
 static const shape shapes[] = {
     {2, 8, 7, 5, 16}, {1, 16, 2, 3, 8}, {3, 24, 9, 9, 8}, {2, 32, 16, 16, 64}, {1, 8, 33, 31, 8},
+    {3, 32, 14, 14, 64}, {2, 64, 7, 7, 128},
 };
 
 static void fill(float *p, size_t n, unsigned seed) {
@@ -128,8 +130,14 @@ static void run2(kiln_wino_pass pass, const kiln_wino_shape *ws, const kiln_wino
 }
 
 static int checked_cases;
+static double worst[5][2]; /* per tile size m: the largest normwise and elementwise errors */
 
-static void check_shape(const shape *s, int xb, int yb) {
+static void note(int m, double e, double elem) {
+    if (e > worst[m][0]) worst[m][0] = e;
+    if (elem > worst[m][1]) worst[m][1] = elem;
+}
+
+static void check_shape(const shape *s, int xb, int yb, int m) {
     if ((xb && s->c % xb) || (yb && s->k % yb)) return;
     size_t nx = (size_t)(s->n * s->c * s->h * s->w), ny = (size_t)(s->n * s->k * s->h * s->w),
            nw = (size_t)(s->k * s->c * 9);
@@ -140,7 +148,7 @@ static void check_shape(const shape *s, int xb, int yb) {
     fill(x, nx, 1), fill(w, nw, 2), fill(b, (size_t)s->k, 3), fill(gy, ny, 4);
     to_layout(xl, x, s, s->c, xb);
     to_layout(gyl, gy, s, s->k, yb);
-    kiln_wino_shape ws = {s->n, s->c, s->h, s->w, s->k, xb, yb};
+    kiln_wino_shape ws = {s->n, s->c, s->h, s->w, s->k, xb, yb, m};
     CHECK(kiln_wino_shape_ok(&ws));
     char what[160];
     double e, elem;
@@ -149,27 +157,31 @@ static void check_shape(const shape *s, int xb, int yb) {
         const float *bias = variant == 1 ? b : NULL;
         reference(s, x, w, bias, relu, gy, ry, rgx, rgw);
         kiln_wino_buffers fb = {.x = xl, .y = yl, .w = w, .bias = bias, .relu = relu};
-        snprintf(what, sizeof what, "fwd %lldx%lldx%lldx%lld->%lld x%d y%d %s", (long long)s->n, (long long)s->c,
-                 (long long)s->h, (long long)s->w, (long long)s->k, xb, yb, relu ? "bias+relu" : "plain");
+        snprintf(what, sizeof what, "F(%d) fwd %lldx%lldx%lldx%lld->%lld x%d y%d %s", m, (long long)s->n,
+                 (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k, xb, yb,
+                 relu ? "bias+relu" : "plain");
         run2(KILN_WINO_FWD, &ws, &fb, yl, ny, what);
         from_layout(out, yl, s, s->k, yb);
         e = rel_err(out, ry, ny, &elem);
         CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
+        note(m, e, elem);
         checked_cases++;
     }
     kiln_wino_buffers db = {.x = gxl, .y = gyl, .w = w};
-    snprintf(what, sizeof what, "bwd_data %lldx%lldx%lldx%lld->%lld x%d y%d", (long long)s->n, (long long)s->c,
-             (long long)s->h, (long long)s->w, (long long)s->k, xb, yb);
+    snprintf(what, sizeof what, "F(%d) bwd_data %lldx%lldx%lldx%lld->%lld x%d y%d", m, (long long)s->n,
+             (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k, xb, yb);
     run2(KILN_WINO_BWD_DATA, &ws, &db, gxl, nx, what);
     from_layout(out, gxl, s, s->c, xb);
     e = rel_err(out, rgx, nx, &elem);
     CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
+    note(m, e, elem);
     kiln_wino_buffers wb = {.x = xl, .y = gyl, .w_out = gw};
-    snprintf(what, sizeof what, "bwd_weight %lldx%lldx%lldx%lld->%lld x%d y%d", (long long)s->n, (long long)s->c,
-             (long long)s->h, (long long)s->w, (long long)s->k, xb, yb);
+    snprintf(what, sizeof what, "F(%d) bwd_weight %lldx%lldx%lldx%lld->%lld x%d y%d", m, (long long)s->n,
+             (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k, xb, yb);
     run2(KILN_WINO_BWD_WEIGHTS, &ws, &wb, gw, nw, what);
     e = rel_err(gw, rgw, nw, &elem);
     CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
+    note(m, e, elem);
     checked_cases += 2;
     free(x), free(w), free(b), free(gy), free(xl), free(yl), free(gyl), free(gxl), free(out), free(gw);
     free(ry), free(rgx), free(rgw);
@@ -188,11 +200,16 @@ int main(void) {
 #endif
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
             for (int xb = 0; xb < 3; xb++)
-                for (int yb = 0; yb < 3; yb++) check_shape(&shapes[i], blocks[xb], blocks[yb]);
+                for (int yb = 0; yb < 3; yb++)
+                    for (int m = 2; m <= 4; m += 2) check_shape(&shapes[i], blocks[xb], blocks[yb], m);
     }
-    printf("%d pass checks\n", checked_cases);
-    kiln_wino_shape bad = {1, 12, 8, 8, 16, 0, 0};
+    printf("%d pass checks; largest errors, normwise / elementwise: F(2x2) %.2e / %.2e, F(4x4) %.2e / %.2e\n",
+           checked_cases, worst[2][0], worst[2][1], worst[4][0], worst[4][1]);
+    kiln_wino_shape bad = {1, 12, 8, 8, 16, 0, 0, 2};
     CHECK(!kiln_wino_shape_ok(&bad));
+    bad.c = 16, bad.m = 3; /* no F(3x3, 3x3) */
+    CHECK(!kiln_wino_shape_ok(&bad));
+    bad.m = 4;
     bad.c = 16, bad.h = 1;
     CHECK(!kiln_wino_shape_ok(&bad));
     kiln_shutdown();

@@ -5,7 +5,7 @@
  * the sum op (backward_conv2d sums grad_out, which the fast sum does on
  * either layout; CONV2D_GRAD_WEIGHT has one output).
  *
- * Five algorithms, chosen per configuration by the autotuner
+ * Six algorithms, chosen per configuration by the autotuner
  * (kernels/autotune.h) through the provider at the end of this file:
  *   - "direct": oneDNN's direct convolution in the layouts it prefers
  *     (nChw16c activations when the channels allow, blocked weights).
@@ -13,8 +13,7 @@
  *     others (and the OIHW weights) are reordered through the workspace.
  *     The convolutions' outputs are given the layout oneDNN chose
  *     (kiln_onednn_conv2d_layout), so the next layer needs no reorder. The
- *     default, and the only one used with autotuning off or in
- *     deterministic mode: the configuration the parity tests use.
+ *     one deterministic mode uses: the configuration the parity tests use.
  *   - "direct_plain": direct convolution on plain NCHW (on this oneDNN its
  *     im2col + GEMM implementation), reorders for blocked tensors.
  *   - "winograd": Winograd F(4x4, 3x3) (oneDNN's jit_wino_4x3), blocked
@@ -23,7 +22,8 @@
  *     skips it. Its numerics differ from the direct algorithm beyond f32
  *     rounding (tests/kernels/test_onednn_conv_algorithms.c holds it to its
  *     own tolerance).
- *   - "winograd_2x2": Kiln's F(2x2, 3x3) for AVX2 (onednn_winograd.c);
+ *   - "winograd_2x2", "winograd_4x4": Kiln's F(2x2, 3x3) and F(4x4, 3x3)
+ *     for AVX2 (onednn_winograd.c);
  *   - "small_c": Kiln's kernels for 1-4 input channels (onednn_smallc.c).
  *     These two are the defaults where they apply on AVX2 CPUs without
  *     AVX-512 (deterministic mode keeps "direct"). */
@@ -73,9 +73,10 @@ enum {
     K_COUNT
 };
 
-typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_PLAIN, ALG_WINOGRAD, ALG_WINO2, ALG_SMALLC, ALG_COUNT } conv_alg;
+typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_PLAIN, ALG_WINOGRAD, ALG_WINO2, ALG_SMALLC, ALG_WINO4, ALG_COUNT } conv_alg;
 
-static const char *const alg_names[ALG_COUNT] = {"direct", "direct_plain", "winograd", "winograd_2x2", "small_c"};
+static const char *const alg_names[ALG_COUNT] = {"direct",       "direct_plain", "winograd",
+                                                 "winograd_2x2", "small_c",      "winograd_4x4"};
 
 /* x (N, C, H, W), w (O, C/G, kH, kW), y (N, O, OH, OW): the forward names
  * of the three tensors, whichever pass's inputs and outputs they are. */
@@ -315,7 +316,8 @@ static bool wino_geometry(const int64_t *v) {
 
 static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, conv_plan *plan) {
     const int64_t *v = key->v;
-    kiln_wino_shape s = {v[K_N], v[K_C], v[K_H], v[K_W], v[K_O], (int)v[K_LX], (int)v[K_LY]};
+    kiln_wino_shape s = {v[K_N],        v[K_C],        v[K_H], v[K_W], v[K_O],
+                         (int)v[K_LX], (int)v[K_LY], v[K_ALG] == ALG_WINO4 ? 4 : 2};
     if (!kiln_wino_cpu_ok())
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "Winograd 2x2: the CPU has no AVX2 and FMA");
     if (!wino_geometry(v) || !kiln_wino_shape_ok(&s))
@@ -343,7 +345,7 @@ static bool smallc_shape(kiln_onednn_kind kind, const int64_t *v, kiln_smallc_sh
 static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, int n_args,
                               conv_plan *plan) {
     memset(plan, 0, sizeof *plan);
-    if (key->v[K_ALG] == ALG_WINO2) return wino_plan_build(kind, key, plan);
+    if (key->v[K_ALG] == ALG_WINO2 || key->v[K_ALG] == ALG_WINO4) return wino_plan_build(kind, key, plan);
     if (key->v[K_ALG] == ALG_SMALLC) {
         if (!smallc_shape(kind, key->v, &plan->sc_shape))
             return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL,
@@ -468,21 +470,22 @@ static void onednn_identity(void *self, void *ctx, char *device, size_t device_s
     snprintf(versions, versions_size, "%s", identity_versions);
 }
 
-/* The default without timing: Kiln's Winograd where it measured faster than
- * oneDNN's direct convolution on an AVX2 CPU (docs/performance.md,
- * "Winograd F(2x2, 3x3) for AVX2"), for a 3x3 stride-1 padding-1
- * convolution with channels divisible by 8: the forward and the input
- * gradient at every batch (their filters are transformed once per weight
- * version, the prepared copy), the weight gradient from C * K / 256
- * output tiles (its per-call sums over 16 x C x K cost more than they save
- * below: the tutorial CNN's conv3 at batch 1 on 2 threads). On AVX-512
- * CPUs oneDNN's own kernels stay the default (the tuner can still pick
- * it). */
-static bool wino_default(const conv_call *c) {
+/* The default without timing (0: none): Kiln's Winograd where it measured
+ * faster than oneDNN's direct convolution on an AVX2 CPU (docs/performance.md,
+ * "Winograd for AVX2"), for a 3x3 stride-1 padding-1 convolution with
+ * channels divisible by 8: the forward and the input gradient at every
+ * batch (their filters are transformed once per weight version, the
+ * prepared copy), the weight gradient from C * K / 256 2x2 tiles (its
+ * per-call sums cost more than they save below: the tutorial CNN's conv3
+ * at batch 1). F(4x4) from 16 of its tiles, F(2x2) below (fewer tiles than
+ * chunks for the threads: conv3 at batch 1). On AVX-512 CPUs oneDNN's
+ * kernels stay the default (the tuner can still pick these). */
+static int wino_default(const conv_call *c) {
     const int64_t *v = c->key.v;
-    if (!kiln_cpu_avx2_kernels_default() || !wino_geometry(v) || v[K_C] % 8 || v[K_O] % 8) return false;
+    if (!kiln_cpu_avx2_kernels_default() || !wino_geometry(v) || v[K_C] % 8 || v[K_O] % 8) return 0;
     int64_t tiles = v[K_N] * ((v[K_H] + 1) / 2) * ((v[K_W] + 1) / 2);
-    return c->kind != KILN_ONEDNN_CONV_BWD_WEIGHTS || tiles * 256 >= v[K_C] * v[K_O];
+    if (c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && tiles * 256 < v[K_C] * v[K_O]) return 0;
+    return v[K_N] * ((v[K_H] + 3) / 4) * ((v[K_W] + 3) / 4) >= 16 ? ALG_WINO4 : ALG_WINO2;
 }
 
 static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, void *ctx,
@@ -492,7 +495,7 @@ static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, 
     /* oneDNN's CPU convolutions, and Kiln's Winograd, give the same bits
      * run to run for a fixed thread count, so all are deterministic;
      * deterministic mode still picks "direct", the provider's first. */
-    bool wino = wino_default(ctx);
+    int wino = wino_default(ctx);
     kiln_smallc_shape sc;
     const conv_call *c = ctx;
     /* the small-channel weight gradient: the default where Kiln's AVX2
@@ -502,7 +505,7 @@ static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, 
      * oneDNN's is as fast. */
     bool sc_def = c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && c->key.v[K_C] != 3;
     int def = sc_def && kiln_cpu_avx2_kernels_default() && smallc_shape(c->kind, c->key.v, &sc) ? ALG_SMALLC
-              : wino                                                              ? ALG_WINO2
+              : wino                                                              ? wino
                                                                                   : ALG_DIRECT;
     for (int i = 0; i < ALG_COUNT && i < max; i++) {
         memset(&out[i], 0, sizeof out[i]);
@@ -635,7 +638,7 @@ kiln_status kiln_onednn_conv_force_algorithm(const char *name) {
             atomic_store(&forced_alg, i);
             return KILN_OK;
         }
-    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use direct, direct_plain, winograd, winograd_2x2 or small_c",
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use direct, direct_plain, winograd, winograd_2x2, winograd_4x4 or small_c",
                       "oneDNN convolution: no algorithm '%s'", name);
 }
 
@@ -725,8 +728,8 @@ static void conv_prepare_weights(kiln_onednn_kind kind, const kiln_op_args *a, k
     }
     if (plan.wino) { /* the transformed filters (16 x C x K), keyed by the pass and shape */
         p->input = 1;
-        p->key = 0x77696e6f32000000ULL ^ ((uint64_t)plan.wino_pass << 44) ^ ((uint64_t)plan.wino_shape.c << 22) ^
-                 (uint64_t)plan.wino_shape.k;
+        p->key = 0x77696e6f32000000ULL ^ ((uint64_t)plan.wino_shape.m << 56) ^ ((uint64_t)plan.wino_pass << 44) ^
+                 ((uint64_t)plan.wino_shape.c << 22) ^ (uint64_t)plan.wino_shape.k;
         p->bytes = kiln_wino_weights_size(plan.wino_pass, &plan.wino_shape) * sizeof(float);
         return;
     }

@@ -1,4 +1,6 @@
-/* Winograd F(2x2, 3x3) convolutions for AVX2 CPUs: the forward (with bias
+/* Winograd F(2x2, 3x3) and F(4x4, 3x3) convolutions for AVX2 CPUs (the
+ * first described here; F(4x4) is the same with 6x6 tiles and 36 planes,
+ * its transforms below): the forward (with bias
  * and fused ReLU), the input gradient and the weight gradient of a 3x3,
  * stride-1, padding-1, ungrouped f32 convolution, on activations in
  * Kiln's blocked layouts (nChw8c, nChw16c) or plain NCHW. oneDNN has
@@ -52,10 +54,14 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 bool kiln_wino_cpu_ok(void) { return kiln_cpu_gemm_avx2_ok(); }
 
 bool kiln_wino_shape_ok(const kiln_wino_shape *s) {
-    return s->n >= 1 && s->c >= 8 && s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
+    return (s->m == 0 || s->m == 2 || s->m == 4) && s->n >= 1 && s->c >= 8 && s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
            (s->xb == 0 || s->xb == 8 || s->xb == 16) && (s->yb == 0 || s->yb == 8 || s->yb == 16) &&
            (s->xb == 0 || s->c % s->xb == 0) && (s->yb == 0 || s->k % s->yb == 0);
 }
+
+/* The output tile's side (2 or 4) and the transformed tiles' planes (16, 36). */
+static int tile_of(const kiln_wino_shape *s) { return s->m == 4 ? 4 : 2; }
+static int planes_of(const kiln_wino_shape *s) { return (tile_of(s) + 2) * (tile_of(s) + 2); }
 
 /* The pass's channels: in (transformed as V) and out (the products' columns). */
 static void pass_channels(kiln_wino_pass pass, const kiln_wino_shape *s, int64_t *cin, int64_t *cout) {
@@ -65,12 +71,15 @@ static void pass_channels(kiln_wino_pass pass, const kiln_wino_shape *s, int64_t
     *cout = pass == KILN_WINO_BWD_DATA ? s->c : s->k;
 }
 
-static int64_t tiles_of(const kiln_wino_shape *s) { return s->n * ((s->h + 1) / 2) * ((s->w + 1) / 2); }
+static int64_t tiles_of(const kiln_wino_shape *s) {
+    int64_t m = tile_of(s);
+    return s->n * ((s->h + m - 1) / m) * ((s->w + m - 1) / m);
+}
 
-/* Tiles per chunk: a chunk's V and M (16 x chunk x channels each) in about
- * 768 KiB, a multiple of 8, between 16 and 256. */
-static int64_t chunk_of(int64_t cin, int64_t cout, int64_t tiles, int threads) {
-    int64_t t = 12288 / (cin + cout);
+/* Tiles per chunk: a chunk's V and M (planes x chunk x channels each) in
+ * about 768 KiB, a multiple of 8, between 16 and 256. */
+static int64_t chunk_of(int64_t cin, int64_t cout, int64_t planes, int64_t tiles, int threads) {
+    int64_t t = 12288 * 16 / planes / (cin + cout);
     t = t / 8 * 8;
     t = t < 16 ? 16 : t > 256 ? 256 : t;
     /* at least one chunk per thread where the tiles allow */
@@ -93,7 +102,7 @@ static int threads_max(void) {
  *   (16 x chunk x cin, 16 x chunk x cout), then the blocked copies of
  *   plain activations (x and y as nChw8c). */
 typedef struct wino_layout {
-    int64_t cin, cout, chunk, threads;
+    int64_t cin, cout, chunk, threads, planes;
     size_t u, per_thread, v, m, xcopy, ycopy, total; /* offsets and sizes in bytes */
 } wino_layout;
 
@@ -102,15 +111,15 @@ static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int threads) {
     wino_layout l;
     pass_channels(pass, s, &l.cin, &l.cout);
-    int64_t tiles = tiles_of(s);
-    l.chunk = chunk_of(l.cin, l.cout, tiles, threads < 1 ? 1 : threads);
+    int64_t tiles = tiles_of(s), P = l.planes = planes_of(s);
+    l.chunk = chunk_of(l.cin, l.cout, P, tiles, threads < 1 ? 1 : threads);
     int64_t chunks = (tiles + l.chunk - 1) / l.chunk;
     l.threads = threads < 1 ? 1 : threads > chunks ? chunks : threads;
     size_t f = sizeof(float);
-    size_t u_bytes = pass == KILN_WINO_BWD_WEIGHTS ? (size_t)l.threads * up64(16 * (size_t)(s->c * s->k) * f)
-                                                   : up64(16 * (size_t)(l.cin * l.cout) * f);
-    l.v = up64(16 * (size_t)(l.chunk * l.cin) * f);
-    l.m = up64(16 * (size_t)(l.chunk * l.cout) * f);
+    size_t u_bytes = pass == KILN_WINO_BWD_WEIGHTS ? (size_t)l.threads * up64((size_t)(P * s->c * s->k) * f)
+                                                   : up64((size_t)(P * l.cin * l.cout) * f);
+    l.v = up64((size_t)(P * l.chunk * l.cin) * f);
+    l.m = up64((size_t)(P * l.chunk * l.cout) * f);
     l.u = 0;
     l.per_thread = u_bytes;
     size_t at = u_bytes + (size_t)l.threads * (l.v + l.m);
@@ -295,6 +304,167 @@ AVX2 static void output_tile(const float *m, size_t xi_stride, const float *bias
         }
 }
 
+/* ---- F(4x4, 3x3) ---------------------------------------------------------------------
+ *
+ * 6x6 input tiles, 4x4 output tiles, 36 planes (Lavin and Gray, 2016):
+ *   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1]
+ *   G   = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1]
+ *   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1]
+ * The products are 36/16 = 2.25 multiply-adds per output and channel pair
+ * against F(2x2)'s 4 and the direct convolution's 9; the transforms'
+ * constants up to 8 and fractions down to 1/24 round more than F(2x2)'s
+ * (tests/kernels/test_winograd_conv.c holds both to the same bound). Each
+ * helper applies its matrix to six (or four, three) vectors d[0], d[ds],
+ * ... and writes o[0], o[os], ... */
+
+AVX2 static inline v8 splat(float f) { return (v8){f, f, f, f, f, f, f, f}; }
+
+AVX2 static inline void bt6(const v8 *d, int ds, v8 *o, int os) {
+    const v8 four = splat(4.0f), five = splat(5.0f), two = splat(2.0f);
+    v8 d0 = d[0], d1 = d[ds], d2 = d[2 * ds], d3 = d[3 * ds], d4 = d[4 * ds], d5 = d[5 * ds];
+    o[0] = four * d0 - five * d2 + d4;
+    o[os] = d3 + d4 - four * (d1 + d2);
+    o[2 * os] = four * (d1 - d2) + d4 - d3;
+    o[3 * os] = two * (d3 - d1) + d4 - d2;
+    o[4 * os] = two * (d1 - d3) + d4 - d2;
+    o[5 * os] = four * d1 - five * d3 + d5;
+}
+
+/* A^T: six vectors to four. */
+AVX2 static inline void at6(const v8 *m, int ms, v8 *o, int os) {
+    const v8 two = splat(2.0f), four = splat(4.0f), eight = splat(8.0f);
+    v8 m0 = m[0], m1 = m[ms], m2 = m[2 * ms], m3 = m[3 * ms], m4 = m[4 * ms], m5 = m[5 * ms];
+    v8 a = m1 + m2, b = m1 - m2, c = m3 + m4, e = m3 - m4;
+    o[0] = m0 + a + c;
+    o[os] = b + two * e;
+    o[2 * os] = a + four * c;
+    o[3 * os] = b + eight * e + m5;
+}
+
+/* A: four vectors to six. */
+AVX2 static inline void a4(const v8 *e, int es, v8 *o, int os) {
+    const v8 two = splat(2.0f), four = splat(4.0f), eight = splat(8.0f);
+    v8 e0 = e[0], e1 = e[es], e2 = e[2 * es], e3 = e[3 * es];
+    v8 ev = e0 + four * e2, od = two * e1 + eight * e3;
+    o[0] = e0;
+    o[os] = e0 + e1 + e2 + e3;
+    o[2 * os] = e0 - e1 + e2 - e3;
+    o[3 * os] = ev + od;
+    o[4 * os] = ev - od;
+    o[5 * os] = e3;
+}
+
+/* G: three vectors to six. */
+AVX2 static inline void g3(const v8 *g, int gs, v8 *o, int os) {
+    const v8 q = splat(0.25f), s6 = splat(1.0f / 6.0f), s12 = splat(1.0f / 12.0f), s24 = splat(1.0f / 24.0f);
+    v8 g0 = g[0], g1 = g[gs], g2 = g[2 * gs];
+    v8 sum = g0 + g2;
+    o[0] = q * g0;
+    o[os] = -s6 * (sum + g1);
+    o[2 * os] = -s6 * (sum - g1);
+    o[3 * os] = s24 * g0 + s12 * g1 + s6 * g2;
+    o[4 * os] = s24 * g0 - s12 * g1 + s6 * g2;
+    o[5 * os] = g2;
+}
+
+/* G^T: six vectors to three. */
+AVX2 static inline void gt6(const v8 *s, int ss, v8 *o, int os) {
+    const v8 q = splat(0.25f), s6 = splat(1.0f / 6.0f), s12 = splat(1.0f / 12.0f), s24 = splat(1.0f / 24.0f);
+    v8 s0 = s[0], s1 = s[ss], s2 = s[2 * ss], s3 = s[3 * ss], s4 = s[4 * ss], s5 = s[5 * ss];
+    o[0] = q * s0 - s6 * (s1 + s2) + s24 * (s3 + s4);
+    o[os] = s6 * (s2 - s1) + s12 * (s3 - s4);
+    o[2 * os] = s6 * (s3 + s4 - s1 - s2) + s5;
+}
+
+/* U (36 x cin x cout) = G g G^T, as weights_transform. */
+AVX2 static void weights_transform4(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < cin; ci++)
+        for (int64_t co = 0; co < cout; co += 8) {
+            v8 g[3][3], t[6][3], r[6][6];
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++) {
+                    int tap = flip ? (2 - i) * 3 + (2 - j) : i * 3 + j;
+                    float lane[8];
+                    for (int e = 0; e < 8; e++)
+                        lane[e] = flip ? w[(ci * cout + co + e) * 9 + tap] : w[((co + e) * cin + ci) * 9 + tap];
+                    g[i][j] = *(const v8u *)lane;
+                }
+            for (int j = 0; j < 3; j++) g3(&g[0][j], 3, &t[0][j], 3);
+            for (int i = 0; i < 6; i++) g3(&t[i][0], 1, &r[i][0], 1);
+            for (int xi = 0; xi < 36; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / 6][xi % 6];
+        }
+}
+
+/* dW = G^T S G, the threads' S summed in thread order, as weights_grad_transform. */
+AVX2 static void weights_grad_transform4(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
+                                         int64_t k) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t co = 0; co < k; co += 8) {
+            v8 m[6][6], t[3][6], o[3][3];
+            for (int xi = 0; xi < 36; xi++) {
+                v8 acc = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
+                for (int64_t th = 1; th < threads; th++)
+                    acc += *(const v8u *)(s + (size_t)th * thread_stride + ((int64_t)xi * c + ci) * k + co);
+                m[xi / 6][xi % 6] = acc;
+            }
+            for (int j = 0; j < 6; j++) gt6(&m[0][j], 6, &t[0][j], 6);
+            for (int i = 0; i < 3; i++) gt6(&t[i][0], 1, &o[i][0], 1);
+            for (int e = 0; e < 8; e++) {
+                float *out = dw + ((co + e) * c + ci) * 9;
+                for (int tap = 0; tap < 9; tap++) out[tap] = o[tap / 3][tap % 3][e];
+            }
+        }
+}
+
+/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 6x6 input tile at (h0, w0). */
+AVX2 static void input_tile4(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
+    v8 d[6][6], t[6][6], r[6][6];
+    const v8 zero = {0};
+    int64_t rs = x->w * x->b, cs = x->b;
+    bool inside = h0 >= 0 && w0 >= 0 && h0 + 6 <= x->h && w0 + 6 <= x->w;
+    for (int a = 0; a < 6; a++)
+        for (int q = 0; q < 6; q++) {
+            int64_t h = h0 + a, w = w0 + q;
+            d[a][q] = inside || (h >= 0 && h < x->h && w >= 0 && w < x->w) ? *(const v8u *)(base + h * rs + w * cs)
+                                                                             : zero;
+        }
+    for (int q = 0; q < 6; q++) bt6(&d[0][q], 6, &t[0][q], 6);
+    for (int a = 0; a < 6; a++) bt6(&t[a][0], 1, &r[a][0], 1);
+    for (int xi = 0; xi < 36; xi++) *(v8u *)(v + (size_t)xi * xi_stride) = r[xi / 6][xi % 6];
+}
+
+/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the 4x4 output-gradient tile e at (h0, w0). */
+AVX2 static void grad_tile4(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
+    v8 e[4][4], u[6][4], r[6][6];
+    const v8 zero = {0};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++)
+            e[a][b] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
+    for (int b = 0; b < 4; b++) a4(&e[0][b], 4, &u[0][b], 4);
+    for (int i = 0; i < 6; i++) a4(&u[i][0], 1, &r[i][0], 1);
+    for (int xi = 0; xi < 36; xi++) *(v8u *)(z + (size_t)xi * xi_stride) = r[xi / 6][xi % 6];
+}
+
+/* y's 4x4 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
+AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                              int64_t h0, int64_t w0) {
+    v8 mm[6][6], s[4][6], o[4][4];
+    for (int xi = 0; xi < 36; xi++) mm[xi / 6][xi % 6] = *(const v8u *)(m + (size_t)xi * xi_stride);
+    for (int q = 0; q < 6; q++) at6(&mm[0][q], 6, &s[0][q], 6);
+    for (int a = 0; a < 4; a++) at6(&s[a][0], 1, &o[a][0], 1);
+    const v8 zero = {0};
+    v8 bv = bias ? *(const v8u *)bias : zero;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++) {
+            if (h0 + a >= y->h || w0 + b >= y->w) continue;
+            v8 r = o[a][b] + bv;
+            if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
+            *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
+        }
+}
+
 /* ---- the passes ---------------------------------------------------------------------- */
 
 typedef struct tile_pos {
@@ -302,8 +472,8 @@ typedef struct tile_pos {
 } tile_pos;
 
 static tile_pos tile_at(const kiln_wino_shape *s, int64_t t) {
-    int64_t th = (s->h + 1) / 2, tw = (s->w + 1) / 2;
-    tile_pos p = {t / (th * tw), (t / tw) % th * 2, t % tw * 2};
+    int64_t m = tile_of(s), th = (s->h + m - 1) / m, tw = (s->w + m - 1) / m;
+    tile_pos p = {t / (th * tw), (t / tw) % th * m, t % tw * m};
     return p;
 }
 
@@ -327,8 +497,11 @@ static void input_chunk(const kiln_wino_shape *s, const act *in, int64_t t0, int
                         float *v) {
     for (int64_t p = 0; p < pc; p++) {
         tile_pos tp = tile_at(s, t0 + p);
-        for (int64_t c0 = 0; c0 < cin; c0 += 8)
-            input_tile(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
+        for (int64_t c0 = 0; c0 < cin; c0 += 8) {
+            const float *base = act_base(in, tp.n, c0);
+            if (s->m == 4) input_tile4(in, base, tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
+            else input_tile(in, base, tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
+        }
     }
 }
 
@@ -345,14 +518,15 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
         for (int64_t ch = 0; ch < chunks; ch++) {
             int64_t t0, pc = chunk_tiles(ch, chunk, tiles, &t0);
             input_chunk(s, in, t0, pc, cin, chunk, v);
-            for (int xi = 0; xi < 16; xi++)
+            for (int xi = 0; xi < l->planes; xi++)
                 kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout,
                                    cout, m + (size_t)xi * chunk * cout, cout, false);
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(s, t0 + p);
                 for (int64_t k0 = 0; k0 < cout; k0 += 8)
-                    output_tile(m + p * cout + k0, (size_t)(chunk * cout), bias ? bias + k0 : NULL, relu, out,
-                                act_base(out, tp.n, k0), tp.h0, tp.w0);
+                    (s->m == 4 ? output_tile4 : output_tile)(m + p * cout + k0, (size_t)(chunk * cout),
+                                                             bias ? bias + k0 : NULL, relu, out,
+                                                             act_base(out, tp.n, k0), tp.h0, tp.w0);
             }
         }
     }
@@ -363,7 +537,7 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
                                      float *dw, char *ws) {
     int64_t tiles = tiles_of(s), chunks = (tiles + l->chunk - 1) / l->chunk;
     int64_t c = s->c, k = s->k, chunk = l->chunk;
-    size_t s_stride = up64(16 * (size_t)(c * k) * sizeof(float)) / sizeof(float);
+    size_t s_stride = up64((size_t)(l->planes * c * k) * sizeof(float)) / sizeof(float);
     float *sums = (float *)ws;
 #pragma omp parallel num_threads((int)l->threads)
     {
@@ -372,7 +546,7 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
         tid = omp_get_thread_num();
 #endif
         float *st = sums + (size_t)tid * s_stride;
-        memset(st, 0, 16 * (size_t)(c * k) * sizeof(float));
+        memset(st, 0, (size_t)(l->planes * c * k) * sizeof(float));
         float *v = thread_buffers(l, ws), *z = (float *)((char *)v + l->v);
 #pragma omp for schedule(static)
         for (int64_t ch = 0; ch < chunks; ch++) {
@@ -381,14 +555,15 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(s, t0 + p);
                 for (int64_t k0 = 0; k0 < k; k0 += 8)
-                    grad_tile(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
+                    (s->m == 4 ? grad_tile4 : grad_tile)(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0,
+                                                         (size_t)(chunk * k));
             }
-            for (int xi = 0; xi < 16; xi++)
+            for (int xi = 0; xi < l->planes; xi++)
                 kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
                                    st + (size_t)xi * c * k, k, true);
         }
     }
-    weights_grad_transform(sums, l->threads, s_stride, dw, c, k);
+    (s->m == 4 ? weights_grad_transform4 : weights_grad_transform)(sums, l->threads, s_stride, dw, c, k);
     return KILN_OK;
 }
 
@@ -401,13 +576,13 @@ static void blocked_copy(float *copy, float *t, int64_t n, int64_t ch, int64_t h
 
 size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
     (void)pass;
-    return 16 * (size_t)(s->c * s->k);
+    return (size_t)(planes_of(s) * s->c * s->k);
 }
 
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {
     int64_t cin, cout;
     pass_channels(pass, s, &cin, &cout);
-    weights_transform(w, u, cin, cout, pass == KILN_WINO_BWD_DATA);
+    (s->m == 4 ? weights_transform4 : weights_transform)(w, u, cin, cout, pass == KILN_WINO_BWD_DATA);
 }
 
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
@@ -432,7 +607,8 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
     } else {
         const float *u = b->u;
         if (!u) {
-            weights_transform(b->w, (float *)(ws + l.u), l.cin, l.cout, pass == KILN_WINO_BWD_DATA);
+            (s->m == 4 ? weights_transform4 : weights_transform)(b->w, (float *)(ws + l.u), l.cin, l.cout,
+                                                                 pass == KILN_WINO_BWD_DATA);
             u = (const float *)(ws + l.u);
         }
         st = pass == KILN_WINO_FWD ? forward_tiles(s, &l, &x, u, b->bias, b->relu, &y, ws)
@@ -448,7 +624,7 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
 
 size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
     (void)pass;
-    return 16 * (size_t)(s->c * s->k);
+    return (size_t)(planes_of(s) * s->c * s->k);
 }
 
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {

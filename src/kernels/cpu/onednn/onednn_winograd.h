@@ -1,7 +1,7 @@
-/* Kiln's Winograd F(2x2, 3x3) convolutions for AVX2 CPUs
- * (onednn_winograd.c): a candidate of the oneDNN convolution provider
- * (onednn_conv.c, "winograd_2x2"), for 3x3 stride-1 padding-1 ungrouped
- * f32 convolutions with channel counts divisible by 8. All calls block
+/* Kiln's Winograd F(2x2, 3x3) and F(4x4, 3x3) convolutions for AVX2 CPUs
+ * (onednn_winograd.c): candidates of the oneDNN convolution provider
+ * (onednn_conv.c, "winograd_2x2" and "winograd_4x4"), for 3x3 stride-1
+ * padding-1 ungrouped f32 convolutions with channel counts divisible by 8. All calls block
  * the host until their results are written; the caller owns every
  * buffer. */
 #ifndef KILN_SRC_KERNELS_CPU_ONEDNN_ONEDNN_WINOGRAD_H
@@ -17,10 +17,11 @@ typedef enum kiln_wino_pass { KILN_WINO_FWD, KILN_WINO_BWD_DATA, KILN_WINO_BWD_W
 
 /* x (n, c, h, w) -> y (n, k, h, w) in forward terms, whichever pass; xb
  * and yb: the activations' channel blocks (8: nChw8c, 16: nChw16c, 0:
- * plain NCHW). */
+ * plain NCHW); m: the output tile, 2 for F(2x2, 3x3) (16 planes; 0 reads
+ * as 2) or 4 for F(4x4, 3x3) (36 planes). */
 typedef struct kiln_wino_shape {
     int64_t n, c, h, w, k;
-    int xb, yb;
+    int xb, yb, m;
 } kiln_wino_shape;
 
 /* The pass's tensors in forward names: forward reads x, w and bias (or
