@@ -418,51 +418,70 @@ AVX2 static void weights_grad_transform4(const float *s, int64_t threads, size_t
         }
 }
 
-/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 6x6 input tile at (h0, w0). */
+/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 6x6 input tile at (h0, w0):
+ * a column of d at a time through B^T (six loads, six results kept), then a
+ * row at a time through B into the planes, so few values leave registers. */
 AVX2 static void input_tile4(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
-    v8 d[6][6], t[6][6], r[6][6];
+    v8 t[6][6], d[6];
     const v8 zero = {0};
     int64_t rs = x->w * x->b, cs = x->b;
     bool inside = h0 >= 0 && w0 >= 0 && h0 + 6 <= x->h && w0 + 6 <= x->w;
-    for (int a = 0; a < 6; a++)
-        for (int q = 0; q < 6; q++) {
-            int64_t h = h0 + a, w = w0 + q;
-            d[a][q] = inside || (h >= 0 && h < x->h && w >= 0 && w < x->w) ? *(const v8u *)(base + h * rs + w * cs)
-                                                                             : zero;
+    for (int q = 0; q < 6; q++) {
+        int64_t w = w0 + q;
+        if (inside) {
+            const float *p = base + h0 * rs + w * cs;
+            for (int a = 0; a < 6; a++) d[a] = *(const v8u *)(p + a * rs);
+        } else {
+            for (int a = 0; a < 6; a++) {
+                int64_t h = h0 + a;
+                d[a] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
+            }
         }
-    for (int q = 0; q < 6; q++) bt6(&d[0][q], 6, &t[0][q], 6);
-    for (int a = 0; a < 6; a++) bt6(&t[a][0], 1, &r[a][0], 1);
-    for (int xi = 0; xi < 36; xi++) *(v8u *)(v + (size_t)xi * xi_stride) = r[xi / 6][xi % 6];
+        bt6(d, 1, &t[0][q], 6);
+    }
+    for (int a = 0; a < 6; a++) {
+        v8 r[6];
+        bt6(t[a], 1, r, 1);
+        for (int q = 0; q < 6; q++) *(v8u *)(v + (size_t)(a * 6 + q) * xi_stride) = r[q];
+    }
 }
 
-/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the 4x4 output-gradient tile e at (h0, w0). */
+/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the 4x4 output-gradient tile e at
+ * (h0, w0), a column then a row at a time as input_tile4. */
 AVX2 static void grad_tile4(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
-    v8 e[4][4], u[6][4], r[6][6];
+    v8 u[6][4], e[4];
     const v8 zero = {0};
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 4; b++)
-            e[a][b] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
-    for (int b = 0; b < 4; b++) a4(&e[0][b], 4, &u[0][b], 4);
-    for (int i = 0; i < 6; i++) a4(&u[i][0], 1, &r[i][0], 1);
-    for (int xi = 0; xi < 36; xi++) *(v8u *)(z + (size_t)xi * xi_stride) = r[xi / 6][xi % 6];
+    for (int b = 0; b < 4; b++) {
+        for (int a = 0; a < 4; a++)
+            e[a] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
+        a4(e, 1, &u[0][b], 4);
+    }
+    for (int i = 0; i < 6; i++) {
+        v8 r[6];
+        a4(u[i], 1, r, 1);
+        for (int q = 0; q < 6; q++) *(v8u *)(z + (size_t)(i * 6 + q) * xi_stride) = r[q];
+    }
 }
 
 /* y's 4x4 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
 AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
                               int64_t h0, int64_t w0) {
-    v8 mm[6][6], s[4][6], o[4][4];
-    for (int xi = 0; xi < 36; xi++) mm[xi / 6][xi % 6] = *(const v8u *)(m + (size_t)xi * xi_stride);
-    for (int q = 0; q < 6; q++) at6(&mm[0][q], 6, &s[0][q], 6);
-    for (int a = 0; a < 4; a++) at6(&s[a][0], 1, &o[a][0], 1);
+    v8 s[4][6], c[6];
+    for (int q = 0; q < 6; q++) {
+        for (int a = 0; a < 6; a++) c[a] = *(const v8u *)(m + (size_t)(a * 6 + q) * xi_stride);
+        at6(c, 1, &s[0][q], 6);
+    }
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 4; b++) {
-            if (h0 + a >= y->h || w0 + b >= y->w) continue;
-            v8 r = o[a][b] + bv;
+    for (int a = 0; a < 4 && h0 + a < y->h; a++) {
+        v8 o[4];
+        at6(s[a], 1, o, 1);
+        for (int b = 0; b < 4 && w0 + b < y->w; b++) {
+            v8 r = o[b] + bv;
             if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
             *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
         }
+    }
 }
 
 /* ---- the passes ---------------------------------------------------------------------- */
