@@ -137,6 +137,14 @@ static const kh_case fused_cases[] = {
     {.name = "linear_act", .params = "4x1x3x1 w6x3 bias relu T", .dtypes = KH_FLOAT, .n_in = 3,
      .in = {FUSED_XT(4, 1, 3, 1), FUSED_X(6, 3), FUSED_XS(6)}, .attrs = {.flag = 1},
      .op = KH_OP(KILN_OP_LINEAR_ACT), .run = fused_run_linear_act, .reference = fused_ref_linear_act},
+    /* 16 outputs and more: Kiln's AVX2 product on AVX2 CPUs (the weight
+     * transposed as the prepared copy), with a column tail (17) */
+    {.name = "linear_act", .params = "3x2x5 w20x10 bias relu", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_X(3, 2, 5), FUSED_X(20, 10), FUSED_X(20)}, .attrs = {.flag = 1},
+     .op = KH_OP(KILN_OP_LINEAR_ACT), .run = fused_run_linear_act, .reference = fused_ref_linear_act},
+    {.name = "linear_act", .params = "7x3x2x2 w17x12 nobias none", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_X(7, 3, 2, 2), FUSED_X(17, 12), FUSED_ABSENT}, .attrs = {.flag = 0},
+     .op = KH_OP(KILN_OP_LINEAR_ACT), .run = fused_run_linear_act, .reference = fused_ref_linear_act},
     {.name = "linear_act", .params = "in features mismatch", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
      .in = {FUSED_X(2, 3, 2), FUSED_X(4, 5), FUSED_ABSENT}, .attrs = {.flag = 1}, .run = fused_run_linear_act,
      .expect_error = "linear_act: shapes"},

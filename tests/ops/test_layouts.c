@@ -392,23 +392,29 @@ static void test_prepared(void) {
     CHECK(memcmp(a, b, sizeof(float) * (size_t)n) != 0);
     free(a), free(b), free(c);
 
-    /* linear_act on a blocked input: permuted weights */
+    /* linear_act on a blocked input: permuted weights (10 outputs: oneDNN's
+     * matmul; 24: on AVX2 CPUs Kiln's product on the weight transposed in
+     * the input's column order), refreshed after a write to the weight */
     kiln_tensor *p = pattern(KILN_SHAPE(4, 32, 3, 3), 34), *pb = blocked_copy(p);
-    kiln_tensor *lw = pattern(KILN_SHAPE(10, 288), 35), *lw2 = pattern(KILN_SHAPE(10, 288), 36);
-    kiln_tensor *lb = pattern(KILN_SHAPE(10), 37);
-    for (int round = 0; round < 2; round++) {
-        if (round) CHECK_OK(kiln_copy_(lw, lw2, 0));
-        kiln_tensor *u = kiln_linear_act(pb, lw, lb, KILN_ACT_RELU), *v = kiln_linear_act(p, lw, lb, KILN_ACT_RELU);
-        CHECK(u && v);
-        if (u && v) {
-            float *uv = host_values(u), *vv = host_values(v);
-            CHECK_MSG(max_rel_diff(uv, vv, 40) <= 1e-5, "linear_act on a blocked input, round %d: %g", round,
-                      max_rel_diff(uv, vv, 40));
-            free(uv), free(vv);
+    for (int64_t O = 10; O <= 24; O += 14) {
+        kiln_tensor *lw = pattern(KILN_SHAPE(O, 288), 35), *lw2 = pattern(KILN_SHAPE(O, 288), 36);
+        kiln_tensor *lb = pattern(KILN_SHAPE(O), 37);
+        for (int round = 0; round < 2; round++) {
+            if (round) CHECK_OK(kiln_copy_(lw, lw2, 0));
+            kiln_tensor *u = kiln_linear_act(pb, lw, lb, KILN_ACT_RELU), *v = kiln_linear_act(p, lw, lb, KILN_ACT_RELU);
+            CHECK(u && v);
+            if (u && v) {
+                float *uv = host_values(u), *vv = host_values(v);
+                double d = max_rel_diff(uv, vv, 4 * O);
+                CHECK_MSG(d <= 1e-5, "linear_act (%lld outputs) on a blocked input, round %d: %g", (long long)O,
+                          round, d);
+                free(uv), free(vv);
+            }
+            kiln_release(u), kiln_release(v);
         }
-        kiln_release(u), kiln_release(v);
+        kiln_release(lw), kiln_release(lw2), kiln_release(lb);
     }
-    kiln_tensor *ts[] = {x, xb, w, w2, y1, y2, y3, p, pb, lw, lw2, lb};
+    kiln_tensor *ts[] = {x, xb, w, w2, y1, y2, y3, p, pb};
     for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) kiln_release(ts[i]);
 }
 
