@@ -130,6 +130,10 @@ AVX2 static void pack_panel(const float *b, int64_t ldb, int64_t rows, int nv, f
  * registers), so the bits are those of one unblocked chain. */
 AVX2 static void column_block(int64_t m, int64_t j0, int64_t w, int64_t k, const float *a, int64_t ai, int64_t al,
                               const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    if (m <= MR) { /* one row tile: each element of B is read once, packing would only copy it */
+        kiln_cpu_gemm_avx2(m, w, k, a, ai, al, b + j0, ldb, c + j0, ldc, acc);
+        return;
+    }
     float panel[K_BLOCK * 16] __attribute__((aligned(32)));
     for (int64_t l0 = 0; l0 < k; l0 += K_BLOCK) {
         int64_t kl = k - l0 < K_BLOCK ? k - l0 : K_BLOCK;
