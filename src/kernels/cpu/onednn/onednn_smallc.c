@@ -194,7 +194,8 @@ AVX2 static void fwd_block8(const kiln_smallc_shape *s, const sc_layout *l, cons
  * four, then one by one (the same order of sums every way). planes: the c
  * padded planes. */
 AVX2 static void fwd_row(const kiln_smallc_shape *s, const sc_layout *l, const float *planes, const float *wg,
-                         __m256 b, int64_t oy, float *out, int64_t ps, int64_t hw, bool relu) {
+                         const float *bias8, int64_t oy, float *out, int64_t ps, int64_t hw, bool relu) {
+    __m256 b = bias8 ? _mm256_loadu_ps(bias8) : _mm256_setzero_ps();
     int64_t plane = l->pad_h * l->pad_w, step = ps ? ps : 1, sw = s->sw, ox = 0;
     if (sw == 1)
         for (; ox + 8 <= s->ow; ox += 8) fwd_block8(s, l, planes, wg, b, oy, ox, out, ps, hw, relu);
@@ -248,11 +249,13 @@ AVX2 static void run_fwd(const kiln_smallc_shape *s, const sc_layout *l, const k
                 for (int64_t c = 0; c < s->c; c++) pad_plane(s, l, b->x, n, c, planes + c * l->pad_h * l->pad_w);
                 have = n;
             }
-            __m256 bias = b->bias ? _mm256_loadu_ps(b->bias + g * 8) : _mm256_setzero_ps();
+            /* no vector values in this body: clang outlines the parallel
+             * region into a function without the AVX2 target */
+            const float *bias8 = b->bias ? b->bias + g * 8 : NULL;
             int64_t ps;
             float *out = y_block(s, b->y, n, g, &ps);
             for (int64_t oy = 0; oy < s->oh; oy++)
-                fwd_row(s, l, planes, wp + g * s->c * 72, bias, oy, out, ps, hw, b->relu);
+                fwd_row(s, l, planes, wp + g * s->c * 72, bias8, oy, out, ps, hw, b->relu);
         }
     }
 }
