@@ -156,6 +156,21 @@ static inline float *act_base(const act *a, int64_t n, int64_t c0) {
 
 /* ---- transforms ---------------------------------------------------------------------- */
 
+/* g[i][j]: tap (i, j) of the 3x3 filters from input channel ci to output
+ * channels co..co+7 as one vector; flip: the input gradient's (rot180 of
+ * w[ci][co], w indexed [k][c] as OIHW). */
+AVX2 static void gather_filters(const float *w, int64_t ci, int64_t co, int64_t cin, int64_t cout, bool flip,
+                                v8 g[3][3]) {
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            int tap = flip ? (2 - i) * 3 + (2 - j) : i * 3 + j;
+            float lane[8];
+            for (int e = 0; e < 8; e++)
+                lane[e] = flip ? w[(ci * cout + co + e) * 9 + tap] : w[((co + e) * cin + ci) * 9 + tap];
+            g[i][j] = *(const v8u *)lane;
+        }
+}
+
 /* U[xi][ci][co] = (G g G^T)[xi] with g the 3x3 filter from input channel ci
  * to output channel co; flip: the input gradient's filters (rot180 of
  * w[ci][co], w indexed [k][c] as OIHW). Eight output channels at once
@@ -166,14 +181,7 @@ AVX2 static void weights_transform(const float *w, float *u, int64_t cin, int64_
     for (int64_t ci = 0; ci < cin; ci++)
         for (int64_t co = 0; co < cout; co += 8) {
             v8 g[3][3];
-            for (int i = 0; i < 3; i++)
-                for (int j = 0; j < 3; j++) {
-                    int tap = flip ? (2 - i) * 3 + (2 - j) : i * 3 + j;
-                    float lane[8];
-                    for (int e = 0; e < 8; e++)
-                        lane[e] = flip ? w[(ci * cout + co + e) * 9 + tap] : w[((co + e) * cin + ci) * 9 + tap];
-                    g[i][j] = *(const v8u *)lane;
-                }
+            gather_filters(w, ci, co, cin, cout, flip, g);
             const v8 half = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
             v8 t[4][3]; /* G g */
             for (int j = 0; j < 3; j++) {
@@ -382,14 +390,7 @@ AVX2 static void weights_transform4(const float *w, float *u, int64_t cin, int64
     for (int64_t ci = 0; ci < cin; ci++)
         for (int64_t co = 0; co < cout; co += 8) {
             v8 g[3][3], t[6][3], r[6][6];
-            for (int i = 0; i < 3; i++)
-                for (int j = 0; j < 3; j++) {
-                    int tap = flip ? (2 - i) * 3 + (2 - j) : i * 3 + j;
-                    float lane[8];
-                    for (int e = 0; e < 8; e++)
-                        lane[e] = flip ? w[(ci * cout + co + e) * 9 + tap] : w[((co + e) * cin + ci) * 9 + tap];
-                    g[i][j] = *(const v8u *)lane;
-                }
+            gather_filters(w, ci, co, cin, cout, flip, g);
             for (int j = 0; j < 3; j++) g3(&g[0][j], 3, &t[0][j], 3);
             for (int i = 0; i < 6; i++) g3(&t[i][0], 1, &r[i][0], 1);
             for (int xi = 0; xi < 36; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / 6][xi % 6];
