@@ -275,7 +275,8 @@ static bool avx2_linear(const kiln_op_args *a) {
 }
 
 /* Column f of x's flat row as a column of the flat NCHW row: f itself, or
- * for nChw<B>c the inverse of the permutation below. */
+ * for nChw<B>c the column (c, h, w) that sits at ((c / B) * HW + h * W + w)
+ * * B + c % B in the blocked row. Both prepared copies below follow it. */
 static int64_t flat_column(const kiln_strided *x, int64_t f) {
     const int64_t B = kiln_layout_block(x->layout);
     if (!B || x->ndim != 4) return f;
@@ -283,8 +284,8 @@ static int64_t flat_column(const kiln_strided *x, int64_t f) {
     return (cb * B + cr) * HW + i;
 }
 
-/* The permutation: column j of the flat NCHW row (c, h, w) sits at
- * ((c / B) * HW + h * W + w) * B + c % B in the nChw<B>c row. */
+/* The prepared copy: W^T for Kiln's product, else (oneDNN's matmul on a
+ * blocked x) W with its columns in x's order (flat_column). */
 void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
     p->input = -1;
     const kiln_strided *x = &a->in[0], *w = &a->in[1];
@@ -328,17 +329,19 @@ kiln_status kiln_onednn_linear_act_fill(const kiln_op_args *a, void *dst) {
         return KILN_OK;
     }
     const int64_t O = w->shape[0], K = w->shape[1], C = x->shape[1], HW = x->shape[2] * x->shape[3];
-    const int64_t B = kiln_layout_block(x->layout);
-    if (K != C * HW || !B) return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: weight columns do not match x");
+    if (K != C * HW || !kiln_layout_block(x->layout))
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: weight columns do not match x");
     const float *src = w->data;
     float *out = dst;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (O * K >= 65536)
 #endif
-    for (int64_t o = 0; o < O; o++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t i = 0; i < HW; i++)
-                out[o * K + ((c / B) * HW + i) * B + c % B] = src[o * K + c * HW + i];
+    for (int64_t f0 = 0; f0 < K; f0 += 8) { /* dst[o][f] = W[o][column f of x's row], as above untransposed */
+        int64_t fe = f0 + 8 < K ? f0 + 8 : K, col[8];
+        for (int64_t f = f0; f < fe; f++) col[f - f0] = flat_column(x, f);
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t f = f0; f < fe; f++) out[o * K + f] = src[o * K + col[f - f0]];
+    }
     return KILN_OK;
 }
 
