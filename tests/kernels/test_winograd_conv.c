@@ -12,6 +12,10 @@
  *     the weight gradient;
  *   - chunks that split an image (many tiles) and one partial chunk;
  *   - one and two OpenMP threads: each gives the same bits run to run;
+ *     the forward and the input gradient give the same bits on 1, 2 and
+ *     3 threads;
+ *   - the split of the tiles over 1-4 threads: equal shares (within one
+ *     tile) that cover every tile once, chunks a multiple of 6 tiles;
  *   - the filters transformed beforehand (the dispatcher's prepared copy)
  *     give the same bits as transforming them in the call.
  * Shapes the kernels do not cover are refused (channels not divisible by
@@ -187,6 +191,58 @@ static void check_shape(const shape *s, int xb, int yb, int m) {
     free(ry), free(rgx), free(rgw);
 }
 
+/* Each pass's split of the tiles over 1-4 threads: contiguous shares, in
+ * thread order, covering every tile once, none more than one tile longer
+ * than another; chunks a multiple of the micro-kernel's 6 rows. */
+static void check_split(const shape *s, int m) {
+    kiln_wino_shape ws = {s->n, s->c, s->h, s->w, s->k, 8, 8, m};
+    for (int pass = KILN_WINO_FWD; pass <= KILN_WINO_BWD_WEIGHTS; pass++)
+        for (int threads = 1; threads <= 4; threads++) {
+            int64_t next = 0, least = INT64_MAX, most = 0, tiles = 0, lo, hi, chunk;
+            for (int tid = 0; tid < threads; tid++) {
+                kiln_wino_split((kiln_wino_pass)pass, &ws, threads, tid, &tiles, &lo, &hi, &chunk);
+                CHECK_MSG(lo == next && hi >= lo, "F(%d) pass %d, %d threads: thread %d starts at %lld, not %lld", m,
+                          pass, threads, tid, (long long)lo, (long long)next);
+                CHECK_MSG(chunk > 0 && chunk % 6 == 0, "F(%d) pass %d: chunk of %lld tiles", m, pass, (long long)chunk);
+                next = hi;
+                if (hi - lo < least) least = hi - lo;
+                if (hi - lo > most) most = hi - lo;
+            }
+            CHECK_MSG(next == tiles, "F(%d) pass %d, %d threads: %lld of %lld tiles covered", m, pass, threads,
+                      (long long)next, (long long)tiles);
+            CHECK_MSG(tiles < threads || most - least <= 1, "F(%d) pass %d, %d threads: shares of %lld to %lld tiles",
+                      m, pass, threads, (long long)least, (long long)most);
+        }
+}
+
+/* The forward and the input gradient on 1, 2 and 3 threads: the same bits. */
+static void check_thread_bits(const shape *s, int m) {
+    size_t nx = (size_t)(s->n * s->c * s->h * s->w), ny = (size_t)(s->n * s->k * s->h * s->w),
+           nw = (size_t)(s->k * s->c * 9);
+    float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc((size_t)s->k * 4), *y = malloc(ny * 4);
+    float *first_y = malloc(ny * 4), *gx = malloc(nx * 4), *first_gx = malloc(nx * 4);
+    fill(x, nx, 5), fill(w, nw, 6), fill(b, (size_t)s->k, 7);
+    kiln_wino_shape ws = {s->n, s->c, s->h, s->w, s->k, 8, 8, m};
+    for (int threads = 1; threads <= 3; threads++) {
+#ifdef _OPENMP
+        omp_set_num_threads(threads);
+#endif
+        size_t bytes = kiln_wino_workspace(KILN_WINO_FWD, &ws), gbytes = kiln_wino_workspace(KILN_WINO_BWD_DATA, &ws);
+        if (gbytes > bytes) bytes = gbytes;
+        void *work = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        kiln_wino_buffers fb = {.x = x, .y = y, .w = w, .bias = b, .relu = true};
+        kiln_wino_buffers db = {.x = gx, .y = y, .w = w};
+        CHECK_OK(kiln_wino_run(KILN_WINO_FWD, &ws, &fb, work, bytes));
+        CHECK_OK(kiln_wino_run(KILN_WINO_BWD_DATA, &ws, &db, work, bytes)); /* y as the output gradient */
+        if (threads == 1) memcpy(first_y, y, ny * 4), memcpy(first_gx, gx, nx * 4);
+        CHECK_MSG(!memcmp(first_y, y, ny * 4) && !memcmp(first_gx, gx, nx * 4),
+                  "F(%d) %lldx%lldx%lldx%lld->%lld: %d threads give other bits than 1", m, (long long)s->n,
+                  (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k, threads);
+        free(work);
+    }
+    free(x), free(w), free(b), free(y), free(first_y), free(gx), free(first_gx);
+}
+
 int main(void) {
     if (!kiln_wino_cpu_ok()) kt_skip("this CPU has no AVX2 and FMA: the Winograd kernels are not used");
     if (kiln_init() != KILN_OK) {
@@ -203,6 +259,11 @@ int main(void) {
                 for (int yb = 0; yb < 3; yb++)
                     for (int m = 2; m <= 4; m += 2) check_shape(&shapes[i], blocks[xb], blocks[yb], m);
     }
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (int m = 2; m <= 4; m += 2) check_split(&shapes[i], m), check_thread_bits(&shapes[i], m);
+#ifdef _OPENMP
+    omp_set_num_threads(2);
+#endif
     printf("%d pass checks; largest errors, normwise / elementwise: F(2x2) %.2e / %.2e, F(4x4) %.2e / %.2e\n",
            checked_cases, worst[2][0], worst[2][1], worst[4][0], worst[4][1]);
     kiln_wino_shape bad = {1, 12, 8, 8, 16, 0, 0, 2};

@@ -25,10 +25,12 @@
  * tests/kernels/test_winograd_conv.c holds every pass to a float64
  * reference with a normwise tolerance of 2e-5, oneDNN's Winograd's.
  *
- * Tiles are taken in chunks sized to keep a chunk's V and M in the L2
- * cache; chunks are split statically over the OpenMP threads, each with
- * its own buffers, so a fixed thread count gives the same bits run to
- * run (the weight gradient's per-thread sums are added in thread order). */
+ * Each OpenMP thread takes an equal, contiguous share of the tiles with
+ * its own buffers, in chunks sized to keep a chunk's V and M in the L2
+ * cache. The forward and the input gradient give the same bits for any
+ * thread count (each output is one chain of fused multiply-adds over the
+ * channels); the weight gradient's per-thread sums are added in thread
+ * order, so a fixed thread count gives the same bits run to run. */
 #ifdef KILN_WITH_ONEDNN
 #include <string.h>
 #ifdef _OPENMP
@@ -76,16 +78,25 @@ static int64_t tiles_of(const kiln_wino_shape *s) {
     return s->n * ((s->h + m - 1) / m) * ((s->w + m - 1) / m);
 }
 
-/* Tiles per chunk: a chunk's V and M (planes x chunk x channels each) in
- * about 768 KiB, a multiple of 8, between 16 and 256. */
+/* Tiles per chunk: each thread takes an equal share of the tiles (within
+ * one) and goes through it in chunks of about equal size, each chunk's V
+ * and M (planes x chunk x channels each) in about 768 KiB, a multiple of
+ * the micro-kernel's 6 rows (the products' rows are the chunk's tiles).
+ * Static chunks over the whole range left one thread up to a chunk and a
+ * half behind the other at the end of every pass. */
 static int64_t chunk_of(int64_t cin, int64_t cout, int64_t planes, int64_t tiles, int threads) {
     int64_t t = 12288 * 16 / planes / (cin + cout);
-    t = t / 8 * 8;
-    t = t < 16 ? 16 : t > 256 ? 256 : t;
-    /* at least one chunk per thread where the tiles allow */
+    t = t < 12 ? 12 : t > 256 ? 256 : t;
     int64_t share = (tiles + threads - 1) / threads;
-    share = (share + 7) / 8 * 8;
-    return share < t ? share : t;
+    int64_t n = (share + t - 1) / t;
+    int64_t c = (share + n - 1) / n;
+    return (c + 5) / 6 * 6;
+}
+
+/* Thread tid's tiles of `threads`: [*lo, *hi). */
+static void thread_tiles(int64_t tiles, int tid, int threads, int64_t *lo, int64_t *hi) {
+    *lo = tiles * tid / threads;
+    *hi = tiles * (tid + 1) / threads;
 }
 
 static int threads_max(void) {
@@ -113,8 +124,7 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
     pass_channels(pass, s, &l.cin, &l.cout);
     int64_t tiles = tiles_of(s), P = l.planes = planes_of(s);
     l.chunk = chunk_of(l.cin, l.cout, P, tiles, threads < 1 ? 1 : threads);
-    int64_t chunks = (tiles + l.chunk - 1) / l.chunk;
-    l.threads = threads < 1 ? 1 : threads > chunks ? chunks : threads;
+    l.threads = threads < 1 ? 1 : threads > tiles ? (int)tiles : threads;
     size_t f = sizeof(float);
     size_t u_bytes = pass == KILN_WINO_BWD_WEIGHTS ? (size_t)l.threads * up64((size_t)(P * s->c * s->k) * f)
                                                    : up64((size_t)(P * l.cin * l.cout) * f);
@@ -135,6 +145,14 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
 
 size_t kiln_wino_workspace(kiln_wino_pass pass, const kiln_wino_shape *s) {
     return layout_of(pass, s, threads_max()).total;
+}
+
+void kiln_wino_split(kiln_wino_pass pass, const kiln_wino_shape *s, int threads, int tid, int64_t *tiles,
+                     int64_t *lo, int64_t *hi, int64_t *chunk) {
+    wino_layout l = layout_of(pass, s, threads);
+    *tiles = tiles_of(s), *chunk = l.chunk;
+    if (tid >= l.threads) *lo = *hi = *tiles; /* fewer tiles than threads: not in the team */
+    else thread_tiles(*tiles, tid, (int)l.threads, lo, hi);
 }
 
 #if WINO_X86
@@ -506,10 +524,15 @@ static float *thread_buffers(const wino_layout *l, char *ws) {
     return (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
 }
 
-/* Chunk ch's first tile in *t0; returns how many tiles it has. */
-static int64_t chunk_tiles(int64_t ch, int64_t chunk, int64_t tiles, int64_t *t0) {
-    *t0 = ch * chunk;
-    return tiles - *t0 < chunk ? tiles - *t0 : chunk;
+/* The calling thread's share of the tiles (thread_tiles), and how many
+ * threads share them. */
+static int team_tiles(int64_t tiles, int64_t *lo, int64_t *hi) {
+    int tid = 0, team = 1;
+#ifdef _OPENMP
+    tid = omp_get_thread_num(), team = omp_get_num_threads();
+#endif
+    thread_tiles(tiles, tid, team, lo, hi);
+    return team;
 }
 
 /* V for the pc tiles from t0 of `in` (cin channels), rows of a chunk. */
@@ -529,14 +552,15 @@ static void input_chunk(const kiln_wino_shape *s, const act *in, int64_t t0, int
  * transformed filters u; the input gradient is this with flipped filters. */
 static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *in, const float *u,
                                  const float *bias, bool relu, const act *out, char *ws) {
-    int64_t tiles = tiles_of(s), chunks = (tiles + l->chunk - 1) / l->chunk;
+    int64_t tiles = tiles_of(s);
     int64_t cin = l->cin, cout = l->cout, chunk = l->chunk;
 #pragma omp parallel num_threads((int)l->threads)
     {
         float *v = thread_buffers(l, ws), *m = (float *)((char *)v + l->v);
-#pragma omp for schedule(static)
-        for (int64_t ch = 0; ch < chunks; ch++) {
-            int64_t t0, pc = chunk_tiles(ch, chunk, tiles, &t0);
+        int64_t lo, hi;
+        team_tiles(tiles, &lo, &hi);
+        for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
+            int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
             input_chunk(s, in, t0, pc, cin, chunk, v);
             for (int xi = 0; xi < l->planes; xi++)
                 kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout,
@@ -555,22 +579,24 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
 
 static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *x, const act *gy,
                                      float *dw, char *ws) {
-    int64_t tiles = tiles_of(s), chunks = (tiles + l->chunk - 1) / l->chunk;
+    int64_t tiles = tiles_of(s);
     int64_t c = s->c, k = s->k, chunk = l->chunk;
     size_t s_stride = up64((size_t)(l->planes * c * k) * sizeof(float)) / sizeof(float);
     float *sums = (float *)ws;
+    int team = 1;
 #pragma omp parallel num_threads((int)l->threads)
     {
-        int tid = 0;
+        int64_t lo, hi;
+        int n = team_tiles(tiles, &lo, &hi), tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
+        if (tid == 0) team = n;
         float *st = sums + (size_t)tid * s_stride;
         memset(st, 0, (size_t)(l->planes * c * k) * sizeof(float));
         float *v = thread_buffers(l, ws), *z = (float *)((char *)v + l->v);
-#pragma omp for schedule(static)
-        for (int64_t ch = 0; ch < chunks; ch++) {
-            int64_t t0, pc = chunk_tiles(ch, chunk, tiles, &t0);
+        for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
+            int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
             input_chunk(s, x, t0, pc, c, chunk, v);
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(s, t0 + p);
@@ -583,7 +609,8 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
                                    st + (size_t)xi * c * k, k, true);
         }
     }
-    (s->m == 4 ? weights_grad_transform4 : weights_grad_transform)(sums, l->threads, s_stride, dw, c, k);
+    /* the sums of the threads that ran, in thread order */
+    (s->m == 4 ? weights_grad_transform4 : weights_grad_transform)(sums, team, s_stride, dw, c, k);
     return KILN_OK;
 }
 

@@ -51,6 +51,11 @@ size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s);
  * keeps as the weight's prepared copy (kernels/op_args.h), refilled when
  * the weight changes, so a call does not transform them again. */
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u);
+/* How a pass on `threads` threads splits its tiles (for tests): thread
+ * tid takes tiles [*lo, *hi) of *tiles, in chunks of at most *chunk
+ * (an empty range at the end for a thread the pass does not use). */
+void kiln_wino_split(kiln_wino_pass pass, const kiln_wino_shape *s, int threads, int tid, int64_t *tiles,
+                     int64_t *lo, int64_t *hi, int64_t *chunk);
 /* Runs the pass; the workspace must hold kiln_wino_workspace bytes for
  * the thread count at the time of the call. */
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
