@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kernels/cpu/fast/fast_kernels.h"
+#include "kernels/cpu/fast/pool_avx2.h"
 #include "kernels/nn_geometry.h"
 
 static bool plain4(const kiln_strided *t, kiln_dtype dtype) {
@@ -30,6 +31,7 @@ static bool plain4(const kiln_strided *t, kiln_dtype dtype) {
     return true;
 }
 
+static bool aligned32(const void *p) { return ((uintptr_t)p & 31) == 0; }
 
 #define ROW_CHUNK 64
 

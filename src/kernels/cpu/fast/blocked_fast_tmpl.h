@@ -89,6 +89,10 @@ static kiln_status SFX(blocked_pool)(const kiln_op_args *a, bool relu) {
     const int64_t OH = a->out[0].shape[2], OW = a->out[0].shape[3];
     const int64_t kh = g.kernel[0], kw = g.kernel[1], sh = g.stride[0], sw = g.stride[1];
     const int64_t ph = g.padding[0], pw = g.padding[1];
+    const bool avx2 = kiln_pool_avx2_ok();
+    /* values and int64 indices: streaming stores past the cache (pool_avx2.h) */
+    const bool stream = avx2 && (size_t)(N * CB * OH * OW * L) * 12 >= kiln_pool_stream_bytes() &&
+                        aligned32(y) && aligned32(ix);
 #ifdef _OPENMP
 #pragma omp parallel for collapse(2) schedule(static) if (N * CB * OH * OW * L > 4096)
 #endif
@@ -101,7 +105,11 @@ static kiln_status SFX(blocked_pool)(const kiln_op_args *a, bool relu) {
                 /* The first window value is taken as is (the general loop
                  * starts from -inf and takes it unless it is -inf, keeping
                  * the first index either way: the same result). */
-                SFX(pool_row_2x2)(xp + 2 * oh * W * L, xp + (2 * oh + 1) * W * L, yp, ip, OW, 2 * oh * W, W, relu);
+                if (avx2)
+                    kiln_pool2x2_row_avx2(xp + 2 * oh * W * L, xp + (2 * oh + 1) * W * L, yp, ip, OW, 2 * oh * W, W, L,
+                                          relu, stream);
+                else
+                    SFX(pool_row_2x2)(xp + 2 * oh * W * L, xp + (2 * oh + 1) * W * L, yp, ip, OW, 2 * oh * W, W, relu);
                 continue;
             }
             int64_t h0 = oh * sh - ph, h1 = h0 + kh < H ? h0 + kh : H;
@@ -166,7 +174,9 @@ static bool SFX(kiln_blocked_max_pool2d_backward_supports)(const kiln_op_args *a
             for (int l = 0; l < L; l++) {                                                                    \
                 float g = go[ow * L + l];                                                                    \
                 if (RELU) g = y[ow * L + l] > 0.0f ? g : 0.0f;                                               \
-                int32_t rel = (int32_t)(ix[ow * L + l] - (index0 + 2 * ow));                                 \
+                /* an offset outside [0, W + 1] matches no position (its low half may) */                  \
+                int64_t off = ix[ow * L + l] - (index0 + 2 * ow);                                            \
+                int32_t rel = off >= 0 && off <= (int64_t)W + 1 ? (int32_t)off : -1;                         \
                 d0[(2 * ow) * L + l] = rel == 0 ? g : 0.0f;                                                  \
                 d0[(2 * ow + 1) * L + l] = rel == 1 ? g : 0.0f;                                              \
                 d1[(2 * ow) * L + l] = rel == w32 ? g : 0.0f;                                                \
@@ -182,7 +192,8 @@ POOL_BWD_ROW(SFX(pool_bwd_row_relu), 1)
 /* One output row: a plain grad_out row (plane stride go_plane) is first
  * gathered into blocked order in chunks on the stack. */
 static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked, int64_t go_plane, const int64_t *ix_row,
-                                      const float *y_row, float *d0, float *d1, int64_t OW, int64_t index0, int64_t W) {
+                                      const float *y_row, float *d0, float *d1, int64_t OW, int64_t index0, int64_t W,
+                                      bool avx2, bool stream) {
     int64_t stray = 0;
     for (int64_t c0 = 0; c0 < OW; c0 += ROW_CHUNK) {
         int64_t n = OW - c0 < ROW_CHUNK ? OW - c0 : ROW_CHUNK;
@@ -195,8 +206,12 @@ static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked,
         }
         const int64_t *ix = ix_row + c0 * L;
         float *e0 = d0 + 2 * c0 * L, *e1 = d1 + 2 * c0 * L;
-        stray += y_row ? SFX(pool_bwd_row_relu)(g, ix, y_row + c0 * L, e0, e1, n, index0 + 2 * c0, W)
-                       : SFX(pool_bwd_row)(g, ix, NULL, e0, e1, n, index0 + 2 * c0, W);
+        if (avx2)
+            stray += kiln_pool2x2_backward_row_avx2(g, ix, y_row ? y_row + c0 * L : NULL, e0, e1, n, index0 + 2 * c0, W,
+                                                    L, stream);
+        else
+            stray += y_row ? SFX(pool_bwd_row_relu)(g, ix, y_row + c0 * L, e0, e1, n, index0 + 2 * c0, W)
+                           : SFX(pool_bwd_row)(g, ix, NULL, e0, e1, n, index0 + 2 * c0, W);
     }
     return stray;
 }
@@ -222,6 +237,10 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) 
          * the scatter path below, which overwrites everything and checks
          * the indices against the plane. */
         int64_t stray = 0;
+        const bool avx2 = kiln_pool_avx2_ok();
+        /* the input gradient: streaming stores past the cache (pool_avx2.h) */
+        const bool stream = avx2 && (size_t)(N * CB * HW * L) * 4 >= kiln_pool_stream_bytes() && aligned32(dx) &&
+                            (W * L * 4) % 32 == 0;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) reduction(+ : stray) if (N * CB * HW * L > 4096)
 #endif
@@ -236,7 +255,8 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) 
                         for (int l = 0; l < L; l++) d0[w * L + l] = d1[w * L + l] = 0.0f;
                 const float *go_row = go_blocked ? go + (p * OHW + oh * OW) * L : go + p * L * OHW + oh * OW;
                 stray += SFX(pool_backward_rows_2x2)(go_row, go_blocked, OHW, ix + (p * OHW + oh * OW) * L,
-                                                yv ? yv + (p * OHW + oh * OW) * L : NULL, d0, d1, OW, 2 * oh * W, W);
+                                                yv ? yv + (p * OHW + oh * OW) * L : NULL, d0, d1, OW, 2 * oh * W, W,
+                                                avx2, stream);
             }
         }
         if (!stray) return KILN_OK;
