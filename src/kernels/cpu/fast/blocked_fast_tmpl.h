@@ -239,8 +239,7 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) 
         int64_t stray = 0;
         const bool avx2 = kiln_pool_avx2_ok();
         /* the input gradient: streaming stores past the cache (pool_avx2.h) */
-        const bool stream = avx2 && (size_t)(N * CB * HW * L) * 4 >= kiln_pool_stream_bytes() && aligned32(dx) &&
-                            (W * L * 4) % 32 == 0;
+        const bool stream = avx2 && (size_t)(N * CB * HW * L) * 4 >= kiln_pool_stream_bytes() && aligned32(dx);
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) reduction(+ : stray) if (N * CB * HW * L > 4096)
 #endif

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "kernels/cpu/fast/gemm_avx2.h"
 #include "kernels/cpu/fast/pool_avx2.h"
 
 /* The test switches of kiln_pool_avx2_test_set: -1 / 0 mean "as the CPU says". */
@@ -66,17 +67,8 @@ size_t kiln_pool_stream_bytes(void) {
 
 #define AVX2 __attribute__((target("avx2,fma")))
 
-bool kiln_pool_avx2_ok(void) {
-    static _Atomic int cpu = -1;
-    int ok = atomic_load(&cpu);
-    if (ok < 0) {
-        __builtin_cpu_init();
-        ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-        atomic_store(&cpu, ok);
-    }
-    int forced = atomic_load(&forced_rows);
-    return ok && forced != 0;
-}
+/* The CPU check is the AVX2 micro-kernel's (gemm_avx2.h). */
+bool kiln_pool_avx2_ok(void) { return kiln_cpu_gemm_avx2_ok() && atomic_load(&forced_rows) != 0; }
 
 /* v taken where it is greater than best or NaN (the generic row's test). */
 AVX2 static inline __m256 takes(__m256 v, __m256 best) {

@@ -524,15 +524,14 @@ static float *thread_buffers(const wino_layout *l, char *ws) {
     return (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
 }
 
-/* The calling thread's share of the tiles (thread_tiles), and how many
- * threads share them. */
-static int team_tiles(int64_t tiles, int64_t *lo, int64_t *hi) {
-    int tid = 0, team = 1;
+/* The calling thread's share of the tiles (thread_tiles); its number in
+ * *tid, and how many threads share them in *team. */
+static void team_tiles(int64_t tiles, int *tid, int *team, int64_t *lo, int64_t *hi) {
+    *tid = 0, *team = 1;
 #ifdef _OPENMP
-    tid = omp_get_thread_num(), team = omp_get_num_threads();
+    *tid = omp_get_thread_num(), *team = omp_get_num_threads();
 #endif
-    thread_tiles(tiles, tid, team, lo, hi);
-    return team;
+    thread_tiles(tiles, *tid, *team, lo, hi);
 }
 
 /* V for the pc tiles from t0 of `in` (cin channels), rows of a chunk. */
@@ -558,7 +557,8 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
     {
         float *v = thread_buffers(l, ws), *m = (float *)((char *)v + l->v);
         int64_t lo, hi;
-        team_tiles(tiles, &lo, &hi);
+        int tid, n;
+        team_tiles(tiles, &tid, &n, &lo, &hi);
         for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
             int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
             input_chunk(s, in, t0, pc, cin, chunk, v);
@@ -587,10 +587,8 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
 #pragma omp parallel num_threads((int)l->threads)
     {
         int64_t lo, hi;
-        int n = team_tiles(tiles, &lo, &hi), tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        int tid, n;
+        team_tiles(tiles, &tid, &n, &lo, &hi);
         if (tid == 0) team = n;
         float *st = sums + (size_t)tid * s_stride;
         memset(st, 0, (size_t)(l->planes * c * k) * sizeof(float));
