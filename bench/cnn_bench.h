@@ -37,6 +37,12 @@ typedef struct cnn_series {
     bool missing; /* the peer gave no figure (reason printed) */
 } cnn_series;
 
+/* The passes whose rates the profiled step reports against the FMA peak
+ * (the forward convolutions are conv2d_relu_max_pool2d on the CPU, conv2d
+ * elsewhere: bench/cnn_step.c). */
+#define CNN_PASSES     5
+#define CNN_PASS_NAMES {"conv2d", "conv2d_relu_max_pool2d", "conv2d_grad_input", "conv2d_grad_weight", "mm"}
+
 typedef struct cnn_results {
     cnn_series s[CNN_PRECISIONS][CNN_MODES][CNN_WHO];
     cnn_series train_pre; /* --data: the same f32 steps on the preloaded batch */
@@ -57,11 +63,9 @@ typedef struct cnn_results {
     long peer_rss_kib[CNN_PRECISIONS][CNN_MODES][CNN_WHO];
     /* The profiled training step's arithmetic per pass (CNN_PASS_NAMES):
      * GFLOP/s over the pass's kernel time; 0 when not profiled. */
-    double pass_gflop_s[4];
+    double pass_gflop_s[CNN_PASSES];
 } cnn_results;
 
-/* The passes whose rates the profiled step reports against the FMA peak. */
-#define CNN_PASS_NAMES {"conv2d", "conv2d_grad_input", "conv2d_grad_weight", "mm"}
 
 /* Direct-convolution FLOP equivalents of the model's forward and training
  * step at `batch`, from its weight shapes (conv1..conv3, fc1, fc2) and the

@@ -338,7 +338,7 @@ void cnn_print_json(const cnn_config *cfg, const cnn_results *r) {
     json_string_or_null("peer_reason", r->peer_reason);
     static const char *const passes[] = CNN_PASS_NAMES;
     printf(",\"passes_gflop_s\":{");
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < CNN_PASSES; i++) {
         printf("%s\"%s\":", i ? "," : "", passes[i]);
         if (r->pass_gflop_s[i] > 0) printf("%.2f", r->pass_gflop_s[i]);
         else printf("null");

@@ -75,17 +75,27 @@ typedef struct cnn_bench {
 
 /* x = pool(relu(conv_i(x))) three times; view(-1, 2048); relu(fc1); fc2.
  * With layer fusion on (kiln_nn_set_fusion, the default) it calls what the
- * Sequential fuses the same chain into: conv, then relu_max_pool2d; the
- * flatten, fc1 and its ReLU as one linear_act. */
+ * Sequential fuses the same chain into: conv2d_relu_max_pool2d on the CPU,
+ * conv2d then relu_max_pool2d elsewhere; the flatten, fc1 and its ReLU as
+ * one linear_act. */
 static kiln_tensor *fused_forward(kiln_module *m, kiln_tensor *x) {
-    static const char *const convs[3] = {"conv1", "conv2", "conv3"};
+    static const char *const convs_w[3] = {"conv1.weight", "conv2.weight", "conv3.weight"};
+    static const char *const convs_b[3] = {"conv1.bias", "conv2.bias", "conv3.bias"};
+    kiln_conv2d_opts co = {.padding = {CNN_PAD, CNN_PAD}};
     kiln_pool2d_opts po = kiln_pool2d_defaults(2);
+    bool cpu = kiln_get_device(x).type == KILN_DEVICE_CPU;
     kiln_tensor *h = kiln_retain(x);
     for (int i = 0; i < 3 && h; i++) {
-        kiln_tensor *c = kiln_module_forward(kiln_module_child(m, convs[i]), h);
-        kiln_release(h);
-        h = c ? kiln_relu_max_pool2d(c, &po, NULL) : NULL;
-        kiln_release(c);
+        kiln_tensor *w = kiln_module_state_get(m, convs_w[i]), *b = kiln_module_state_get(m, convs_b[i]), *y = NULL;
+        if (w && b && cpu) {
+            y = kiln_conv2d_relu_max_pool2d(h, w, b, &co, 2, NULL);
+        } else if (w && b) {
+            kiln_tensor *c = kiln_conv2d(h, w, b, &co);
+            y = c ? kiln_relu_max_pool2d(c, &po, NULL) : NULL;
+            kiln_release(c);
+        }
+        kiln_release(w), kiln_release(b), kiln_release(h);
+        h = y;
     }
     if (!h) return NULL;
     kiln_tensor *w = kiln_module_state_get(m, "fc1.weight"), *b = kiln_module_state_get(m, "fc1.bias");
@@ -280,7 +290,7 @@ static kiln_status profile_step(cnn_bench *b, int rows, cnn_results *r) {
     free(table);
     static const char *const passes[] = CNN_PASS_NAMES;
     printf("passes of that step against the FMA peak (%.1f GFLOP/s):", r->peak.gflop_s);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < CNN_PASSES; i++) {
         double g = 0, s = 0;
         if (!kiln_profiler_op_flops(passes[i], &g, &s) || s <= 0) continue;
         r->pass_gflop_s[i] = g / s;

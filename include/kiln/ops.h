@@ -163,6 +163,15 @@ kiln_tensor *kiln_max_pool2d(kiln_tensor *x, const kiln_pool2d_opts *opts, kiln_
  * and gradient, one pass forward and one backward (the gradient scattered
  * only where y > 0). indices as kiln_max_pool2d's (optional out, new ref). */
 kiln_tensor *kiln_relu_max_pool2d(kiln_tensor *x, const kiln_pool2d_opts *opts, kiln_tensor **indices);
+/* Fused kiln_relu_max_pool2d(kiln_conv2d(x, weight, bias, opts), window pool):
+ * conv2d's arguments, then max pooling of the ReLU over pool x pool windows
+ * at stride pool without padding (nn.MaxPool2d(pool)). The same y, indices
+ * (optional out, a new reference; flat indices h*W + w into the
+ * convolution's output planes) and gradients as the two ops, without the
+ * convolution's output as a tensor: on the CPU, Winograd convolutions pool
+ * each output tile while it is in registers. Blocks the host on the CPU. */
+kiln_tensor *kiln_conv2d_relu_max_pool2d(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                                         const kiln_conv2d_opts *opts, int64_t pool, kiln_tensor **indices);
 kiln_tensor *kiln_avg_pool2d(kiln_tensor *x, const kiln_pool2d_opts *opts);
 kiln_tensor *kiln_adaptive_avg_pool2d(kiln_tensor *x, int64_t out_h, int64_t out_w);
 /* Batch norm over (N, C, ...) per channel. weight/bias (C) or NULL;
@@ -249,6 +258,7 @@ kiln_tensor *kiln_mul_(kiln_tensor *a, kiln_tensor *b);
 #define kiln_conv2d_relu(...) KILN_SITE_CALL(kiln_conv2d_relu, __VA_ARGS__)
 #define kiln_max_pool2d(...) KILN_SITE_CALL(kiln_max_pool2d, __VA_ARGS__)
 #define kiln_relu_max_pool2d(...) KILN_SITE_CALL(kiln_relu_max_pool2d, __VA_ARGS__)
+#define kiln_conv2d_relu_max_pool2d(...) KILN_SITE_CALL(kiln_conv2d_relu_max_pool2d, __VA_ARGS__)
 #define kiln_avg_pool2d(...) KILN_SITE_CALL(kiln_avg_pool2d, __VA_ARGS__)
 #define kiln_adaptive_avg_pool2d(...) KILN_SITE_CALL(kiln_adaptive_avg_pool2d, __VA_ARGS__)
 #define kiln_batch_norm(...) KILN_SITE_CALL(kiln_batch_norm, __VA_ARGS__)

@@ -4,6 +4,7 @@
  * and dtypes. A NULL grad_out means zeros. */
 #include "autograd/backward_util.h"
 #include "base/error.h"
+#include "kernels/nn_geometry.h"
 #include "kiln/ops.h"
 #include "ops/op_backward.h"
 #include "tensor/tensor_internal.h"
@@ -82,6 +83,27 @@ kiln_status kiln_backward_conv2d_relu(const kiln_backward_ctx *ctx, kiln_tensor 
                                       kiln_tensor **grad_in) {
     if (!grad_out[0]) return all_zeros(ctx, grad_in);
     kiln_tensor *g = relu_grad(ctx, grad_out[0]);
+    if (!g) return kiln_error_last()->status;
+    kiln_status st = conv2d_grads(ctx, g, grad_in);
+    kiln_tensor_drop(g);
+    return st;
+}
+
+/* conv2d_relu_max_pool2d: the pooling's backward (relu's fused) into the
+ * convolution's output shape, then exactly conv2d's gradients. */
+kiln_status kiln_backward_conv2d_relu_max_pool2d(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
+                                                 kiln_tensor **grad_in) {
+    if (!grad_out[0]) return all_zeros(ctx, grad_in);
+    const kiln_meta *x = &ctx->in_meta[0], *w = &ctx->in_meta[1];
+    kiln_conv_geom cg = kiln_conv_geom_of(ctx->attrs);
+    int64_t p = ctx->attrs->kernel[0];
+    kiln_op_attrs at = {.kernel = {p, p}, .stride = {p, p}, .n_ints = 4};
+    at.ints[0] = x->shape[0], at.ints[1] = w->shape[0];
+    for (int i = 0; i < 2; i++)
+        at.ints[2 + i] = kiln_conv_out_size(x->shape[2 + i], w->shape[2 + i], cg.stride[i], cg.padding[i],
+                                            cg.dilation[i]);
+    kiln_tensor *g = run1(KILN_OP_RELU_MAX_POOL2D_BACKWARD, 3, (kiln_tensor *[]){grad_out[0], ctx->out[0], ctx->out[1]},
+                          &at, ctx->device);
     if (!g) return kiln_error_last()->status;
     kiln_status st = conv2d_grads(ctx, g, grad_in);
     kiln_tensor_drop(g);

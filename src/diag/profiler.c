@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "kernels/nn_geometry.h"
 #include "base/nvtx.h"
 #include "diag/profiler_internal.h"
 #include "ops/op_registry.h"
@@ -201,6 +202,14 @@ static uint64_t op_flops(const kiln_op_call *c) {
     case KILN_OP_CONV2D:
     case KILN_OP_CONV2D_RELU: /* (x, weight (O, C/g, kH, kW)) -> y */
         if (b && dim_of(b, 0) > 0) f = 2.0 * numel_of(y) * (numel_of(b) / (double)dim_of(b, 0));
+        break;
+    case KILN_OP_CONV2D_RELU_MAX_POOL2D: /* the convolution's output is (N, O, Ho, Wo) before the pooling */
+        if (b && dim_of(b, 0) > 0 && kiln_ndim(a) == 4 && kiln_ndim(b) == 4) {
+            kiln_conv_geom g = kiln_conv_geom_of(c->attrs);
+            double hw = (double)kiln_conv_out_size(dim_of(a, 2), dim_of(b, 2), g.stride[0], g.padding[0], g.dilation[0]) *
+                        (double)kiln_conv_out_size(dim_of(a, 3), dim_of(b, 3), g.stride[1], g.padding[1], g.dilation[1]);
+            f = 2.0 * (double)dim_of(a, 0) * (double)dim_of(b, 0) * hw * (numel_of(b) / (double)dim_of(b, 0));
+        }
         break;
     case KILN_OP_CONV2D_GRAD_INPUT: /* (grad_out, weight) -> grad_input */
         if (b && dim_of(b, 0) > 0) f = 2.0 * numel_of(a) * (numel_of(b) / (double)dim_of(b, 0));

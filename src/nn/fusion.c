@@ -1,7 +1,12 @@
 /* Layer fusion in a Sequential: runs of built-in layers that one fused op
  * computes (ops.def's fused ops) are run as that op.
  *
- *   Conv2d, ReLU, MaxPool2d     conv2d, then relu_max_pool2d
+ *   Conv2d, ReLU, MaxPool2d     conv2d_relu_max_pool2d on the CPU for a
+ *                               k x k window at stride k without padding
+ *                               (nn.MaxPool2d(k)); else conv2d, then
+ *                               relu_max_pool2d (on CUDA the two ops run
+ *                               cuDNN's convolution and one pooling kernel;
+ *                               the fused op there is the same two kernels)
  *   Conv2d, ReLU                conv2d_relu
  *   Flatten(1, -1), Linear[, ReLU]  linear_act (the flatten folded in)
  *   Linear[, ReLU] on (N, in)   linear_act
@@ -21,6 +26,7 @@
 
 #include "base/error.h"
 #include "nn/module_internal.h"
+#include "runtime/runtime_internal.h"
 #include "tensor/tensor_internal.h"
 
 /* -1: not decided yet (KILN_NN_FUSION is read on first use), 0 off, 1 on. */
@@ -56,6 +62,20 @@ static int64_t linear_in(const kiln_module *lin) {
     return w && w->ndim == 2 ? w->shape[1] : -1;
 }
 
+/* Whether x's ops run CPU kernels (on meta: while a plan models the CPU). */
+static bool on_cpu(const kiln_tensor *x) {
+    kiln_device_type t = kiln_get_device(x).type;
+    return t == KILN_DEVICE_CPU || (t == KILN_DEVICE_META && kiln_meta_kernels() == KILN_DEVICE_CPU);
+}
+
+/* A square window at stride equal to it, no padding, floor: what
+ * conv2d_relu_max_pool2d pools (nn.MaxPool2d(k)). */
+static bool window_pool(const kiln_pool2d_opts *p) {
+    int64_t k = p->kernel[0];
+    return k >= 1 && p->kernel[1] == k && (p->stride[0] == 0 || p->stride[0] == k) &&
+           (p->stride[1] == 0 || p->stride[1] == k) && p->padding[0] == 0 && p->padding[1] == 0 && !p->ceil_mode;
+}
+
 /* The fused run starting at child i, if any: its result in *y (NULL on
  * error) and the number of children it covers; 0 when none starts here. */
 static int fused_run(kiln_module *seq, int i, int end, kiln_tensor *x, kiln_tensor **y) {
@@ -64,6 +84,10 @@ static int fused_run(kiln_module *seq, int i, int end, kiln_tensor *x, kiln_tens
     if (is_layer(a, "Conv2d") && is_layer(b, "ReLU") && x->ndim == 4) {
         kiln_tensor *w = kiln_module_own_tensor(a, "weight"), *bias = kiln_module_own_tensor(a, "bias");
         if (is_layer(c, "MaxPool2d")) {
+            if (window_pool(&c->cfg.pool) && on_cpu(x)) {
+                *y = kiln_conv2d_relu_max_pool2d(x, w, bias, &a->cfg.conv, c->cfg.pool.kernel[0], NULL);
+                return 3;
+            }
             kiln_tensor *h = kiln_conv2d(x, w, bias, &a->cfg.conv);
             *y = h ? kiln_relu_max_pool2d(h, &c->cfg.pool, NULL) : NULL;
             kiln_tensor_drop(h);

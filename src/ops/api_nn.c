@@ -32,6 +32,18 @@ kiln_tensor *(kiln_conv2d_relu)(kiln_tensor *x, kiln_tensor *weight, kiln_tensor
     return kiln_dispatch_public(KILN_OP_CONV2D_RELU, 3, (kiln_tensor *[]){x, weight, bias}, &at, NULL);
 }
 
+kiln_tensor *(kiln_conv2d_relu_max_pool2d)(kiln_tensor *x, kiln_tensor *weight, kiln_tensor *bias,
+                                           const kiln_conv2d_opts *opts, int64_t pool, kiln_tensor **indices) {
+    kiln_op_attrs at = conv_attrs(opts);
+    at.kernel[0] = at.kernel[1] = pool;
+    if (indices) *indices = NULL;
+    kiln_tensor *aux[1] = {NULL};
+    kiln_tensor *y = kiln_dispatch_public(KILN_OP_CONV2D_RELU_MAX_POOL2D, 3, (kiln_tensor *[]){x, weight, bias}, &at,
+                                          indices ? aux : NULL);
+    if (indices) *indices = aux[0];
+    return y;
+}
+
 kiln_pool2d_opts kiln_pool2d_defaults(int64_t kernel) {
     kiln_pool2d_opts o = {.kernel = {kernel, kernel}, .stride = {kernel, kernel}, .count_include_pad = true};
     return o;

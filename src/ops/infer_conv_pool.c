@@ -78,6 +78,27 @@ kiln_status kiln_infer_conv2d(const char *op, const kiln_op_attrs *attrs, int n_
     return KILN_OK;
 }
 
+/* conv2d's checks and output, then the p x p window at stride p
+ * (attrs.kernel) over it, no padding, floor; out[1] the i64 indices. */
+kiln_status kiln_infer_conv2d_relu_max_pool2d(const char *op, const kiln_op_attrs *attrs, int n_in,
+                                              kiln_tensor *const *in, kiln_meta *out, kiln_dtype *in_dtype) {
+    KILN_TRY(kiln_infer_conv2d(op, attrs, n_in, in, out, in_dtype));
+    int64_t p = attrs->kernel[0];
+    if (p < 1 || attrs->kernel[1] != p)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass a pooling window of 1 or more (2 for nn.MaxPool2d(2))",
+                          "%s: pooling window %lldx%lld; it must be square and at least 1", op,
+                          (long long)attrs->kernel[0], (long long)attrs->kernel[1]);
+    int64_t ho = out[0].shape[2], wo = out[0].shape[3];
+    if (ho < p || wo < p)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use a smaller pooling window or a larger input",
+                          "%s: a %lldx%lld pooling window does not fit the convolution's %lldx%lld output", op,
+                          (long long)p, (long long)p, (long long)ho, (long long)wo);
+    int64_t shape[4] = {out[0].shape[0], out[0].shape[1], ho / p, wo / p};
+    set_meta(&out[0], out[0].dtype, 4, shape);
+    set_meta(&out[1], KILN_I64, 4, shape);
+    return KILN_OK;
+}
+
 /* Gradient ops of conv2d: out[0] has the shape in attrs.ints[0..3]. */
 static kiln_status infer_conv_grad(const char *op, const kiln_op_attrs *attrs, kiln_tensor *const *in,
                                    kiln_meta *out, kiln_dtype *in_dtype) {

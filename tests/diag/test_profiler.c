@@ -434,6 +434,10 @@ static void test_flops(void) {
     kiln_tensor *l = y ? kiln_sum(y, 0, NULL, false) : NULL;
     CHECK(l && kiln_backward(l, NULL, false) == KILN_OK);
     kiln_tensor *p = kiln_mm(a, b);
+    /* the fused op counts its convolution (y (2, 5, 9, 8) before the 2x2
+     * pooling, whose floor drops a row) */
+    kiln_tensor *q = kiln_conv2d_relu_max_pool2d(x, w, NULL, &o, 2, NULL);
+    CHECK(q != NULL);
     CHECK_OK(kiln_profiler_stop());
     double g = -1, secs = -1;
     CHECK_EQ_I(kiln_profiler_op_flops("conv2d", &g, &secs), 1);
@@ -442,6 +446,8 @@ static void test_flops(void) {
     CHECK_MSG(g * 1e9 > 25919.5 && g * 1e9 < 25920.5, "conv2d_grad_input: %.1f FLOP", g * 1e9);
     CHECK_EQ_I(kiln_profiler_op_flops("conv2d_grad_weight", &g, NULL), 1);
     CHECK_MSG(g * 1e9 > 25919.5 && g * 1e9 < 25920.5, "conv2d_grad_weight: %.1f FLOP", g * 1e9);
+    CHECK_EQ_I(kiln_profiler_op_flops("conv2d_relu_max_pool2d", &g, NULL), 1);
+    CHECK_MSG(g * 1e9 > 25919.5 && g * 1e9 < 25920.5, "conv2d_relu_max_pool2d: %.1f FLOP", g * 1e9);
     CHECK_EQ_I(kiln_profiler_op_flops("mm", &g, NULL), 1);
     CHECK_MSG(g * 1e9 > 143.5 && g * 1e9 < 144.5, "mm: %.1f FLOP", g * 1e9);
     CHECK_EQ_I(kiln_profiler_op_flops("sum", &g, NULL), 1);
@@ -465,7 +471,7 @@ static void test_flops(void) {
         CHECK(strstr(buf, "\"flops\":144") != NULL);
         remove(path);
     }
-    kiln_release(p), kiln_release(l), kiln_release(y);
+    kiln_release(p), kiln_release(q), kiln_release(l), kiln_release(y);
     kiln_release(x), kiln_release(w), kiln_release(a), kiln_release(b);
 }
 

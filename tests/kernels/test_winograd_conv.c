@@ -18,6 +18,9 @@
  *     tile) that cover every tile once, chunks a multiple of 6 tiles;
  *   - the filters transformed beforehand (the dispatcher's prepared copy)
  *     give the same bits as transforming them in the call.
+ *   - the forward pooling its own tiles (conv2d_relu_max_pool2d's pool_y)
+ *     gives the bits of the forward's y pooled by relu_max_pool2d's rule,
+ *     NaN included, in nChw8c and nChw16c, and refuses the ReLU post-op.
  * Shapes the kernels do not cover are refused (channels not divisible by
  * 8), and a short workspace is an error, not a write past it. Skips (77)
  * on a CPU without AVX2 and FMA. */
@@ -243,6 +246,55 @@ static void check_thread_bits(const shape *s, int m) {
     free(x), free(w), free(b), free(y), free(first_y), free(gx), free(first_gx);
 }
 
+/* The forward pooling its tiles (pool_y) against the forward writing y,
+ * pooled here by relu_max_pool2d's rule (a later value wins when greater
+ * or NaN; nothing positive: 0 at the window's first element): the same
+ * bits, values and indices, in y's block layout yb (8 or 16). */
+static void check_pooled(const shape *s, int yb, int m) {
+    if (s->k % yb || s->h < 2 || s->w < 2) return;
+    int64_t oh = s->h / 2, ow = s->w / 2;
+    size_t nx = (size_t)(s->n * s->c * s->h * s->w), ny = (size_t)(s->n * s->k * s->h * s->w),
+           nw = (size_t)(s->k * s->c * 9), np = (size_t)(s->n * s->k * oh * ow);
+    float *x = malloc(nx * 4), *w = malloc(nw * 4), *b = malloc((size_t)s->k * 4), *y = malloc(ny * 4);
+    float *py = malloc(np * 4), *want_y = malloc(np * 4);
+    int64_t *pix = malloc(np * 8), *want_ix = malloc(np * 8);
+    fill(x, nx, 11), fill(w, nw, 12), fill(b, (size_t)s->k, 13);
+    if (nx > 3) x[3] = NAN; /* a NaN reaches some outputs: it must win its window both ways */
+    kiln_wino_shape ws = {s->n, s->c, s->h, s->w, s->k, 8, yb, m};
+    size_t bytes = kiln_wino_workspace(KILN_WINO_FWD, &ws);
+    void *work = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    kiln_wino_buffers fb = {.x = x, .y = y, .w = w, .bias = b};
+    CHECK_OK(kiln_wino_run(KILN_WINO_FWD, &ws, &fb, work, bytes));
+    int64_t cb = s->k / yb;
+    for (int64_t n = 0; n < s->n; n++)
+        for (int64_t k = 0; k < s->k; k++) {
+            const float *plane = y + ((n * cb + k / yb) * s->h * s->w) * yb + k % yb;
+            for (int64_t i = 0; i < oh; i++)
+                for (int64_t j = 0; j < ow; j++) {
+                    int64_t at[4] = {2 * i * s->w + 2 * j, 2 * i * s->w + 2 * j + 1, (2 * i + 1) * s->w + 2 * j,
+                                     (2 * i + 1) * s->w + 2 * j + 1};
+                    float best = plane[at[0] * yb];
+                    int64_t bi = at[0];
+                    for (int q = 1; q < 4; q++) {
+                        float v = plane[at[q] * yb];
+                        if (v > best || v != v) best = v, bi = at[q];
+                    }
+                    if (!(best > 0 || best != best)) best = 0.0f, bi = at[0];
+                    size_t o = (size_t)(((n * cb + k / yb) * oh + i) * ow + j) * (size_t)yb + (size_t)(k % yb);
+                    want_y[o] = best, want_ix[o] = bi;
+                }
+        }
+    kiln_wino_buffers pb = {.x = x, .w = w, .bias = b, .pool_y = py, .pool_ix = pix};
+    CHECK_OK(kiln_wino_run(KILN_WINO_FWD, &ws, &pb, work, bytes));
+    CHECK_MSG(!memcmp(py, want_y, np * 4) && !memcmp(pix, want_ix, np * 8),
+              "F(%d) %lldx%lldx%lldx%lld->%lld, y nChw%dc: the pooled tiles differ from the pooled output", m,
+              (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k, yb);
+    pb.relu = true; /* pooling has ReLU's rule; the post-op with it is refused */
+    CHECK_FAILS(kiln_wino_run(KILN_WINO_FWD, &ws, &pb, work, bytes), KILN_ERR_INTERNAL, "pooling needs");
+    free(work);
+    free(x), free(w), free(b), free(y), free(py), free(want_y), free(pix), free(want_ix);
+}
+
 int main(void) {
     if (!kiln_wino_cpu_ok()) kt_skip("this CPU has no AVX2 and FMA: the Winograd kernels are not used");
     if (kiln_init() != KILN_OK) {
@@ -260,7 +312,10 @@ int main(void) {
                     for (int m = 2; m <= 4; m += 2) check_shape(&shapes[i], blocks[xb], blocks[yb], m);
     }
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (int m = 2; m <= 4; m += 2) check_split(&shapes[i], m), check_thread_bits(&shapes[i], m);
+        for (int m = 2; m <= 4; m += 2) {
+            check_split(&shapes[i], m), check_thread_bits(&shapes[i], m);
+            check_pooled(&shapes[i], 8, m), check_pooled(&shapes[i], 16, m);
+        }
 #ifdef _OPENMP
     omp_set_num_threads(2);
 #endif

@@ -1,5 +1,5 @@
 /* Harness cases of the fused ops: conv2d_relu, linear_act,
- * relu_max_pool2d and relu_max_pool2d_backward. The references are the
+ * relu_max_pool2d, relu_max_pool2d_backward and conv2d_relu_max_pool2d. The references are the
  * unfused chains' float64 references (cases_nn.c's conv2d and pooling
  * loops, which must be included first) followed or preceded by relu, and
  * plain loops for linear_act and the fused backward. Inputs of the relu
@@ -91,6 +91,37 @@ static void fused_ref_relu_pool_backward(kh_ref *r) {
         }
 }
 
+/* ---- conv2d_relu_max_pool2d ------------------------------------------------------- */
+
+static kiln_tensor *fused_run_conv_pool(kh_run *r) {
+    const kiln_op_attrs *a = r->attrs;
+    kiln_conv2d_opts o = {.stride = {a->stride[0], a->stride[1]},
+                          .padding = {a->padding[0], a->padding[1]},
+                          .dilation = {a->dilation[0], a->dilation[1]},
+                          .groups = a->groups};
+    return kiln_conv2d_relu_max_pool2d(r->in[0], r->in[1], r->in[2], &o, a->kernel[0], &r->aux[0]);
+}
+
+/* conv2d's reference, relu, then max_pool2d's over k x k windows at
+ * stride k without padding: values and indices. */
+static void fused_ref_conv_pool(kh_ref *r) {
+    nn_ref_conv2d(r);
+    kiln_shape cs = r->out_shape[0];
+    double *c = r->out[0];
+    r->out[0] = NULL;
+    for (int64_t i = 0; i < kh_numel(cs); i++) c[i] = fused_relu1(c[i]);
+    int64_t k = r->attrs->kernel[0];
+    kiln_op_attrs pa = {.kernel = {k, k}, .stride = {k, k}};
+    kh_ref q = *r;
+    q.attrs = &pa;
+    q.in[0] = c;
+    q.shape[0] = cs;
+    for (int i = 0; i < KH_MAX_OUT; i++) q.out[i] = NULL;
+    nn_ref_max_pool2d(&q);
+    for (int i = 0; i < 2; i++) r->out[i] = q.out[i], r->out_shape[i] = q.out_shape[i], r->out_dtype[i] = q.out_dtype[i];
+    free(c);
+}
+
 /* ---- the table ---------------------------------------------------------------------- */
 
 #define FUSED_X(...)  {.shape = KILN_SHAPE(__VA_ARGS__), .fill = KH_NORMAL, .grad = true}
@@ -102,6 +133,7 @@ static void fused_ref_relu_pool_backward(kh_ref *r) {
 #define FUSED_IDX(hi_, ...) \
     {.shape = KILN_SHAPE(__VA_ARGS__), .fill = KH_INDEX, .lo = 0, .hi = hi_, .as = KH_AS(KILN_I64)}
 #define FUSED_ABSENT {.absent = true}
+#define FUSED_F32_F64 (KILN_DT(KILN_F32) | KILN_DT(KILN_F64))
 #define FUSED_CONV(s0, s1, p0, p1, d0, d1, g) \
     {.stride = {s0, s1}, .padding = {p0, p1}, .dilation = {d0, d1}, .groups = g}
 #define FUSED_POOL(k0, k1, s0, s1, p0, p1, ceil_) \
@@ -175,6 +207,48 @@ static const kh_case fused_cases[] = {
     {.name = "relu_max_pool2d", .params = "pad over half kernel", .dtypes = KILN_DT(KILN_F32), .n_in = 1,
      .in = {FUSED_X(1, 1, 4, 4)}, .attrs = FUSED_POOL(2, 2, 2, 2, 2, 2, false), .run = fused_run_relu_max_pool2d,
      .expect_error = "more than half"},
+
+    /* conv2d_relu_max_pool2d: indices are output 1; a first layer (3
+     * channels, floor drops the last row), a Winograd-sized one (8 -> 8,
+     * 3x3 s1 p1, blocked on the fast path), an odd one (groups, stride,
+     * a 3x3 window, a non-contiguous input). f32 and f64 only: rounded to
+     * f16 or bf16, two outputs of a window can tie where the float64
+     * reference's differ, and the index then names the other one. */
+    {.name = "conv2d_relu_max_pool2d", .params = "2x3x9x8 w8x3x3x3 bias p1 k2", .dtypes = FUSED_F32_F64, .n_in = 3,
+     .in = {FUSED_X(2, 3, 9, 8), FUSED_X(8, 3, 3, 3), FUSED_X(8)},
+     .attrs = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2}},
+     .op = KH_OP(KILN_OP_CONV2D_RELU_MAX_POOL2D), .run = fused_run_conv_pool, .reference = fused_ref_conv_pool},
+    {.name = "conv2d_relu_max_pool2d", .params = "2x8x6x7 w8x8x3x3 nobias p1 k2 T", .dtypes = FUSED_F32_F64, .n_in = 3,
+     .in = {FUSED_XT(2, 8, 7, 6), FUSED_X(8, 8, 3, 3), FUSED_ABSENT},
+     .attrs = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2}},
+     .op = KH_OP(KILN_OP_CONV2D_RELU_MAX_POOL2D), .run = fused_run_conv_pool, .reference = fused_ref_conv_pool},
+    {.name = "conv2d_relu_max_pool2d", .params = "1x4x9x8 w6x2x2x3 groups2 s2,1 p1,0 k3 S", .dtypes = FUSED_F32_F64,
+     .n_in = 3, .in = {FUSED_XS(1, 4, 9, 8), FUSED_X(6, 2, 2, 3), FUSED_X(6)},
+     .attrs = {.stride = {2, 1}, .padding = {1, 0}, .dilation = {1, 1}, .groups = 2, .kernel = {3, 3}},
+     .op = KH_OP(KILN_OP_CONV2D_RELU_MAX_POOL2D), .run = fused_run_conv_pool, .reference = fused_ref_conv_pool},
+    /* contiguous, so the fast CPU path takes them: Kiln's Winograd pools
+     * its tiles (F(2x2) below 16 tiles of 4x4, F(4x4) from there; the odd
+     * sizes leave partial tiles and a dropped last row and column) */
+    {.name = "conv2d_relu_max_pool2d", .params = "1x8x7x9 w8x8x3x3 bias p1 k2 contig", .dtypes = FUSED_F32_F64,
+     .n_in = 3, .in = {FUSED_X(1, 8, 7, 9), FUSED_X(8, 8, 3, 3), FUSED_X(8)},
+     .attrs = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2}},
+     .op = KH_OP(KILN_OP_CONV2D_RELU_MAX_POOL2D), .run = fused_run_conv_pool, .reference = fused_ref_conv_pool},
+    {.name = "conv2d_relu_max_pool2d", .params = "2x8x14x11 w16x8x3x3 nobias p1 k2 contig", .dtypes = FUSED_F32_F64,
+     .n_in = 3, .in = {FUSED_X(2, 8, 14, 11), FUSED_X(16, 8, 3, 3), FUSED_ABSENT},
+     .attrs = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2}},
+     .op = KH_OP(KILN_OP_CONV2D_RELU_MAX_POOL2D), .run = fused_run_conv_pool, .reference = fused_ref_conv_pool},
+    {.name = "conv2d_relu_max_pool2d", .params = "window larger than the output", .dtypes = KILN_DT(KILN_F32),
+     .n_in = 3, .in = {FUSED_X(1, 2, 3, 3), FUSED_X(4, 2, 3, 3), FUSED_ABSENT},
+     .attrs = {.stride = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2}}, .run = fused_run_conv_pool,
+     .expect_error = "does not fit the convolution's 1x1 output"},
+    {.name = "conv2d_relu_max_pool2d", .params = "window 0", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
+     .in = {FUSED_X(1, 2, 5, 5), FUSED_X(4, 2, 3, 3), FUSED_ABSENT},
+     .attrs = {.stride = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {0, 0}}, .run = fused_run_conv_pool,
+     .expect_error = "pooling window 0x0"},
+    {.name = "conv2d_relu_max_pool2d", .params = "channel mismatch", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
+     .in = {FUSED_X(1, 3, 5, 5), FUSED_X(4, 2, 3, 3), FUSED_ABSENT},
+     .attrs = {.stride = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2}}, .run = fused_run_conv_pool,
+     .expect_error = "conv2d_relu_max_pool2d: x"},
 
     /* relu_max_pool2d_backward on its own (guard bytes, every dtype): y of
      * both signs, indices anywhere in the plane (no window geometry in the

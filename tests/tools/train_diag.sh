@@ -35,7 +35,7 @@ grep -q "anomaly check: no NaN or infinity" "$out/anomaly.err"
 grep -q "memory history on" "$out/mem.err"
 test -s "$out/mem/memory_snapshot.json"
 grep -q '"segments"' "$out/mem/memory_snapshot.json"
-grep -q '"conv2d"' "$out/mem/memory_snapshot.json"
+grep -q '"conv2d_relu_max_pool2d"' "$out/mem/memory_snapshot.json"
 "$kiln" report "$out/mem" > /dev/null
 grep -q "memory timeline\|Memory timeline" "$out/mem/report.html"
 echo "train diag: ok"

@@ -84,7 +84,7 @@ int main(void) {
         CHECK_OK(kiln_program_parse("ok.kiln", text, strlen(text), &p));
         kiln_program_free(p);
         check_lie(text, "\"version\":1", "\"version\":2", "version 2");
-        check_lie(text, "\"op\":\"conv2d\"", "\"op\":\"conv9d\"", "unknown op");
+        check_lie(text, "\"op\":\"conv2d_relu_max_pool2d\"", "\"op\":\"conv9d_relu_max_pool2d\"", "unknown op");
         check_lie(text, "\"buffers\":[[", "\"buffers\":[[1,", "buffer");
         check_lie(text, "\"s\":[1,10]", "\"s\":[1,11]", "inference");
         check_lie(text, "\"k\":\"kernel\"", "\"k\":\"kernal\"", "unknown step kind");

@@ -49,7 +49,7 @@ static void check_model(const char *file, int64_t c, int64_t hw) {
     if (p) {
         kiln_program_stats st;
         CHECK_OK(kiln_program_stats_get(p, &st));
-        CHECK_MSG(st.n_steps > 5 && st.arena_bytes > 0 && st.arena_bytes < st.unplanned_bytes,
+        CHECK_MSG(st.n_steps >= 5 && st.arena_bytes > 0 && st.arena_bytes < st.unplanned_bytes,
                   "%s: %d steps, arena %zu of %zu", file, st.n_steps, st.arena_bytes, st.unplanned_bytes);
         int64_t allocs_before = 0;
         for (int round = 0; round < 4; round++) {

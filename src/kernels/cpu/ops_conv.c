@@ -1,10 +1,12 @@
-/* CPU reference kernels of conv2d (and conv2d_relu) and its two gradients (im2col + blocked
+/* CPU reference kernels of conv2d (and conv2d_relu, conv2d_relu_max_pool2d) and its two gradients (im2col + blocked
  * GEMM, ops_conv_tmpl.h). f32, f16 and bf16 data are computed in float,
  * f64 in double; the weight gradient is summed over the batch in double.
  * Scratch (converted weight, one image's planes, the column matrix, one
  * image's output) comes from the workspace, sized by the *_workspace fns. */
+#include "base/error.h"
 #include "kernels/cpu/nn_cpu_util.h"
 #include "kernels/cpu/ops_nn_cpu.h"
+#include "kernels/conv_pool.h"
 #include "kernels/nn_geometry.h"
 
 #define NN_PBLOCK 256
@@ -56,6 +58,21 @@ kiln_status kiln_cpu_conv2d(const kiln_op_args *a) {
  * (the same workspace as conv2d). */
 kiln_status kiln_cpu_conv2d_relu(const kiln_op_args *a) {
     return a->out[0].dtype == KILN_F64 ? conv_forward_d(a, true) : conv_forward_f(a, true);
+}
+
+/* conv2d_relu_max_pool2d: conv2d's kernel into the front of the
+ * workspace, then relu_max_pool2d's (kernels/conv_pool.h). */
+size_t kiln_cpu_conv2d_relu_max_pool2d_workspace(const kiln_op_args *a) {
+    kiln_conv_pool_split s;
+    kiln_conv_pool_split_of(a, KILN_LAYOUT_STRIDED, &s);
+    return kiln_conv_pool_conv_bytes(a) + kiln_cpu_conv2d_workspace(&s.conv);
+}
+
+kiln_status kiln_cpu_conv2d_relu_max_pool2d(const kiln_op_args *a) {
+    kiln_conv_pool_split s;
+    kiln_conv_pool_split_of(a, KILN_LAYOUT_STRIDED, &s);
+    KILN_TRY(kiln_cpu_conv2d(&s.conv));
+    return kiln_cpu_relu_max_pool2d(&s.pool);
 }
 
 kiln_status kiln_cpu_conv2d_grad_input(const kiln_op_args *a) {

@@ -13,6 +13,9 @@ kiln_status kiln_cpu_conv2d_grad_weight(const kiln_op_args *a);
 size_t kiln_cpu_conv2d_workspace(const kiln_op_args *a);
 size_t kiln_cpu_conv2d_grad_input_workspace(const kiln_op_args *a);
 size_t kiln_cpu_conv2d_grad_weight_workspace(const kiln_op_args *a);
+/* conv2d, then relu_max_pool2d, the convolution's output in the workspace */
+kiln_status kiln_cpu_conv2d_relu_max_pool2d(const kiln_op_args *a);
+size_t kiln_cpu_conv2d_relu_max_pool2d_workspace(const kiln_op_args *a);
 
 kiln_status kiln_cpu_max_pool2d(const kiln_op_args *a);
 kiln_status kiln_cpu_max_pool2d_backward(const kiln_op_args *a);

@@ -18,6 +18,7 @@
  * repeat bit for bit. Inputs may have any strides. */
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/nn_common.h"
+#include "kernels/conv_pool.h"
 #include "kernels/nn_geometry.h"
 
 namespace {
@@ -402,3 +403,17 @@ extern "C" kiln_status kiln_cuda_conv2d_grad_weight(const kiln_op_args *a) {
     return run_conv2d_grad_weight(a);
 }
 extern "C" size_t kiln_cuda_conv2d_grad_weight_workspace(const kiln_op_args *a) { return wgrad_workspace(a); }
+
+/* conv2d_relu_max_pool2d: the forward into the front of the workspace,
+ * then relu_max_pool2d's kernel (kernels/conv_pool.h), both on the op's
+ * stream. No gain over the two ops here: Sequential fuses the layers into
+ * this op on the CPU only (src/nn/fusion.c). */
+extern "C" size_t kiln_cuda_conv2d_relu_max_pool2d_workspace(const kiln_op_args *a) {
+    return kiln_conv_pool_conv_bytes(a);
+}
+extern "C" kiln_status kiln_cuda_conv2d_relu_max_pool2d(const kiln_op_args *a) {
+    kiln_conv_pool_split s;
+    kiln_conv_pool_split_of(a, KILN_LAYOUT_STRIDED, &s);
+    kiln_status st = run_conv2d(&s.conv);
+    return st ? st : kiln_cuda_relu_max_pool2d(&s.pool);
+}

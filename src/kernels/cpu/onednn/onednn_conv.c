@@ -380,6 +380,14 @@ static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key,
     return KILN_OK;
 }
 
+/* conv2d_relu_max_pool2d's mode (kiln_onednn_conv2d_pool_mode): plans
+ * untimed; the Winograd forward pools its tiles into y and ix if set. */
+static _Thread_local struct {
+    bool on;
+    float *y;
+    int64_t *ix;
+} fwd_pool;
+
 /* data[pos]: the op's buffers (position 3: the forward bias, or NULL).
  * weights: the weights already in the convolution's layout (the
  * dispatcher's prepared copy), or NULL to reorder them here. */
@@ -395,13 +403,14 @@ static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *
         kiln_wino_buffers b = {0};
         b.relu = plan->relu;
         b.u = weights; /* the transformed filters, when prepared */
+        b.pool_y = fwd_pool.y, b.pool_ix = fwd_pool.ix;
         if (plan->wino_pass == KILN_WINO_FWD) b.x = data[0], b.w = data[1], b.y = data[2], b.bias = data[3];
         else if (plan->wino_pass == KILN_WINO_BWD_DATA) b.y = data[0], b.w = data[1], b.x = data[2];
         else b.y = data[0], b.x = data[1], b.w_out = data[2];
         return kiln_wino_run(plan->wino_pass, &plan->wino_shape, &b, workspace, workspace_bytes);
     }
     if (plan->smallc) { /* forward (x, w, y, bias), weight gradient (grad_out, x, grad_w) */
-        kiln_smallc_buffers b = {.relu = plan->relu};
+        kiln_smallc_buffers b = {.relu = plan->relu, .pool_y = fwd_pool.y, .pool_ix = fwd_pool.ix};
         if (plan->sc_pass == KILN_SMALLC_FWD) b.x = data[0], b.w = data[1], b.y = data[2], b.bias = data[3];
         else b.y = data[0], b.x = data[1], b.w_out = data[2];
         return kiln_smallc_run(plan->sc_pass, &plan->sc_shape, &b, workspace, workspace_bytes);
@@ -501,9 +510,11 @@ static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, 
     /* the small-channel weight gradient: the default where Kiln's AVX2
      * kernels are, but for 3 channels, which oneDNN has its own kernel for
      * (at batch 128, 2 threads: 0.56 against 7.4 ms for 1 channel, 2.4
-     * against 1.7 for 3; docs/performance.md). Its forward only when tuned:
-     * oneDNN's is as fast. */
-    bool sc_def = c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && c->key.v[K_C] != 3;
+     * against 1.7 for 3; docs/performance.md). Its forward too: as fast
+     * as oneDNN's alone, and conv2d_relu_max_pool2d pools its output in
+     * the workspace (3x32x32 -> 32 at batch 128: 2.2-2.4 ms against 3.6
+     * for oneDNN's forward and the pooling), with conv2d's bits. */
+    bool sc_def = c->kind == KILN_ONEDNN_CONV_FWD || (c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && c->key.v[K_C] != 3);
     int def = sc_def && kiln_cpu_avx2_kernels_default() && smallc_shape(c->kind, c->key.v, &sc) ? ALG_SMALLC
               : wino                                                              ? wino
                                                                                   : ALG_DIRECT;
@@ -682,7 +693,7 @@ static kiln_status conv_prepare(kiln_onednn_kind kind, const kiln_op_args *a, co
     kiln_autotuner *tuner = kiln_autotune_global();
     if (!tuner) return kiln_error_last()->status;
     kiln_autotune_conv cfg = tune_config(&c);
-    bool can_time = a->in[0].data && a->in[1].data && a->out[0].data;
+    bool can_time = !fwd_pool.on && a->in[0].data && a->in[1].data && a->out[0].data;
     kiln_autotune_choice choice;
     KILN_TRY(kiln_autotune_choose(tuner, &onednn_provider, &cfg, &c,
                                   kiln_autotune_mode_current(KILN_DEVICE_CPU), can_time, &choice));
@@ -873,6 +884,20 @@ void kiln_onednn_conv2d_relu_layout(const kiln_op_args *a, kiln_layout *out) {
     fwd_relu = true;
     conv_out_layout(KILN_ONEDNN_CONV_FWD, a, out);
     fwd_relu = false;
+}
+
+void kiln_onednn_conv2d_pool_mode(bool on, float *y, int64_t *ix) {
+    fwd_pool.on = on, fwd_pool.y = on ? y : NULL, fwd_pool.ix = on ? ix : NULL;
+}
+bool kiln_onednn_conv2d_pools(const kiln_op_args *a) {
+    conv_plan plan;
+    bool ok;
+    if (conv_prepare(KILN_ONEDNN_CONV_FWD, a, &plan, &ok) != KILN_OK) {
+        kiln_error_clear();
+        return false;
+    }
+    if (!ok || plan.relu) return false;
+    return (plan.wino && plan.wino_shape.yb) || (plan.smallc && plan.sc_pass == KILN_SMALLC_FWD && plan.sc_shape.yb == 8);
 }
 
 kiln_status kiln_onednn_conv2d_grad_input(const kiln_op_args *a) {

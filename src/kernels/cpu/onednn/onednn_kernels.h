@@ -42,6 +42,26 @@ kiln_status kiln_onednn_conv2d_grad_input_fill(const kiln_op_args *a, void *dst)
 void kiln_onednn_conv2d_relu_prepare(const kiln_op_args *a, kiln_op_prepare *p);
 kiln_status kiln_onednn_conv2d_relu_fill(const kiln_op_args *a, void *dst);
 
+/* conv2d_relu_max_pool2d (onednn_conv_pool.c): conv2d's entry points on
+ * the convolution's args (kernels/conv_pool.h), called in pool mode. */
+kiln_status kiln_onednn_conv2d_relu_max_pool2d(const kiln_op_args *a);
+size_t kiln_onednn_conv2d_relu_max_pool2d_workspace(const kiln_op_args *a);
+bool kiln_onednn_conv2d_relu_max_pool2d_supports(const kiln_op_args *a);
+void kiln_onednn_conv2d_relu_max_pool2d_layout(const kiln_op_args *a, kiln_layout *out);
+void kiln_onednn_conv2d_relu_max_pool2d_prepare(const kiln_op_args *a, kiln_op_prepare *p);
+kiln_status kiln_onednn_conv2d_relu_max_pool2d_fill(const kiln_op_args *a, void *dst);
+/* Pool mode, for this thread's calls of the conv2d entry points until it
+ * is turned off: the algorithm is planned without timing (the fused op's
+ * workspace is sized before the convolution's output exists, so a pick
+ * timed at run time could need more); with y and ix, a forward that
+ * kiln_onednn_conv2d_pools accepts writes no output but the 2x2 pooling
+ * of relu(y) into y and ix (onednn_winograd.h, pool_y). */
+void kiln_onednn_conv2d_pool_mode(bool on, float *y, int64_t *ix);
+/* In pool mode: whether the forward's algorithm pools its own output
+ * (Kiln's Winograd into a blocked output, its tiles; the small-channel
+ * forward into nChw8c, each image's planes in the workspace). */
+bool kiln_onednn_conv2d_pools(const kiln_op_args *a);
+
 kiln_status kiln_onednn_mm(const kiln_op_args *a);
 kiln_status kiln_onednn_bmm(const kiln_op_args *a);
 kiln_status kiln_onednn_linear(const kiln_op_args *a);

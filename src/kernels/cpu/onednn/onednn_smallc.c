@@ -32,6 +32,7 @@
 
 #include "base/error.h"
 #include "kernels/cpu/fast/gemm_avx2.h"
+#include "kernels/cpu/fast/pool_avx2.h"
 #include "kernels/cpu/onednn/onednn_smallc.h"
 
 #define MAX_CHUNKS 64
@@ -58,8 +59,9 @@ static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 
 /* Workspace, in 64-byte aligned pieces: shared (forward: the filters as
  * [k/8][c][9][8]; weight gradient: the chunks' sums [chunk][k/8][c][9][8])
- * then per thread the padded planes (forward: all c; weight gradient: one,
- * and dY of an image's 8 channels as [oh*ow][8] when y is plain). */
+ * then per thread the padded planes (forward: all c, then an image's 8
+ * output channels as [oh*ow][8] to pool; weight gradient: one, and dY of
+ * an image's 8 channels as [oh*ow][8] when y is plain). */
 typedef struct sc_layout {
     int64_t pad_h, pad_w, chunks;
     size_t shared, per_thread, total; /* bytes */
@@ -72,7 +74,8 @@ static sc_layout layout_of(kiln_smallc_pass pass, const kiln_smallc_shape *s, in
     size_t f = sizeof(float), plane = (size_t)(l.pad_h * l.pad_w) * f, filters = (size_t)(s->k * s->c * 9) * f;
     if (pass == KILN_SMALLC_FWD) {
         l.shared = up64(filters);
-        l.per_thread = up64(plane * (size_t)s->c);
+        /* the padded planes, then one image's 8 output channels for pooling (pool_y) */
+        l.per_thread = up64(plane * (size_t)s->c) + up64((size_t)(s->oh * s->ow * 8) * f);
     } else {
         l.shared = up64(filters * (size_t)l.chunks);
         l.per_thread = up64(plane) + (s->yb ? 0 : up64((size_t)(s->oh * s->ow * 8) * f));
@@ -225,6 +228,17 @@ AVX2 static void fwd_row(const kiln_smallc_shape *s, const sc_layout *l, const f
     }
 }
 
+/* relu_max_pool2d's 2x2 windows of one [oh][ow][8] plane into block p of
+ * pool_y and pool_ix (nChw8c), by the pooling kernels' own row. */
+static void pool_plane(const kiln_smallc_shape *s, const float *plane, float *y, int64_t *ix, int64_t p) {
+    int64_t oh = s->oh / 2, ow = s->ow / 2;
+    for (int64_t r = 0; r < oh; r++) {
+        int64_t at = (p * oh + r) * ow * 8;
+        kiln_pool2x2_row_avx2(plane + 2 * r * s->ow * 8, plane + (2 * r + 1) * s->ow * 8, y + at, ix + at, ow,
+                              2 * r * s->ow, s->ow, 8, true, false);
+    }
+}
+
 AVX2 static void run_fwd(const kiln_smallc_shape *s, const sc_layout *l, const kiln_smallc_buffers *b, char *ws,
                          int threads) {
     float *wp = (float *)ws; /* [g][c][tap][8] */
@@ -241,6 +255,7 @@ AVX2 static void run_fwd(const kiln_smallc_shape *s, const sc_layout *l, const k
         tid = omp_get_thread_num();
 #endif
         float *planes = (float *)(ws + l->shared + (size_t)tid * l->per_thread);
+        float *pool_in = (float *)((char *)planes + up64((size_t)(l->pad_h * l->pad_w * s->c) * sizeof(float)));
         int64_t have = -1; /* the image whose planes are padded */
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
@@ -252,10 +267,11 @@ AVX2 static void run_fwd(const kiln_smallc_shape *s, const sc_layout *l, const k
             /* no vector values in this body: clang outlines the parallel
              * region into a function without the AVX2 target */
             const float *bias8 = b->bias ? b->bias + g * 8 : NULL;
-            int64_t ps;
-            float *out = y_block(s, b->y, n, g, &ps);
+            int64_t ps = 8;
+            float *out = b->pool_y ? pool_in : y_block(s, b->y, n, g, &ps);
             for (int64_t oy = 0; oy < s->oh; oy++)
                 fwd_row(s, l, planes, wp + g * s->c * 72, bias8, oy, out, ps, hw, b->relu);
+            if (b->pool_y) pool_plane(s, pool_in, b->pool_y, b->pool_ix, n * groups + g);
         }
     }
 }
@@ -374,6 +390,10 @@ kiln_status kiln_smallc_run(kiln_smallc_pass pass, const kiln_smallc_shape *s, c
     if (workspace_bytes < l.total || !workspace)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "small-channel convolution: workspace of %zu bytes, it needs %zu",
                           workspace_bytes, l.total);
+    if (b->pool_y && (pass != KILN_SMALLC_FWD || s->yb != 8 || b->relu || !b->pool_ix || s->oh < 2 || s->ow < 2))
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
+                          "small-channel convolution: pooling needs the forward, an nChw8c output, no ReLU post-op, "
+                          "indices and a 2x2 output at least");
     if (pass == KILN_SMALLC_FWD) run_fwd(s, &l, b, workspace, threads);
     else run_wgrad(s, &l, b, workspace, threads);
     return KILN_OK;

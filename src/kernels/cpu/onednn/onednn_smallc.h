@@ -35,6 +35,15 @@ typedef struct kiln_smallc_buffers {
     const float *w, *bias;
     float *w_out;
     bool relu; /* forward: ReLU after the bias (NaN stays NaN) */
+    /* forward with yb 8 and relu false: when pool_y is set, y is not
+     * written (it may be NULL); each image's 8-channel plane is computed
+     * into the workspace and max-pooled there as relu_max_pool2d pools
+     * relu(y) over 2x2 windows at stride 2 (floor), by its own row kernel
+     * (kernels/cpu/fast/pool_avx2.h): values into pool_y, indices (oh *
+     * ow + ow into y's plane) into pool_ix, both (n, k, oh / 2, ow / 2)
+     * nChw8c. The same bits as the forward, then that pooling. */
+    float *pool_y;
+    int64_t *pool_ix;
 } kiln_smallc_buffers;
 
 /* True when the shape is one these kernels cover: 1 to 4 input channels,

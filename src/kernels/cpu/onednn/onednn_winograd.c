@@ -44,6 +44,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define WINO_X86 1
+#include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma")))
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4)));
@@ -170,6 +171,21 @@ typedef struct act {
 static inline float *act_base(const act *a, int64_t n, int64_t c0) {
     int sh = a->b == 16 ? 4 : 3;
     return a->p + (n * (a->ch >> sh) + (c0 >> sh)) * a->h * a->w * a->b + (c0 & (a->b - 1));
+}
+
+/* The pooled forward's outputs (kiln_wino_buffers.pool_y): 2x2 windows of
+ * y at stride 2, oh x ow planes in y's block layout b; y_w is y's width
+ * (the indices' row stride). */
+typedef struct pooled {
+    float *y;
+    int64_t *ix;
+    int64_t ch, oh, ow, b, y_w;
+} pooled;
+
+/* Offset of (n, c0, 0, 0) in the pooled planes, as act_base. */
+static inline int64_t pooled_base(const pooled *p, int64_t n, int64_t c0) {
+    int sh = p->b == 16 ? 4 : 3;
+    return (n * (p->ch >> sh) + (c0 >> sh)) * p->oh * p->ow * p->b + (c0 & (p->b - 1));
 }
 
 /* ---- transforms ---------------------------------------------------------------------- */
@@ -304,9 +320,8 @@ AVX2 static void grad_tile(const act *y, const float *base, int64_t h0, int64_t 
     }
 }
 
-/* y's 2x2 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
-AVX2 static void output_tile(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
-                             int64_t h0, int64_t w0) {
+/* A^T m A of the 4x4 tile m (planes xi_stride apart): the 2x2 outputs. */
+AVX2 static inline void tile2_out(const float *m, size_t xi_stride, v8 o[2][2]) {
     v8 mm[4][4];
     for (int xi = 0; xi < 16; xi++) mm[xi / 4][xi % 4] = *(const v8u *)(m + (size_t)xi * xi_stride);
     v8 s[2][4]; /* A^T m */
@@ -314,11 +329,17 @@ AVX2 static void output_tile(const float *m, size_t xi_stride, const float *bias
         s[0][q] = mm[0][q] + mm[1][q] + mm[2][q];
         s[1][q] = mm[1][q] - mm[2][q] - mm[3][q];
     }
-    v8 o[2][2];
     for (int a = 0; a < 2; a++) {
         o[a][0] = s[a][0] + s[a][1] + s[a][2];
         o[a][1] = s[a][1] - s[a][2] - s[a][3];
     }
+}
+
+/* y's 2x2 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
+AVX2 static void output_tile(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                             int64_t h0, int64_t w0) {
+    v8 o[2][2];
+    tile2_out(m, xi_stride, o);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
     for (int a = 0; a < 2; a++)
@@ -482,14 +503,20 @@ AVX2 static void grad_tile4(const act *y, const float *base, int64_t h0, int64_t
     }
 }
 
-/* y's 4x4 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
-AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
-                              int64_t h0, int64_t w0) {
-    v8 s[4][6], c[6];
+/* A^T m of the 6x6 tile m (planes xi_stride apart): s[a][q], row a. */
+AVX2 static inline void tile4_at_m(const float *m, size_t xi_stride, v8 s[4][6]) {
+    v8 c[6];
     for (int q = 0; q < 6; q++) {
         for (int a = 0; a < 6; a++) c[a] = *(const v8u *)(m + (size_t)(a * 6 + q) * xi_stride);
         at6(c, 1, &s[0][q], 6);
     }
+}
+
+/* y's 4x4 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
+AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                              int64_t h0, int64_t w0) {
+    v8 s[4][6];
+    tile4_at_m(m, xi_stride, s);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
     for (int a = 0; a < 4 && h0 + a < y->h; a++) {
@@ -499,6 +526,69 @@ AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bia
             v8 r = o[b] + bv;
             if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
             *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
+        }
+    }
+}
+
+/* ---- pooled outputs -------------------------------------------------------------------- */
+
+/* relu_max_pool2d's 2x2 window over a (0, 0), b (0, 1), c (1, 0) and d
+ * (1, 1) of 8 channels, the window's first element at plane index i0 of
+ * y: the pooling rows' comparisons in their order (a later value wins when
+ * greater or NaN; nothing positive: 0 and the first index), so the same
+ * bits as kiln_blocked_relu_max_pool2d on the stored y. */
+AVX2 static inline void pool_store(v8 a, v8 b, v8 c, v8 d, int64_t i0, int64_t w, float *y, int64_t *ix) {
+    v8 best = a;
+    v8i at = {0}, t;
+    t = (b > best) | (b != b);
+    best = (v8)(((v8i)b & t) | ((v8i)best & ~t)), at = (t & 1) | (at & ~t);
+    t = (c > best) | (c != c);
+    best = (v8)(((v8i)c & t) | ((v8i)best & ~t)), at = (t & 2) | (at & ~t);
+    t = (d > best) | (d != d);
+    best = (v8)(((v8i)d & t) | ((v8i)best & ~t)), at = (t & 3) | (at & ~t);
+    const v8 zero = {0};
+    v8i keep = (best > zero) | (best != best);
+    *(v8u *)y = (v8)((v8i)best & keep);
+    /* the window offset (0, 1, w, w + 1) in 32 bits, widened to 64 in registers */
+    __m256i off = (__m256i)(((at & keep) & 1) + ((at & keep) >> 1) * (int32_t)w), base = _mm256_set1_epi64x(i0);
+    _mm256_storeu_si256((__m256i *)ix, _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(off)), base));
+    _mm256_storeu_si256((__m256i *)(ix + 4),
+                        _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_extracti128_si256(off, 1)), base));
+}
+
+/* The windows of y's 2x2 tile at (h0, w0) (h0, w0 even), channels k0..k0+7
+ * of image n: output_tile's values without ReLU, pooled. */
+AVX2 static void output_tile_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n,
+                                  int64_t k0, int64_t h0, int64_t w0) {
+    if (h0 / 2 >= p->oh || w0 / 2 >= p->ow) return;
+    v8 r[2][2];
+    tile2_out(m, xi_stride, r);
+    const v8 zero = {0};
+    v8 bv = bias ? *(const v8u *)bias : zero;
+    for (int a = 0; a < 2; a++) r[a][0] += bv, r[a][1] += bv;
+    int64_t at = pooled_base(p, n, k0) + (h0 / 2 * p->ow + w0 / 2) * p->b;
+    pool_store(r[0][0], r[0][1], r[1][0], r[1][1], h0 * p->y_w + w0, p->y_w, p->y + at, p->ix + at);
+}
+
+/* The four windows of y's 4x4 tile at (h0, w0), as output_tile_pool: a
+ * pair of rows at a time. */
+AVX2 static void output_tile4_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n,
+                                   int64_t k0, int64_t h0, int64_t w0) {
+    if (h0 / 2 >= p->oh || w0 / 2 >= p->ow) return;
+    v8 s[4][6];
+    tile4_at_m(m, xi_stride, s);
+    const v8 zero = {0};
+    v8 bv = bias ? *(const v8u *)bias : zero;
+    int64_t base = pooled_base(p, n, k0);
+    for (int i = 0; i < 2 && h0 / 2 + i < p->oh; i++) {
+        v8 r0[4], r1[4];
+        at6(s[2 * i], 1, r0, 1);
+        at6(s[2 * i + 1], 1, r1, 1);
+        for (int b = 0; b < 4; b++) r0[b] += bv, r1[b] += bv;
+        for (int j = 0; j < 2 && w0 / 2 + j < p->ow; j++) {
+            int64_t at = base + ((h0 / 2 + i) * p->ow + w0 / 2 + j) * p->b;
+            pool_store(r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1], (h0 + 2 * i) * p->y_w + w0 + 2 * j,
+                       p->y_w, p->y + at, p->ix + at);
         }
     }
 }
@@ -550,7 +640,7 @@ static void input_chunk(const kiln_wino_shape *s, const act *in, int64_t t0, int
 /* The forward of `in` (cin channels) into `out` (cout channels) with the
  * transformed filters u; the input gradient is this with flipped filters. */
 static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *in, const float *u,
-                                 const float *bias, bool relu, const act *out, char *ws) {
+                                 const float *bias, bool relu, const act *out, const pooled *pool, char *ws) {
     int64_t tiles = tiles_of(s);
     int64_t cin = l->cin, cout = l->cout, chunk = l->chunk;
 #pragma omp parallel num_threads((int)l->threads)
@@ -567,6 +657,13 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
                                    cout, m + (size_t)xi * chunk * cout, cout, false);
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(s, t0 + p);
+                if (pool) {
+                    for (int64_t k0 = 0; k0 < cout; k0 += 8)
+                        (s->m == 4 ? output_tile4_pool : output_tile_pool)(m + p * cout + k0, (size_t)(chunk * cout),
+                                                                           bias ? bias + k0 : NULL, pool, tp.n, k0,
+                                                                           tp.h0, tp.w0);
+                    continue;
+                }
                 for (int64_t k0 = 0; k0 < cout; k0 += 8)
                     (s->m == 4 ? output_tile4 : output_tile)(m + p * cout + k0, (size_t)(chunk * cout),
                                                              bias ? bias + k0 : NULL, relu, out,
@@ -638,6 +735,10 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
     if (workspace_bytes < l.total || !workspace)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "Winograd convolution: workspace of %zu bytes, it needs %zu",
                           workspace_bytes, l.total);
+    if (b->pool_y && (pass != KILN_WINO_FWD || !s->yb || b->relu || !b->pool_ix || s->h < 2 || s->w < 2))
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
+                          "Winograd convolution: pooling needs the forward, a blocked output, no ReLU post-op, "
+                          "indices and a 2x2 output at least");
     char *ws = workspace;
     act x = {b->x, s->c, s->h, s->w, s->xb ? s->xb : 8}, y = {b->y, s->k, s->h, s->w, s->yb ? s->yb : 8};
     if (!s->xb) x.p = (float *)(ws + l.xcopy);
@@ -656,8 +757,9 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
                                                                  pass == KILN_WINO_BWD_DATA);
             u = (const float *)(ws + l.u);
         }
-        st = pass == KILN_WINO_FWD ? forward_tiles(s, &l, &x, u, b->bias, b->relu, &y, ws)
-                                   : forward_tiles(s, &l, &y, u, NULL, false, &x, ws);
+        pooled pool = {b->pool_y, b->pool_ix, s->k, s->h / 2, s->w / 2, s->yb, s->w};
+        st = pass == KILN_WINO_FWD ? forward_tiles(s, &l, &x, u, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws)
+                                   : forward_tiles(s, &l, &y, u, NULL, false, &x, NULL, ws);
     }
     if (st) return st;
     if (!s->yb && pass == KILN_WINO_FWD) blocked_copy(y.p, b->y, s->n, s->k, s->h, s->w, false);

@@ -36,6 +36,14 @@ typedef struct kiln_wino_buffers {
     const float *u; /* forward and input gradient: the filters already
                        transformed (kiln_wino_weights), or NULL to
                        transform w in the call */
+    /* forward with a blocked y (yb 8 or 16) and relu false: when pool_y
+     * is set, y is not written (it may be NULL); each tile is max-pooled
+     * as relu_max_pool2d pools relu(y) over 2x2 windows at stride 2
+     * (floor), values into pool_y and indices (h * w + w into y's plane)
+     * into pool_ix, both (n, k, h / 2, w / 2) in y's block layout: the
+     * same bits as the forward followed by that pooling. */
+    float *pool_y;
+    int64_t *pool_ix;
 } kiln_wino_buffers;
 
 /* True on a CPU with AVX2 and FMA (the transforms are written for it). */

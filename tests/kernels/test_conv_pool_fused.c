@@ -1,0 +1,163 @@
+/* conv2d_relu_max_pool2d on the fast CPU kernels against conv2d followed
+ * by relu_max_pool2d on the same kernels, bit for bit: y, the indices, and
+ * the gradients of x, the weight and the bias (the fused op's backward is
+ * the two ops' backwards, so equal indices must give equal bits). The
+ * shapes reach every way the fused kernel computes
+ * (src/kernels/cpu/onednn/onednn_conv_pool.c):
+ *   - Kiln's Winograd pooling its own tiles: F(2x2) (fewer than 16 tiles
+ *     of 4x4) and F(4x4), on nChw8c and nChw16c outputs, with partial
+ *     tiles and a dropped last row and column (odd sizes), an input that
+ *     is itself blocked (the output of a first fused op);
+ *   - the convolution into the workspace, then the pooling kernels: the
+ *     small-channel first layer, a strided oneDNN convolution, a 3x3
+ *     window, and NCHW tensors (KILN_CPU_LAYOUTS off);
+ * on 1, 2 and 3 threads. Also: the fast kernel ran (kiln_ops_fast_runs).
+ * Skips (77) where the build has no oneDNN. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#include "kiln/kiln.h"
+#include "ops/op_registry.h"
+
+typedef struct result {
+    float *y, *gx, *gw, *gb;
+    int64_t *ix;
+    int64_t ny, nx, nw, nb;
+} result;
+
+static float *host_f32(kiln_tensor *t, int64_t *n) {
+    kiln_tensor *c = kiln_contiguous(t);
+    *n = c ? kiln_numel(c) : 0;
+    float *h = calloc((size_t)(*n ? *n : 1), sizeof(float));
+    CHECK(c && h && kiln_to_host(c, h, (size_t)*n * sizeof(float)) == KILN_OK);
+    kiln_release(c);
+    return h;
+}
+
+static int64_t *host_i64(kiln_tensor *t) {
+    kiln_tensor *c = kiln_contiguous(t);
+    int64_t n = c ? kiln_numel(c) : 0;
+    int64_t *h = calloc((size_t)(n ? n : 1), sizeof(int64_t));
+    CHECK(c && h && kiln_to_host(c, h, (size_t)n * sizeof(int64_t)) == KILN_OK);
+    kiln_release(c);
+    return h;
+}
+
+static kiln_tensor *grad_copy(kiln_tensor *t) {
+    kiln_tensor *g = kiln_grad(t);
+    return g ? kiln_detach(g) : NULL;
+}
+
+/* One forward and backward, fused or as the two ops; `pre` (optional) is
+ * a first fused layer 3 -> c channels, so x reaches the op blocked. */
+static void run(bool fused, kiln_tensor *x0, kiln_tensor *pre_w, kiln_tensor *w, kiln_tensor *b,
+                const kiln_conv2d_opts *o, int64_t pool, kiln_tensor *r_seed, result *out) {
+    kiln_scope_begin();
+    kiln_tensor *x = x0;
+    kiln_conv2d_opts same = {.padding = {1, 1}};
+    if (pre_w) x = kiln_conv2d_relu_max_pool2d(x0, pre_w, NULL, &same, 2, NULL);
+    kiln_tensor *ix = NULL, *y;
+    if (fused) {
+        y = kiln_conv2d_relu_max_pool2d(x, w, b, o, pool, &ix);
+    } else {
+        kiln_pool2d_opts po = kiln_pool2d_defaults(pool);
+        kiln_tensor *c = kiln_conv2d(x, w, b, o);
+        y = c ? kiln_relu_max_pool2d(c, &po, &ix) : NULL;
+    }
+    CHECK_MSG(y && ix, "%s", kiln_error_message());
+    if (!y || !ix) {
+        kiln_scope_end();
+        return;
+    }
+    kiln_shape ys = kiln_shape_of(y);
+    kiln_tensor *r = kiln_narrow(kiln_view(r_seed, KILN_SHAPE(-1)), 0, 0, kiln_numel(y));
+    kiln_tensor *loss = kiln_sum(kiln_mul(y, kiln_view(r, ys)), 0, NULL, false);
+    CHECK_OK(kiln_backward(loss, NULL, false));
+    out->y = host_f32(y, &out->ny);
+    out->ix = host_i64(ix);
+    kiln_tensor *gx = grad_copy(pre_w ? pre_w : x0), *gw = grad_copy(w), *gb = b ? grad_copy(b) : NULL;
+    CHECK(gx && gw && (!b || gb));
+    if (gx) out->gx = host_f32(gx, &out->nx);
+    if (gw) out->gw = host_f32(gw, &out->nw);
+    if (gb) out->gb = host_f32(gb, &out->nb);
+    CHECK_OK(kiln_scope_end());
+    CHECK_OK(kiln_zero_grad(x0, true));
+    CHECK_OK(kiln_zero_grad(w, true));
+    if (b) CHECK_OK(kiln_zero_grad(b, true));
+    if (pre_w) CHECK_OK(kiln_zero_grad(pre_w, true));
+}
+
+static void result_free(result *r) {
+    free(r->y), free(r->gx), free(r->gw), free(r->gb), free(r->ix);
+    memset(r, 0, sizeof *r);
+}
+
+static void same_bits(const char *what, const char *name, const void *a, const void *b, int64_t n, size_t elem) {
+    CHECK_MSG(a && b && memcmp(a, b, (size_t)n * elem) == 0, "%s: %s differs between the fused op and the two ops",
+              what, name);
+}
+
+static void check_case(const char *what, int64_t n, int64_t c, int64_t h, int64_t w, int64_t k, int64_t stride,
+                       int64_t pool, bool bias, bool blocked_input) {
+    kiln_manual_seed((uint64_t)(n * 1000 + c * 100 + h * 10 + w));
+    int64_t c_in = blocked_input ? 3 : c, h_in = blocked_input ? 2 * h : h, w_in = blocked_input ? 2 * w : w;
+    kiln_tensor *x = kiln_randn(KILN_SHAPE(n, c_in, h_in, w_in), KILN_F32, KILN_CPU);
+    kiln_tensor *pre = blocked_input ? kiln_randn(KILN_SHAPE(c, 3, 3, 3), KILN_F32, KILN_CPU) : NULL;
+    kiln_tensor *wt = kiln_randn(KILN_SHAPE(k, c, 3, 3), KILN_F32, KILN_CPU);
+    kiln_tensor *bt = bias ? kiln_randn(KILN_SHAPE(k), KILN_F32, KILN_CPU) : NULL;
+    kiln_tensor *rs = kiln_randn(KILN_SHAPE(n * k * h * w), KILN_F32, KILN_CPU);
+    CHECK_OK(kiln_set_requires_grad(blocked_input ? pre : x, true));
+    CHECK_OK(kiln_set_requires_grad(wt, true));
+    if (bt) CHECK_OK(kiln_set_requires_grad(bt, true));
+    kiln_conv2d_opts o = {.stride = {stride, stride}, .padding = {1, 1}};
+    for (int threads = 1; threads <= 3; threads++) {
+        CHECK_OK(kiln_set_num_threads(threads));
+        result f = {0}, u = {0};
+        run(true, x, pre, wt, bt, &o, pool, rs, &f);
+        run(false, x, pre, wt, bt, &o, pool, rs, &u);
+        char tag[160];
+        snprintf(tag, sizeof tag, "%s, %d threads", what, threads);
+        CHECK_MSG(f.ny == u.ny && f.ny > 0, "%s: y has %lld and %lld elements", tag, (long long)f.ny, (long long)u.ny);
+        if (f.ny == u.ny) {
+            same_bits(tag, "y", f.y, u.y, f.ny, sizeof(float));
+            same_bits(tag, "the indices", f.ix, u.ix, f.ny, sizeof(int64_t));
+        }
+        same_bits(tag, blocked_input ? "the first layer's weight gradient" : "x's gradient", f.gx, u.gx, u.nx,
+                  sizeof(float));
+        same_bits(tag, "the weight gradient", f.gw, u.gw, u.nw, sizeof(float));
+        if (bias) same_bits(tag, "the bias gradient", f.gb, u.gb, u.nb, sizeof(float));
+        result_free(&f);
+        result_free(&u);
+    }
+    CHECK_OK(kiln_set_num_threads(2));
+    kiln_release(x), kiln_release(pre), kiln_release(wt), kiln_release(bt), kiln_release(rs);
+}
+
+int main(void) {
+#ifndef KILN_WITH_ONEDNN
+    printf("skipped: this build has no fast CPU kernels (KILN_WITH_ONEDNN is off)\n");
+    return 77;
+#else
+    setenv("KILN_CPU_KERNELS", "fast", 1);
+    if (kiln_init()) return 1;
+    /* Winograd pooling its tiles */
+    check_case("F(2x2) 8->8 7x9 bias", 1, 8, 7, 9, 8, 1, 2, true, false);
+    check_case("F(4x4) 8->16 14x11", 2, 8, 14, 11, 16, 1, 2, false, false);
+    check_case("F(4x4) 16->32 13x10 bias", 2, 16, 13, 10, 32, 1, 2, true, false);
+    check_case("F(4x4) 8->16 on a blocked input, 8x8 bias", 4, 8, 8, 8, 16, 1, 2, true, true);
+    /* the convolution into the workspace, then the pooling kernels */
+    check_case("small-channel 3->8 10x12 bias", 2, 3, 10, 12, 8, 1, 2, true, false);
+    check_case("strided 8->8 s2 9x9 bias", 2, 8, 9, 9, 8, 2, 2, true, false);
+    check_case("3x3 window 8->16 12x9", 2, 8, 12, 9, 16, 1, 3, false, false);
+    uint64_t runs = kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D);
+    CHECK_MSG(runs > 0, "the fused op's fast kernel never ran");
+    kiln_set_cpu_layouts(false);
+    check_case("NCHW 8->16 14x11 bias", 2, 8, 14, 11, 16, 1, 2, true, false);
+    kiln_set_cpu_layouts(true);
+    CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > runs, "the fast kernel did not run on NCHW");
+    kiln_shutdown();
+    return kt_finish();
+#endif
+}
