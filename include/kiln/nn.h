@@ -172,8 +172,10 @@ void kiln_step_snapshot_free(kiln_step_snapshot *s);
 /* Append `child` to a Sequential under the next index; takes ownership. */
 kiln_status kiln_nn_sequential_append(kiln_module *seq, kiln_module *child);
 /* Layer fusion in Sequential forwards (on by default; environment
- * KILN_NN_FUSION=0 starts it off): Conv2d, ReLU, MaxPool2d runs as conv2d
- * + kiln_relu_max_pool2d; Conv2d, ReLU as kiln_conv2d_relu; [Flatten(1,
+ * KILN_NN_FUSION=0 starts it off): Conv2d, ReLU, MaxPool2d runs as
+ * kiln_conv2d_relu_max_pool2d on the CPU when the pooling is a k x k
+ * window at stride k without padding (nn.MaxPool2d(k)), else as conv2d +
+ * kiln_relu_max_pool2d; Conv2d, ReLU as kiln_conv2d_relu; [Flatten(1,
  * -1),] Linear[, ReLU] as kiln_linear_act, when the layers are plain
  * built-ins with nothing in between. Results and gradients are those of
  * the layers run one by one. Process-wide; takes effect at the next

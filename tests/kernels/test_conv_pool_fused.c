@@ -11,7 +11,8 @@
  *   - the convolution into the workspace, then the pooling kernels: the
  *     small-channel first layer, a strided oneDNN convolution, a 3x3
  *     window, and NCHW tensors (KILN_CPU_LAYOUTS off);
- * on 1, 2 and 3 threads. Also: the fast kernel ran (kiln_ops_fast_runs).
+ * on 1, 2 and 3 threads. Also: the fast kernel ran (kiln_ops_fast_runs),
+ * and timed autotuning leaves the fused op on the default pick.
  * Skips (77) where the build has no oneDNN. */
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +136,31 @@ static void check_case(const char *what, int64_t n, int64_t c, int64_t h, int64_
     kiln_release(x), kiln_release(pre), kiln_release(wt), kiln_release(bt), kiln_release(rs);
 }
 
+/* With timed autotuning on, the fused op still takes the default pick
+ * (its workspace is sized before it runs): the same bits before and after
+ * conv2d of the same shape has timed and cached its own pick. */
+static void check_timed_mode(void) {
+    kiln_manual_seed(5);
+    kiln_tensor *x = kiln_randn(KILN_SHAPE(2, 8, 14, 11), KILN_F32, KILN_CPU);
+    kiln_tensor *w = kiln_randn(KILN_SHAPE(16, 8, 3, 3), KILN_F32, KILN_CPU);
+    kiln_conv2d_opts o = {.padding = {1, 1}};
+    kiln_scope_begin();
+    int64_t n0 = 0, n1 = 0;
+    kiln_tensor *y0 = kiln_conv2d_relu_max_pool2d(x, w, NULL, &o, 2, NULL);
+    float *a = y0 ? host_f32(y0, &n0) : NULL;
+    kiln_set_conv_autotune(true);
+    kiln_tensor *c = kiln_conv2d(x, w, NULL, &o); /* times the candidates, caches the pick */
+    kiln_tensor *y1 = kiln_conv2d_relu_max_pool2d(x, w, NULL, &o, 2, NULL);
+    CHECK_MSG(c && y1, "timed mode: %s", kiln_error_message());
+    float *b = y1 ? host_f32(y1, &n1) : NULL;
+    kiln_set_conv_autotune(false);
+    CHECK_MSG(a && b && n0 == n1 && memcmp(a, b, (size_t)n0 * sizeof(float)) == 0,
+              "timed autotuning changed the fused op's bits");
+    free(a), free(b);
+    CHECK_OK(kiln_scope_end());
+    kiln_release(x), kiln_release(w);
+}
+
 int main(void) {
 #ifndef KILN_WITH_ONEDNN
     printf("skipped: this build has no fast CPU kernels (KILN_WITH_ONEDNN is off)\n");
@@ -157,6 +183,7 @@ int main(void) {
     check_case("NCHW 8->16 14x11 bias", 2, 8, 14, 11, 16, 1, 2, true, false);
     kiln_set_cpu_layouts(true);
     CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > runs, "the fast kernel did not run on NCHW");
+    check_timed_mode();
     kiln_shutdown();
     return kt_finish();
 #endif

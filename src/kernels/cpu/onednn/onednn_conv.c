@@ -693,10 +693,13 @@ static kiln_status conv_prepare(kiln_onednn_kind kind, const kiln_op_args *a, co
     kiln_autotuner *tuner = kiln_autotune_global();
     if (!tuner) return kiln_error_last()->status;
     kiln_autotune_conv cfg = tune_config(&c);
-    bool can_time = !fwd_pool.on && a->in[0].data && a->in[1].data && a->out[0].data;
+    bool can_time = a->in[0].data && a->in[1].data && a->out[0].data;
+    kiln_autotune_mode mode = kiln_autotune_mode_current(KILN_DEVICE_CPU);
+    /* pool mode: the default pick, never a timed one (one could be cached
+     * between the fused op's workspace fn and its run, needing more) */
+    if (fwd_pool.on) mode.timing = false, can_time = false;
     kiln_autotune_choice choice;
-    KILN_TRY(kiln_autotune_choose(tuner, &onednn_provider, &cfg, &c,
-                                  kiln_autotune_mode_current(KILN_DEVICE_CPU), can_time, &choice));
+    KILN_TRY(kiln_autotune_choose(tuner, &onednn_provider, &cfg, &c, mode, can_time, &choice));
     KILN_TRY(plan_of(&c, choice.index, plan));
     *ok = true;
     return KILN_OK;

@@ -51,9 +51,9 @@ void kiln_onednn_conv2d_relu_max_pool2d_layout(const kiln_op_args *a, kiln_layou
 void kiln_onednn_conv2d_relu_max_pool2d_prepare(const kiln_op_args *a, kiln_op_prepare *p);
 kiln_status kiln_onednn_conv2d_relu_max_pool2d_fill(const kiln_op_args *a, void *dst);
 /* Pool mode, for this thread's calls of the conv2d entry points until it
- * is turned off: the algorithm is planned without timing (the fused op's
- * workspace is sized before the convolution's output exists, so a pick
- * timed at run time could need more); with y and ix, a forward that
+ * is turned off: the algorithm is the autotuner's default pick, never a
+ * timed one (the fused op's workspace is sized before its run, and a pick
+ * timed or cached in between could need more); with y and ix, a forward that
  * kiln_onednn_conv2d_pools accepts writes no output but the 2x2 pooling
  * of relu(y) into y and ix (onednn_winograd.h, pool_y). */
 void kiln_onednn_conv2d_pool_mode(bool on, float *y, int64_t *ix);
