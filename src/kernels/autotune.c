@@ -160,10 +160,16 @@ static entry *find(kiln_autotuner *t, const char *key, int how) {
     return NULL;
 }
 
+/* Bumped by every change to any tuner's entries (kiln_autotune_generation). */
+static _Atomic uint64_t generation = 1;
+
+uint64_t kiln_autotune_generation(void) { return atomic_load(&generation); }
+
 static void remove_entry(kiln_autotuner *t, entry *victim) {
     entry **pp = &t->buckets[hash_str(victim->key, victim->how) % BUCKETS];
     while (*pp && *pp != victim) pp = &(*pp)->next;
     if (!*pp) return;
+    atomic_fetch_add(&generation, 1);
     *pp = victim->next;
     if (victim->how == PICK_TIMED) t->stats.entries--;
     free(victim->key);
@@ -185,6 +191,7 @@ static entry *put(kiln_autotuner *t, const char *key, int how, int index, const 
         t->buckets[b] = e;
         if (how == PICK_TIMED) t->stats.entries++;
     }
+    atomic_fetch_add(&generation, 1);
     e->index = index;
     snprintf(e->name, sizeof e->name, "%s", name);
     e->ms = ms;
@@ -192,6 +199,7 @@ static entry *put(kiln_autotuner *t, const char *key, int how, int index, const 
 }
 
 static void clear_entries(kiln_autotuner *t) {
+    atomic_fetch_add(&generation, 1);
     for (int b = 0; b < BUCKETS; b++) {
         while (t->buckets[b]) {
             entry *e = t->buckets[b];

@@ -168,6 +168,12 @@ void kiln_autotuner_free(kiln_autotuner *t);
 kiln_autotuner *kiln_autotune_global(void);
 void kiln_autotune_global_free(void);
 
+/* A count that changes whenever any tuner's entries do (an entry added,
+ * overwritten or removed, a cache parsed or cleared, a tuner freed): a
+ * caller that keeps kiln_autotune_choose's answers for speed (the oneDNN
+ * provider, per thread, outside timing mode) drops them when it moves. */
+uint64_t kiln_autotune_generation(void);
+
 /* Choose a candidate for cfg (module comment). Blocks the host while it
  * times. Fails when no candidate can run (the message names the
  * configuration and each candidate's reason), or when the provider fails. */

@@ -273,9 +273,25 @@ static void test_modes(void) {
     CHECK_EQ_I(s.entries, 0); /* not a timed pick: never written to the file */
     f.c[2].fail_build = true; /* cached: asked again, the same answer without building */
     f.builds = 0;
+    uint64_t g = kiln_autotune_generation();
     CHECK_OK(kiln_autotune_choose(t, &p, &cfg, NULL, DETERMINISTIC, true, &ch));
     CHECK(!strcmp(ch.name, "c") && ch.from_cache && f.builds == 0);
+    /* the generation (what the oneDNN provider's per-thread memo of picks
+     * keys on) stays while answers come from the cache, and moves with
+     * every change to the entries: a new pick, a parsed cache, a free */
+    CHECK(kiln_autotune_generation() == g);
+    kiln_autotune_conv other = cfg;
+    other.groups = 2;
+    f.c[2].fail_build = false;
+    CHECK_OK(kiln_autotune_choose(t, &p, &other, NULL, DETERMINISTIC, true, &ch));
+    CHECK(kiln_autotune_generation() != g);
+    g = kiln_autotune_generation();
+    static const char header[] = "kiln-autotune-cache 1\n";
+    CHECK_OK(kiln_autotune_parse(t, header, sizeof header - 1));
+    CHECK(kiln_autotune_generation() != g);
+    g = kiln_autotune_generation();
     kiln_autotuner_free(t);
+    CHECK(kiln_autotune_generation() != g);
 
     three(&f); /* the first deterministic one does not build: the next */
     f.c[0].fail_build = true;

@@ -676,6 +676,39 @@ static bool call_of(kiln_onednn_kind kind, const kiln_op_args *a, conv_call *c) 
     return conv_key(kind, &a->in[1], &a->out[0], &a->in[0], NULL, a->attrs, &c->key);
 }
 
+/* The autotuner's last untimed picks on this thread (default or
+ * deterministic mode), by the call's key: a pick costs a formatted key and
+ * a locked lookup (about 1.5 us), and a fused op asks for its
+ * convolution's plan a dozen times a call. Dropped when any tuner's entries
+ * change (kiln_autotune_generation). */
+#define MEMO_SLOTS 8
+static _Thread_local struct {
+    const kiln_autotuner *tuner;
+    uint64_t generation;
+    bool deterministic;
+    int index;
+    kiln_onednn_key key;
+} memo[MEMO_SLOTS];
+static _Thread_local int memo_next;
+
+static bool memo_get(const kiln_autotuner *t, const kiln_onednn_key *key, bool deterministic, int *index) {
+    uint64_t g = kiln_autotune_generation();
+    for (int i = 0; i < MEMO_SLOTS; i++)
+        if (memo[i].tuner == t && memo[i].generation == g && memo[i].deterministic == deterministic &&
+            !memcmp(&memo[i].key, key, sizeof *key)) {
+            *index = memo[i].index;
+            return true;
+        }
+    return false;
+}
+
+static void memo_put(const kiln_autotuner *t, const kiln_onednn_key *key, bool deterministic, int index) {
+    int i = memo_next;
+    memo_next = (memo_next + 1) % MEMO_SLOTS;
+    memo[i].tuner = t, memo[i].generation = kiln_autotune_generation(), memo[i].deterministic = deterministic;
+    memo[i].index = index, memo[i].key = *key;
+}
+
 /* The pass's plan with the algorithm the autotuner picks (autotune.h:
  * the settings' mode; timing only when the args carry buffers). *ok stays
  * false when the args are outside what these kernels cover (not an error). */
@@ -698,9 +731,14 @@ static kiln_status conv_prepare(kiln_onednn_kind kind, const kiln_op_args *a, co
     /* pool mode: the default pick, never a timed one (one could be cached
      * between the fused op's workspace fn and its run, needing more) */
     if (fwd_pool.on) mode.timing = false, can_time = false;
-    kiln_autotune_choice choice;
-    KILN_TRY(kiln_autotune_choose(tuner, &onednn_provider, &cfg, &c, mode, can_time, &choice));
-    KILN_TRY(plan_of(&c, choice.index, plan));
+    int index;
+    if (mode.timing || !memo_get(tuner, &c.key, mode.deterministic, &index)) {
+        kiln_autotune_choice choice;
+        KILN_TRY(kiln_autotune_choose(tuner, &onednn_provider, &cfg, &c, mode, can_time, &choice));
+        index = choice.index;
+        if (!mode.timing) memo_put(tuner, &c.key, mode.deterministic, index);
+    }
+    KILN_TRY(plan_of(&c, index, plan));
     *ok = true;
     return KILN_OK;
 }
