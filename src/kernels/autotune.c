@@ -638,12 +638,74 @@ static void choice_of(const entry *e, kiln_autotune_choice *out) {
     out->from_cache = true;
 }
 
+/* The last untimed answers on this thread (default or deterministic
+ * mode), by tuner, provider, mode and configuration: an answer costs a
+ * formatted key and a locked lookup (about 1.5 us), and a convolution asks
+ * several times a call (supports, layout, workspace, prepared copy, run;
+ * a fused op a dozen). Dropped when any tuner's entries change. Timing
+ * mode never uses it: there an untimed answer may later be replaced. */
+#define MEMO_SLOTS 8
+typedef struct memo_slot {
+    const kiln_autotuner *tuner;
+    const kiln_autotune_provider *provider;
+    uint64_t generation;
+    int how;
+    kiln_autotune_conv cfg;
+    kiln_autotune_choice choice;
+} memo_slot;
+static _Thread_local memo_slot memo[MEMO_SLOTS];
+static _Thread_local int memo_next;
+
+static bool same_text(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
+
+static bool same_cfg(const kiln_autotune_conv *a, const kiln_autotune_conv *b) {
+    return a->pass == b->pass && a->x_dtype == b->x_dtype && a->w_dtype == b->w_dtype && a->y_dtype == b->y_dtype &&
+           !memcmp(a->x, b->x, sizeof a->x) && !memcmp(a->w, b->w, sizeof a->w) && !memcmp(a->y, b->y, sizeof a->y) &&
+           !memcmp(a->stride, b->stride, sizeof a->stride) && !memcmp(a->padding, b->padding, sizeof a->padding) &&
+           !memcmp(a->dilation, b->dilation, sizeof a->dilation) && a->groups == b->groups && a->bias == b->bias &&
+           same_text(a->layout, b->layout) && same_text(a->math, b->math);
+}
+
+static bool memo_get(const kiln_autotuner *t, const kiln_autotune_provider *p, const kiln_autotune_conv *cfg, int how,
+                     kiln_autotune_choice *out) {
+    uint64_t g = atomic_load(&generation);
+    for (int i = 0; i < MEMO_SLOTS; i++) {
+        const memo_slot *m = &memo[i];
+        if (m->tuner == t && m->provider == p && m->generation == g && m->how == how && same_cfg(&m->cfg, cfg)) {
+            *out = m->choice;
+            out->from_cache = true;
+            return true;
+        }
+    }
+    return false;
+}
+
+static void memo_put(const kiln_autotuner *t, const kiln_autotune_provider *p, const kiln_autotune_conv *cfg, int how,
+                     const kiln_autotune_choice *choice) {
+    memo_slot *m = &memo[memo_next];
+    memo_next = (memo_next + 1) % MEMO_SLOTS;
+    *m = (memo_slot){.tuner = t, .provider = p, .generation = atomic_load(&generation), .how = how, .cfg = *cfg,
+                     .choice = *choice};
+}
+
+static kiln_status choose(kiln_autotuner *t, const kiln_autotune_provider *p, const kiln_autotune_conv *cfg,
+                          void *ctx, int how, bool can_time, kiln_autotune_choice *out);
+
 kiln_status kiln_autotune_choose(kiln_autotuner *t, const kiln_autotune_provider *p,
                                  const kiln_autotune_conv *cfg, void *ctx, kiln_autotune_mode mode,
                                  bool can_time, kiln_autotune_choice *out) {
+    int how = mode.deterministic ? PICK_DETERMINISTIC : mode.timing ? PICK_TIMED : PICK_DEFAULT;
+    if (how == PICK_TIMED) return choose(t, p, cfg, ctx, how, can_time, out);
+    if (memo_get(t, p, cfg, how, out)) return KILN_OK;
+    KILN_TRY(choose(t, p, cfg, ctx, how, can_time, out));
+    memo_put(t, p, cfg, how, out);
+    return KILN_OK;
+}
+
+static kiln_status choose(kiln_autotuner *t, const kiln_autotune_provider *p, const kiln_autotune_conv *cfg,
+                          void *ctx, int how, bool can_time, kiln_autotune_choice *out) {
     char key[FIELD_MAX * 5 + 4];
     full_key(p, cfg, ctx, key, sizeof key);
-    int how = mode.deterministic ? PICK_DETERMINISTIC : mode.timing ? PICK_TIMED : PICK_DEFAULT;
 
     pthread_mutex_lock(&t->mutex);
     if (!t->loaded) load_locked(t);

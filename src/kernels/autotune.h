@@ -169,9 +169,9 @@ kiln_autotuner *kiln_autotune_global(void);
 void kiln_autotune_global_free(void);
 
 /* A count that changes whenever any tuner's entries do (an entry added,
- * overwritten or removed, a cache parsed or cleared, a tuner freed): a
- * caller that keeps kiln_autotune_choose's answers for speed (the oneDNN
- * provider, per thread, outside timing mode) drops them when it moves. */
+ * overwritten or removed, a cache parsed or cleared, a tuner freed):
+ * kiln_autotune_choose's per-thread memo of untimed answers is dropped
+ * when it moves. */
 uint64_t kiln_autotune_generation(void);
 
 /* Choose a candidate for cfg (module comment). Blocks the host while it

@@ -1,12 +1,19 @@
-/* The oneDNN engine, stream and primitive cache (onednn_internal.h). */
+/* The oneDNN engine, stream and primitive cache, and the CPU as the
+ * autotuner's oneDNN provider sees it (onednn_internal.h). */
 #ifdef KILN_WITH_ONEDNN
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/error.h"
 #include "kernels/autotune.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
+#include "kiln/runtime.h"
 
 #define CACHE_BUCKETS 128
 
@@ -193,6 +200,53 @@ void kiln_onednn_shutdown(void) {
     /* The autotuner's picks name these primitives' algorithms; its file
      * keeps the timed ones for the next kiln_init. */
     kiln_autotune_global_free();
+}
+
+/* ---- The CPU as the autotuner's oneDNN provider sees it ---------------------------- */
+
+static char identity_device[200], identity_versions[80];
+
+static void identity_init(void) {
+    char name[160] = "cpu";
+    if (kiln_device_name(KILN_CPU, name, sizeof name) != KILN_OK) kiln_error_clear();
+    /* oneDNN runs on OpenMP's threads: their count changes which
+     * algorithm wins, so it is part of the device. */
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    snprintf(identity_device, sizeof identity_device, "%s, %d threads", name, threads);
+    const dnnl_version_t *v = dnnl_version();
+    snprintf(identity_versions, sizeof identity_versions, "onednn %d.%d.%d %s", v->major, v->minor, v->patch,
+             v->hash ? v->hash : "");
+}
+
+void kiln_onednn_tune_identity(void *self, void *ctx, char *device, size_t device_size, char *versions,
+                               size_t versions_size) {
+    (void)self, (void)ctx;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, identity_init);
+    snprintf(device, device_size, "%s", identity_device);
+    snprintf(versions, versions_size, "%s", identity_versions);
+}
+
+/* What the CPU allocator can surely give: a Winograd workspace of 1-10 MiB
+ * takes a 20 MiB segment where no cached block holds it, so under a tight
+ * limit (KILN_ALLOC_CONF=limit_mb:3) the tuner falls back to direct instead
+ * of running out of memory. */
+size_t kiln_onednn_tune_workspace_limit(void *self, void *ctx) {
+    (void)self, (void)ctx;
+    return kiln_autotune_allocator_fit(KILN_CPU);
+}
+
+kiln_status kiln_onednn_tune_workspace_alloc(void *self, void *ctx, size_t bytes, void **ptr) {
+    (void)self, (void)ctx;
+    return kiln_memory_alloc(KILN_CPU, bytes, NULL, ptr);
+}
+
+void kiln_onednn_tune_workspace_free(void *self, void *ctx, void *ptr) {
+    (void)self, (void)ctx;
+    if (kiln_memory_free(KILN_CPU, ptr) != KILN_OK) kiln_error_clear();
 }
 
 #else

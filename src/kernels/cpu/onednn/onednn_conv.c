@@ -453,32 +453,6 @@ static void buffers_of(const conv_call *c, void *data[4]) {
     data[3] = c->kind == KILN_ONEDNN_CONV_FWD && a->n_in > 2 && a->in[2].ndim >= 0 ? a->in[2].data : NULL;
 }
 
-static char identity_device[200], identity_versions[80];
-
-static void identity_init(void) {
-    char name[160] = "cpu";
-    if (kiln_device_name(KILN_CPU, name, sizeof name) != KILN_OK) kiln_error_clear();
-    /* oneDNN runs on OpenMP's threads: their count changes which
-     * algorithm wins, so it is part of the device. */
-    int threads = 1;
-#ifdef _OPENMP
-    threads = omp_get_max_threads();
-#endif
-    snprintf(identity_device, sizeof identity_device, "%s, %d threads", name, threads);
-    const dnnl_version_t *v = dnnl_version();
-    snprintf(identity_versions, sizeof identity_versions, "onednn %d.%d.%d %s", v->major, v->minor, v->patch,
-             v->hash ? v->hash : "");
-}
-
-static void onednn_identity(void *self, void *ctx, char *device, size_t device_size, char *versions,
-                            size_t versions_size) {
-    (void)self, (void)ctx;
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, identity_init);
-    snprintf(device, device_size, "%s", identity_device);
-    snprintf(versions, versions_size, "%s", identity_versions);
-}
-
 /* The default without timing (0: none): Kiln's Winograd where it measured
  * faster than oneDNN's direct convolution on an AVX2 CPU (docs/performance.md,
  * "Winograd for AVX2"), for a 3x3 stride-1 padding-1 convolution with
@@ -569,36 +543,17 @@ static kiln_status onednn_timer_stop(void *self, void *ctx, double *ms) {
     return KILN_OK;
 }
 
-/* What the CPU allocator can surely give: a Winograd workspace of 1-10 MiB
- * takes a 20 MiB segment where no cached block holds it, so under a tight
- * limit (KILN_ALLOC_CONF=limit_mb:3) the tuner falls back to direct instead
- * of running out of memory. */
-static size_t onednn_workspace_limit(void *self, void *ctx) {
-    (void)self, (void)ctx;
-    return kiln_autotune_allocator_fit(KILN_CPU);
-}
-
-static kiln_status onednn_workspace_alloc(void *self, void *ctx, size_t bytes, void **ptr) {
-    (void)self, (void)ctx;
-    return kiln_memory_alloc(KILN_CPU, bytes, NULL, ptr);
-}
-
-static void onednn_workspace_free(void *self, void *ctx, void *ptr) {
-    (void)self, (void)ctx;
-    if (kiln_memory_free(KILN_CPU, ptr) != KILN_OK) kiln_error_clear();
-}
-
 static const kiln_autotune_provider onednn_provider = {
     .name = "onednn",
-    .identity = onednn_identity,
+    .identity = kiln_onednn_tune_identity,
     .candidates = onednn_candidates,
     .build = onednn_build,
     .run = onednn_run,
     .timer_start = onednn_timer_start,
     .timer_stop = onednn_timer_stop,
-    .workspace_limit = onednn_workspace_limit,
-    .workspace_alloc = onednn_workspace_alloc,
-    .workspace_free = onednn_workspace_free,
+    .workspace_limit = kiln_onednn_tune_workspace_limit,
+    .workspace_alloc = kiln_onednn_tune_workspace_alloc,
+    .workspace_free = kiln_onednn_tune_workspace_free,
 };
 
 /* The activations' layouts as the autotuner's configuration names them:
@@ -676,39 +631,6 @@ static bool call_of(kiln_onednn_kind kind, const kiln_op_args *a, conv_call *c) 
     return conv_key(kind, &a->in[1], &a->out[0], &a->in[0], NULL, a->attrs, &c->key);
 }
 
-/* The autotuner's last untimed picks on this thread (default or
- * deterministic mode), by the call's key: a pick costs a formatted key and
- * a locked lookup (about 1.5 us), and a fused op asks for its
- * convolution's plan a dozen times a call. Dropped when any tuner's entries
- * change (kiln_autotune_generation). */
-#define MEMO_SLOTS 8
-static _Thread_local struct {
-    const kiln_autotuner *tuner;
-    uint64_t generation;
-    bool deterministic;
-    int index;
-    kiln_onednn_key key;
-} memo[MEMO_SLOTS];
-static _Thread_local int memo_next;
-
-static bool memo_get(const kiln_autotuner *t, const kiln_onednn_key *key, bool deterministic, int *index) {
-    uint64_t g = kiln_autotune_generation();
-    for (int i = 0; i < MEMO_SLOTS; i++)
-        if (memo[i].tuner == t && memo[i].generation == g && memo[i].deterministic == deterministic &&
-            !memcmp(&memo[i].key, key, sizeof *key)) {
-            *index = memo[i].index;
-            return true;
-        }
-    return false;
-}
-
-static void memo_put(const kiln_autotuner *t, const kiln_onednn_key *key, bool deterministic, int index) {
-    int i = memo_next;
-    memo_next = (memo_next + 1) % MEMO_SLOTS;
-    memo[i].tuner = t, memo[i].generation = kiln_autotune_generation(), memo[i].deterministic = deterministic;
-    memo[i].index = index, memo[i].key = *key;
-}
-
 /* The pass's plan with the algorithm the autotuner picks (autotune.h:
  * the settings' mode; timing only when the args carry buffers). *ok stays
  * false when the args are outside what these kernels cover (not an error). */
@@ -731,14 +653,9 @@ static kiln_status conv_prepare(kiln_onednn_kind kind, const kiln_op_args *a, co
     /* pool mode: the default pick, never a timed one (one could be cached
      * between the fused op's workspace fn and its run, needing more) */
     if (fwd_pool.on) mode.timing = false, can_time = false;
-    int index;
-    if (mode.timing || !memo_get(tuner, &c.key, mode.deterministic, &index)) {
-        kiln_autotune_choice choice;
-        KILN_TRY(kiln_autotune_choose(tuner, &onednn_provider, &cfg, &c, mode, can_time, &choice));
-        index = choice.index;
-        if (!mode.timing) memo_put(tuner, &c.key, mode.deterministic, index);
-    }
-    KILN_TRY(plan_of(&c, index, plan));
+    kiln_autotune_choice choice;
+    KILN_TRY(kiln_autotune_choose(tuner, &onednn_provider, &cfg, &c, mode, can_time, &choice));
+    KILN_TRY(plan_of(&c, choice.index, plan));
     *ok = true;
     return KILN_OK;
 }

@@ -84,5 +84,15 @@ kiln_status kiln_onednn_execute(kiln_onednn_prim *p, void *const *data, void *wo
  * (the strides of size-1 dims are ignored). */
 bool kiln_onednn_is_contiguous(const kiln_strided *s);
 
+/* The CPU in the autotuner's terms (kernels/autotune.h, the provider's
+ * callbacks of those names): the device (its name and OpenMP thread count)
+ * and oneDNN's version for the keys; the workspace the CPU allocator can
+ * surely give, and its allocation and release. */
+void kiln_onednn_tune_identity(void *self, void *ctx, char *device, size_t device_size, char *versions,
+                               size_t versions_size);
+size_t kiln_onednn_tune_workspace_limit(void *self, void *ctx);
+kiln_status kiln_onednn_tune_workspace_alloc(void *self, void *ctx, size_t bytes, void **ptr);
+void kiln_onednn_tune_workspace_free(void *self, void *ctx, void *ptr);
+
 #endif
 #endif
