@@ -639,8 +639,10 @@ static void choice_of(const entry *e, kiln_autotune_choice *out) {
 }
 
 /* The last untimed answers on this thread (default or deterministic
- * mode), by tuner, provider, mode and configuration: an answer costs a
- * formatted key and a locked lookup (about 1.5 us), and a convolution asks
+ * mode), by tuner, provider, mode, the provider's identity for the call
+ * (the device its ctx names) and configuration: everything the key holds.
+ * An answer costs a formatted key and a locked lookup (about 1.5 us), and
+ * a convolution asks
  * several times a call (supports, layout, workspace, prepared copy, run;
  * a fused op a dozen). Dropped when any tuner's entries change. Timing
  * mode never uses it: there an untimed answer may later be replaced. */
@@ -650,6 +652,7 @@ typedef struct memo_slot {
     const kiln_autotune_provider *provider;
     uint64_t generation;
     int how;
+    char device[FIELD_MAX], versions[FIELD_MAX]; /* the provider's identity for the call's ctx */
     kiln_autotune_conv cfg;
     kiln_autotune_choice choice;
 } memo_slot;
@@ -666,12 +669,13 @@ static bool same_cfg(const kiln_autotune_conv *a, const kiln_autotune_conv *b) {
            same_text(a->layout, b->layout) && same_text(a->math, b->math);
 }
 
-static bool memo_get(const kiln_autotuner *t, const kiln_autotune_provider *p, const kiln_autotune_conv *cfg, int how,
-                     kiln_autotune_choice *out) {
+static bool memo_get(const kiln_autotuner *t, const kiln_autotune_provider *p, const char *device,
+                     const char *versions, const kiln_autotune_conv *cfg, int how, kiln_autotune_choice *out) {
     uint64_t g = atomic_load(&generation);
     for (int i = 0; i < MEMO_SLOTS; i++) {
         const memo_slot *m = &memo[i];
-        if (m->tuner == t && m->provider == p && m->generation == g && m->how == how && same_cfg(&m->cfg, cfg)) {
+        if (m->tuner == t && m->provider == p && m->generation == g && m->how == how && same_cfg(&m->cfg, cfg) &&
+            !strcmp(m->device, device) && !strcmp(m->versions, versions)) {
             *out = m->choice;
             out->from_cache = true;
             return true;
@@ -680,12 +684,14 @@ static bool memo_get(const kiln_autotuner *t, const kiln_autotune_provider *p, c
     return false;
 }
 
-static void memo_put(const kiln_autotuner *t, const kiln_autotune_provider *p, const kiln_autotune_conv *cfg, int how,
-                     const kiln_autotune_choice *choice) {
+static void memo_put(const kiln_autotuner *t, const kiln_autotune_provider *p, const char *device,
+                     const char *versions, const kiln_autotune_conv *cfg, int how, const kiln_autotune_choice *choice) {
     memo_slot *m = &memo[memo_next];
     memo_next = (memo_next + 1) % MEMO_SLOTS;
     *m = (memo_slot){.tuner = t, .provider = p, .generation = atomic_load(&generation), .how = how, .cfg = *cfg,
                      .choice = *choice};
+    snprintf(m->device, sizeof m->device, "%s", device);
+    snprintf(m->versions, sizeof m->versions, "%s", versions);
 }
 
 static kiln_status choose(kiln_autotuner *t, const kiln_autotune_provider *p, const kiln_autotune_conv *cfg,
@@ -696,9 +702,11 @@ kiln_status kiln_autotune_choose(kiln_autotuner *t, const kiln_autotune_provider
                                  bool can_time, kiln_autotune_choice *out) {
     int how = mode.deterministic ? PICK_DETERMINISTIC : mode.timing ? PICK_TIMED : PICK_DEFAULT;
     if (how == PICK_TIMED) return choose(t, p, cfg, ctx, how, can_time, out);
-    if (memo_get(t, p, cfg, how, out)) return KILN_OK;
+    char device[FIELD_MAX] = "", versions[FIELD_MAX] = "";
+    if (p->identity) p->identity(p->self, ctx, device, sizeof device, versions, sizeof versions);
+    if (memo_get(t, p, device, versions, cfg, how, out)) return KILN_OK;
     KILN_TRY(choose(t, p, cfg, ctx, how, can_time, out));
-    memo_put(t, p, cfg, how, out);
+    memo_put(t, p, device, versions, cfg, how, out);
     return KILN_OK;
 }
 

@@ -354,6 +354,28 @@ static void test_modes(void) {
     CHECK(!kiln_is_conv_autotune() && !kiln_autotune_mode_current(KILN_DEVICE_CPU).timing);
 }
 
+/* kiln_autotune_choose keeps its untimed answers per thread: asked again
+ * for the same configuration on another device (the provider's identity
+ * for the call), it asks the tuner, which picks for that device. */
+static void test_memo_identity(void) {
+    fake f;
+    kiln_autotune_conv cfg = base_cfg();
+    kiln_autotune_choice ch;
+    kiln_autotune_provider p = provider_of(&f);
+    three(&f);
+    kiln_autotuner *t = kiln_autotuner_create(NULL, 1, 3);
+    CHECK_OK(kiln_autotune_choose(t, &p, &cfg, NULL, DEFAULT, false, &ch));
+    CHECK(!strcmp(ch.name, "a"));
+    CHECK_OK(kiln_autotune_choose(t, &p, &cfg, NULL, DEFAULT, false, &ch)); /* the same device: the same answer */
+    CHECK(!strcmp(ch.name, "a") && ch.from_cache);
+    f.device = "Other GPU 40GB";
+    f.c[0].is_default = false;
+    f.c[2].is_default = true;
+    CHECK_OK(kiln_autotune_choose(t, &p, &cfg, NULL, DEFAULT, false, &ch));
+    CHECK_MSG(!strcmp(ch.name, "c"), "another device got %s, the first device's pick", ch.name);
+    kiln_autotuner_free(t);
+}
+
 static void test_keys(void) {
     enum { VARIANTS = 24 };
     kiln_autotune_conv v[VARIANTS];
@@ -610,6 +632,7 @@ int main(void) {
     test_fastest_and_order();
     test_failures_and_workspace();
     test_modes();
+    test_memo_identity();
     test_keys();
     test_persistence();
     test_parse_roundtrip();
