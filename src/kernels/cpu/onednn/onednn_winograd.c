@@ -84,7 +84,11 @@ static int64_t tiles_of(const kiln_wino_shape *s) {
  * and M (planes x chunk x channels each) in about 768 KiB, a multiple of
  * the micro-kernel's 6 rows (the products' rows are the chunk's tiles).
  * Static chunks over the whole range left one thread up to a chunk and a
- * half behind the other at the end of every pass. */
+ * half behind the other at the end of every pass. The forward and input
+ * gradient hand these chunks out as the threads come for them (each tile's
+ * result is the same whichever thread makes it), so a thread slowed by
+ * another process takes fewer; the weight gradient keeps the even split,
+ * whose per-thread sums are added in a fixed order. */
 static int64_t chunk_of(int64_t cin, int64_t cout, int64_t planes, int64_t tiles, int threads) {
     int64_t t = 12288 * 16 / planes / (cin + cout);
     t = t < 12 ? 12 : t > 256 ? 256 : t;
@@ -643,14 +647,13 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
                                  const float *bias, bool relu, const act *out, const pooled *pool, char *ws) {
     int64_t tiles = tiles_of(s);
     int64_t cin = l->cin, cout = l->cout, chunk = l->chunk;
+    int64_t n_chunks = (tiles + chunk - 1) / chunk;
 #pragma omp parallel num_threads((int)l->threads)
     {
         float *v = thread_buffers(l, ws), *m = (float *)((char *)v + l->v);
-        int64_t lo, hi;
-        int tid, n;
-        team_tiles(tiles, &tid, &n, &lo, &hi);
-        for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
-            int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t ci = 0; ci < n_chunks; ci++) {
+            int64_t t0 = ci * chunk, pc = tiles - t0 < chunk ? tiles - t0 : chunk;
             input_chunk(s, in, t0, pc, cin, chunk, v);
             for (int xi = 0; xi < l->planes; xi++)
                 kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout,
