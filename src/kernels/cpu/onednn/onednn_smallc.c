@@ -257,7 +257,9 @@ AVX2 static void run_fwd(const kiln_smallc_shape *s, const sc_layout *l, const k
         float *planes = (float *)(ws + l->shared + (size_t)tid * l->per_thread);
         float *pool_in = (float *)((char *)planes + up64((size_t)(l->pad_h * l->pad_w * s->c) * sizeof(float)));
         int64_t have = -1; /* the image whose planes are padded */
-#pragma omp for schedule(static)
+        /* an image (its groups) at a time, to the thread that comes for it:
+         * each item's result is the same whichever thread makes it */
+#pragma omp for schedule(dynamic, groups)
         for (int64_t it = 0; it < items; it++) {
             int64_t n = it / groups, g = it % groups;
             if (n != have) {
