@@ -44,7 +44,17 @@ static void set_shape_attr(kiln_op_attrs *at, const kiln_meta *m) {
 
 /* conv2d's gradients for grad_out g (not NULL): conv2d_grad_input only
  * when x needs one (the first layer's input usually does not). */
+/* bias_sum: the bias gradient, when the caller has it already (NULL: the
+ * sum of g over N, H and W). */
+static kiln_status conv2d_grads_with(const kiln_backward_ctx *ctx, kiln_tensor *g, kiln_tensor *bias_sum,
+                                     kiln_tensor **grad_in);
+
 static kiln_status conv2d_grads(const kiln_backward_ctx *ctx, kiln_tensor *g, kiln_tensor **grad_in) {
+    return conv2d_grads_with(ctx, g, NULL, grad_in);
+}
+
+static kiln_status conv2d_grads_with(const kiln_backward_ctx *ctx, kiln_tensor *g, kiln_tensor *bias_sum,
+                                     kiln_tensor **grad_in) {
     kiln_op_attrs at = *ctx->attrs;
     if (ctx->needs_grad[0]) {
         set_shape_attr(&at, &ctx->in_meta[0]);
@@ -60,7 +70,8 @@ static kiln_status conv2d_grads(const kiln_backward_ctx *ctx, kiln_tensor *g, ki
     }
     if (ctx->n_in > 2 && ctx->needs_grad[2]) {
         static const int dims[3] = {0, 2, 3};
-        KILN_TRY(finish(kiln_sum(g, 3, dims, false), &ctx->in_meta[2], &grad_in[2]));
+        KILN_TRY(finish(bias_sum ? kiln_retain(bias_sum) : kiln_sum(g, 3, dims, false), &ctx->in_meta[2],
+                        &grad_in[2]));
     }
     return KILN_OK;
 }
@@ -90,7 +101,10 @@ kiln_status kiln_backward_conv2d_relu(const kiln_backward_ctx *ctx, kiln_tensor 
 }
 
 /* conv2d_relu_max_pool2d: the pooling's backward (relu's fused) into the
- * convolution's output shape, then exactly conv2d's gradients. */
+ * convolution's output shape, then exactly conv2d's gradients; with a bias
+ * that needs its gradient, the pooling's backward is
+ * relu_max_pool2d_backward_sum, which gives it from the pooled gradients
+ * in the same pass. */
 kiln_status kiln_backward_conv2d_relu_max_pool2d(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
                                                  kiln_tensor **grad_in) {
     if (!grad_out[0]) return all_zeros(ctx, grad_in);
@@ -102,8 +116,17 @@ kiln_status kiln_backward_conv2d_relu_max_pool2d(const kiln_backward_ctx *ctx, k
     for (int i = 0; i < 2; i++)
         at.ints[2 + i] = kiln_conv_out_size(x->shape[2 + i], w->shape[2 + i], cg.stride[i], cg.padding[i],
                                             cg.dilation[i]);
-    kiln_tensor *g = run1(KILN_OP_RELU_MAX_POOL2D_BACKWARD, 3, (kiln_tensor *[]){grad_out[0], ctx->out[0], ctx->out[1]},
-                          &at, ctx->device);
+    kiln_tensor *in[3] = {grad_out[0], ctx->out[0], ctx->out[1]};
+    if (ctx->n_in > 2 && ctx->needs_grad[2]) {
+        kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+        if (kiln_dispatch(KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM, 3, in, &at, ctx->device, out))
+            return kiln_error_last()->status;
+        kiln_status st = conv2d_grads_with(ctx, out[0], out[1], grad_in);
+        kiln_tensor_drop(out[0]);
+        kiln_tensor_drop(out[1]);
+        return st;
+    }
+    kiln_tensor *g = run1(KILN_OP_RELU_MAX_POOL2D_BACKWARD, 3, in, &at, ctx->device);
     if (!g) return kiln_error_last()->status;
     kiln_status st = conv2d_grads(ctx, g, grad_in);
     kiln_tensor_drop(g);

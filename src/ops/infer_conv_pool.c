@@ -248,6 +248,21 @@ kiln_status kiln_infer_relu_max_pool2d_backward(const char *op, const kiln_op_at
     return KILN_OK;
 }
 
+/* relu_max_pool2d_backward's checks, 4-d tensors only, and out[1] (C) in
+ * grad_input's dtype: the per-channel sums. */
+kiln_status kiln_infer_relu_max_pool2d_backward_sum(const char *op, const kiln_op_attrs *attrs, int n_in,
+                                                    kiln_tensor *const *in, kiln_meta *out, kiln_dtype *in_dtype) {
+    if (in[0]->ndim != 4 || attrs->n_ints != 4) {
+        char sg[96];
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use relu_max_pool2d_backward for 3-d tensors",
+                          "%s: grad_out is %s with an input shape of %d dims; both must be 4-d (N, C, H, W)", op,
+                          SHAPE_OF(in[0], sg), attrs->n_ints);
+    }
+    KILN_TRY(kiln_infer_relu_max_pool2d_backward(op, attrs, n_in, in, out, in_dtype));
+    set_meta(&out[1], out[0].dtype, 1, &out[0].shape[1]);
+    return KILN_OK;
+}
+
 /* ---- batch norm --------------------------------------------------------------------- */
 
 /* Batch norm keeps its parameters and statistics in f32 whatever x's

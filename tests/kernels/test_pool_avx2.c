@@ -1,7 +1,8 @@
 /* The AVX2 rows of the blocked 2x2 max pooling (src/kernels/cpu/fast/
  * pool_avx2.c) against the generic rows they replace, bit for bit: values,
  * int64 indices and input gradients of max_pool2d, relu_max_pool2d and
- * their backwards, on nChw8c and nChw16c, with ordinary and with
+ * their backwards (relu_max_pool2d_backward_sum's plane sums too), on
+ * nChw8c and nChw16c, with ordinary and with
  * streaming stores (threshold forced to 1 byte), on odd sizes (an
  * uncovered row and column) and inputs built to hit every rule: ties
  * (the first maximum wins), NaN (beats everything), windows with nothing
@@ -43,9 +44,10 @@ static void fill(float *x, size_t n, unsigned seed) {
 }
 
 typedef struct run {
-    float *y, *dx;
+    float *y, *dx, *dx2;
     int64_t *ix;
-    kiln_status fwd, bwd;
+    double *part; /* relu_max_pool2d_backward_sum's plane sums */
+    kiln_status fwd, bwd, bwd_sum;
 } run;
 
 static void one(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout, bool relu, int rows, size_t stream,
@@ -69,6 +71,13 @@ static void one(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout, 
     memset(r->dx, 0x7f, nx * sizeof(float));
     r->bwd = relu ? kiln_blocked_relu_max_pool2d_backward(&b) : kiln_blocked_max_pool2d_backward(&b);
     kiln_error_clear();
+    r->bwd_sum = KILN_OK;
+    if (relu) { /* the same backward with the plane sums */
+        b.out[0].data = r->dx2;
+        memset(r->dx2, 0x7f, nx * sizeof(float));
+        r->bwd_sum = kiln_blocked_relu_max_pool2d_backward_sum(&b, r->part);
+        kiln_error_clear();
+    }
     kiln_pool_avx2_test_set(-1, 0);
 }
 
@@ -86,6 +95,8 @@ static void check(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout
         r[k].y = aligned_alloc(64, (ny * 4 + 63) / 64 * 64);
         r[k].ix = aligned_alloc(64, (ny * 8 + 63) / 64 * 64);
         r[k].dx = aligned_alloc(64, (nx * 4 + 63) / 64 * 64);
+        r[k].dx2 = aligned_alloc(64, (nx * 4 + 63) / 64 * 64);
+        r[k].part = malloc((size_t)(n * c) * sizeof(double));
     }
     if (stray) { /* the generic forward's indices, one of them moved */
         bad = malloc(ny * sizeof(int64_t));
@@ -114,10 +125,32 @@ static void check(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout
         CHECK_MSG(r[0].bwd == r[k].bwd, "%s: %s: backward status %d, the generic rows' %d", what, how, (int)r[k].bwd,
                   (int)r[0].bwd);
         if (r[0].bwd == KILN_OK) CHECK_MSG(!memcmp(r[0].dx, r[k].dx, nx * 4), "%s: %s: input gradients differ", what, how);
+        if (relu) {
+            CHECK_MSG(r[k].bwd_sum == r[0].bwd, "%s: %s: the backward with sums: status %d, without %d", what, how,
+                      (int)r[k].bwd_sum, (int)r[0].bwd);
+            if (r[0].bwd == KILN_OK && r[k].bwd_sum == KILN_OK) {
+                CHECK_MSG(!memcmp(r[k].dx2, r[k].dx, nx * 4), "%s: %s: the backward with sums wrote another gradient",
+                          what, how);
+                CHECK_MSG(!memcmp(r[k].part, r[0].part, (size_t)(n * c) * sizeof(double)),
+                          "%s: %s: plane sums differ from the generic rows'", what, how);
+            }
+        }
         cases++;
     }
+    if (relu && r[0].bwd == KILN_OK && r[0].bwd_sum == KILN_OK) { /* each plane's sum is its gradient's */
+        int64_t L = kiln_layout_block(layout), hw = h * w;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t ch = 0; ch < c; ch++) {
+                double want = 0.0;
+                for (int64_t p = 0; p < hw; p++) want += r[0].dx[((i * (c / L) + ch / L) * hw + p) * L + ch % L];
+                double got = r[0].part[i * c + ch];
+                CHECK_MSG((isnan(want) && isnan(got)) || fabs(got - want) <= 1e-6 * (1.0 + fabs(want)),
+                          "%s: plane (%lld, %lld) sums to %.9g, its gradient to %.9g", what, (long long)i,
+                          (long long)ch, got, want);
+            }
+    }
     if (stray == 3) CHECK_MSG(r[0].bwd != KILN_OK, "%s: an index outside the plane was accepted", what);
-    for (int k = 0; k < 3; k++) free(r[k].y), free(r[k].ix), free(r[k].dx);
+    for (int k = 0; k < 3; k++) free(r[k].y), free(r[k].ix), free(r[k].dx), free(r[k].dx2), free(r[k].part);
     free(x), free(go), free(bad);
 }
 

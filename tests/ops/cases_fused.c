@@ -1,5 +1,5 @@
 /* Harness cases of the fused ops: conv2d_relu, linear_act,
- * relu_max_pool2d, relu_max_pool2d_backward and conv2d_relu_max_pool2d. The references are the
+ * relu_max_pool2d, relu_max_pool2d_backward (and its _sum) and conv2d_relu_max_pool2d. The references are the
  * unfused chains' float64 references (cases_nn.c's conv2d and pooling
  * loops, which must be included first) followed or preceded by relu, and
  * plain loops for linear_act and the fused backward. Inputs of the relu
@@ -89,6 +89,25 @@ static void fused_ref_relu_pool_backward(kh_ref *r) {
             if (!(r->in[1][o] > 0)) continue;
             dx[p * H * W + (int64_t)r->in[2][o]] += r->in[0][o];
         }
+}
+
+/* (grad_out, y, indices) -> (grad_input, its sums over N, H, W per channel). */
+static kiln_tensor *fused_run_relu_pool_backward_sum(kh_run *r) {
+    kiln_op_attrs at = *r->attrs;
+    kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+    if (kiln_dispatch(KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM, r->n_in, r->in, &at, r->device, out)) return NULL;
+    r->aux[0] = out[1];
+    return out[0];
+}
+
+static void fused_ref_relu_pool_backward_sum(kh_ref *r) {
+    fused_ref_relu_pool_backward(r);
+    const kiln_op_attrs *a = r->attrs;
+    int64_t N = a->ints[0], C = a->ints[1], HW = a->ints[2] * a->ints[3];
+    double *sums = kh_out(r, 1, KILN_SHAPE(C), 0);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t i = 0; i < HW; i++) sums[c] += r->out[0][(n * C + c) * HW + i];
 }
 
 /* ---- conv2d_relu_max_pool2d ------------------------------------------------------- */
@@ -261,6 +280,24 @@ static const kh_case fused_cases[] = {
      .in = {FUSED_NG(KH_CONTIG, 3, 3, 2), FUSED_NG(KH_STRIDED, 3, 3, 2), FUSED_IDX(15, 3, 3, 2)},
      .attrs = {.ints = {3, 5, 3}, .n_ints = 3}, .op = KH_OP(KILN_OP_RELU_MAX_POOL2D_BACKWARD),
      .run = fused_run_relu_pool_backward, .reference = fused_ref_relu_pool_backward},
+    /* relu_max_pool2d_backward_sum: the same scatter and the per-channel sums; odd sizes,
+     * a transposed grad_out, repeated indices */
+    {.name = "relu_max_pool2d_backward_sum", .params = "g2x3x2x3 -> 2x3x4x5 T", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_NG(KH_TRANSPOSED, 2, 3, 2, 3), FUSED_NG(KH_CONTIG, 2, 3, 2, 3), FUSED_IDX(20, 2, 3, 2, 3)},
+     .attrs = {.ints = {2, 3, 4, 5}, .n_ints = 4}, .op = KH_OP(KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM),
+     .run = fused_run_relu_pool_backward_sum, .reference = fused_ref_relu_pool_backward_sum},
+    {.name = "relu_max_pool2d_backward_sum", .params = "g3x5x3x2 -> 3x5x7x5 S", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_NG(KH_CONTIG, 3, 5, 3, 2), FUSED_NG(KH_STRIDED, 3, 5, 3, 2), FUSED_IDX(35, 3, 5, 3, 2)},
+     .attrs = {.ints = {3, 5, 7, 5}, .n_ints = 4}, .op = KH_OP(KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM),
+     .run = fused_run_relu_pool_backward_sum, .reference = fused_ref_relu_pool_backward_sum},
+    {.name = "relu_max_pool2d_backward_sum", .params = "g2x4x3x3 -> 2x4x6x7 C", .dtypes = KH_FLOAT, .n_in = 3,
+     .in = {FUSED_NG(KH_CONTIG, 2, 4, 3, 3), FUSED_NG(KH_CONTIG, 2, 4, 3, 3), FUSED_IDX(42, 2, 4, 3, 3)},
+     .attrs = {.ints = {2, 4, 6, 7}, .n_ints = 4}, .op = KH_OP(KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM),
+     .run = fused_run_relu_pool_backward_sum, .reference = fused_ref_relu_pool_backward_sum},
+    {.name = "relu_max_pool2d_backward_sum", .params = "3-d refused", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
+     .in = {FUSED_NG(KH_CONTIG, 3, 3, 2), FUSED_NG(KH_CONTIG, 3, 3, 2), FUSED_IDX(15, 3, 3, 2)},
+     .attrs = {.ints = {3, 5, 3}, .n_ints = 3}, .run = fused_run_relu_pool_backward_sum,
+     .expect_error = "relu_max_pool2d_backward_sum: grad_out is"},
     {.name = "relu_max_pool2d_backward", .params = "y shape mismatch", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
      .in = {FUSED_NG(KH_CONTIG, 1, 2, 2, 2), FUSED_NG(KH_CONTIG, 1, 2, 2, 3), FUSED_IDX(4, 1, 2, 2, 2)},
      .attrs = {.ints = {1, 2, 4, 4}, .n_ints = 4}, .run = fused_run_relu_pool_backward,

@@ -114,6 +114,22 @@ kiln_status kiln_cpu_relu_max_pool2d_backward(const kiln_op_args *a) {
                                  "pass the indices kiln_relu_max_pool2d returned");
 }
 
+/* relu_max_pool2d_backward (4-d), then out[1][c] = the sum of grad_input
+ * over N, H and W, accumulated in double in (n, h, w) order. */
+kiln_status kiln_cpu_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
+    KILN_TRY(kiln_cpu_relu_max_pool2d_backward(a));
+    const kiln_strided *dx = &a->out[0], *sums = &a->out[1];
+    plane4 dp = as4(dx);
+    for (int64_t c = 0; c < dp.shape[1]; c++) {
+        double acc = 0;
+        for (int64_t n = 0; n < dp.shape[0]; n++)
+            for (int64_t h = 0; h < dp.shape[2]; h++)
+                for (int64_t w = 0; w < dp.shape[3]; w++) acc += nn_ld(dx->data, dx->dtype, off4(&dp, n, c, h, w));
+        nn_st(sums->data, sums->dtype, c * sums->strides[0], acc);
+    }
+    return KILN_OK;
+}
+
 /* One average-pooling window: clipped bounds and PyTorch's divisor. */
 typedef struct avg_window {
     int64_t h0, h1, w0, w1;

@@ -130,6 +130,25 @@ __global__ void max_pool_bwd(plane4 gp, const void *go, int gdt, plane4 ip, cons
     }
 }
 
+/* sums[c] = dx's plane c summed over (n, h, w): one block a channel, each
+ * thread a strided share in double, then a tree over shared memory (a
+ * fixed order: the same bits every run). */
+constexpr int kSumThreads = 256;
+__global__ void channel_sum(plane4 dp, const void *dx, int ddt, void *sums, int sdt, int64_t s_stride) {
+    __shared__ double part[kSumThreads];
+    int64_t c = blockIdx.x, per = dp.shape[0] * dp.shape[2] * dp.shape[3], HW = dp.shape[2] * dp.shape[3];
+    double acc = 0;
+    for (int64_t i = threadIdx.x; i < per; i += blockDim.x)
+        acc += ldf(dx, ddt, dp.off(i / HW, c, i % HW / dp.shape[3], i % dp.shape[3]));
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) stf(sums, sdt, c * s_stride, part[0]);
+}
+
 /* PyTorch's average window: clipped bounds and divisor (ops_pool.c). */
 struct avg_window {
     int64_t h0, h1, w0, w1;
@@ -264,6 +283,20 @@ kiln_status run_relu_max_pool2d_backward(const kiln_op_args *a) {
                                  "relu_max_pool2d_backward (max_pool_bwd)");
 }
 
+/* relu_max_pool2d_backward, then each channel's sum of grad_input. */
+kiln_status run_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
+    KILN_TRY(run_relu_max_pool2d_backward(a));
+    const kiln_strided *dx = &a->out[0], *sums = &a->out[1];
+    plane4 dp = as4(dx);
+    if (dp.shape[1] == 0) return KILN_OK;
+    kiln_cuda::device_guard guard;
+    KILN_TRY(guard.enter(dx->data));
+    KILN_LAUNCH(channel_sum, (unsigned)dp.shape[1], kSumThreads, 0, a->stream, dp, (const void *)dx->data,
+                (int)dx->dtype, sums->data, (int)sums->dtype, sums->strides[0]);
+    KILN_LAUNCH_CHECK(guard.device, "relu_max_pool2d_backward_sum (channel_sum)");
+    return KILN_OK;
+}
+
 kiln_status run_avg_pool2d(const kiln_op_args *a) {
     const kiln_strided *x = &a->in[0], *y = &a->out[0];
     plane4 xp = as4(x), yp = as4(y);
@@ -323,6 +356,9 @@ extern "C" kiln_status kiln_cuda_max_pool2d_backward(const kiln_op_args *a) {
 extern "C" kiln_status kiln_cuda_relu_max_pool2d(const kiln_op_args *a) { return run_relu_max_pool2d(a); }
 extern "C" kiln_status kiln_cuda_relu_max_pool2d_backward(const kiln_op_args *a) {
     return run_relu_max_pool2d_backward(a);
+}
+extern "C" kiln_status kiln_cuda_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
+    return run_relu_max_pool2d_backward_sum(a);
 }
 extern "C" kiln_status kiln_cuda_avg_pool2d(const kiln_op_args *a) { return run_avg_pool2d(a); }
 extern "C" kiln_status kiln_cuda_avg_pool2d_backward(const kiln_op_args *a) {

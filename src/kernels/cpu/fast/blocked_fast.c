@@ -88,6 +88,10 @@ bool kiln_blocked_relu_max_pool2d_backward_supports(const kiln_op_args *a) {
 kiln_status kiln_blocked_relu_max_pool2d_backward(const kiln_op_args *a) {
     return BY_BLOCK(a->in[2].layout, kiln_blocked_relu_max_pool2d_backward, a);
 }
+kiln_status kiln_blocked_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part) {
+    return a->in[2].layout == KILN_LAYOUT_NCHW8C ? kiln_blocked_relu_max_pool2d_backward_sum_b8(a, part)
+                                                 : kiln_blocked_relu_max_pool2d_backward_sum_b16(a, part);
+}
 bool kiln_blocked_sum_supports(const kiln_op_args *a) { return BY_BLOCK(a->in[0].layout, kiln_blocked_sum_supports, a); }
 kiln_status kiln_blocked_sum(const kiln_op_args *a) { return BY_BLOCK(a->in[0].layout, kiln_blocked_sum, a); }
 

@@ -163,17 +163,20 @@ static bool SFX(kiln_blocked_max_pool2d_backward_supports)(const kiln_op_args *a
  * stride-2 window, written densely: each input element gets its window's
  * gradient where the window's index names it, else 0; with y (the fused
  * relu_max_pool2d_backward) only where y > 0. All blocked: go, ix, y hold
- * OW * 16 values. Returns how many indices lie outside their own window. */
+ * OW * 16 values. Returns how many indices lie outside their own window.
+ * sum: each lane's gradients that passed, added in order. */
 #define POOL_BWD_ROW(NAME, RELU)                                                                             \
     KILN_SIMD_CLONES static int64_t NAME(const float *restrict go, const int64_t *restrict ix,               \
                                          const float *restrict y, float *restrict d0, float *restrict d1,    \
-                                         int64_t OW, int64_t index0, int64_t W) {                            \
+                                         int64_t OW, int64_t index0, int64_t W, float *restrict sum) {       \
         int64_t stray = 0;                                                                                   \
+        for (int l = 0; l < L; l++) sum[l] = 0.0f;                                                           \
         for (int64_t ow = 0; ow < OW; ow++) {                                                                \
             const int32_t w32 = (int32_t)W;                                                                  \
             for (int l = 0; l < L; l++) {                                                                    \
                 float g = go[ow * L + l];                                                                    \
                 if (RELU) g = y[ow * L + l] > 0.0f ? g : 0.0f;                                               \
+                sum[l] += g;                                                                                 \
                 /* an offset outside [0, W + 1] matches no position (its low half may) */                  \
                 int64_t off = ix[ow * L + l] - (index0 + 2 * ow);                                            \
                 int32_t rel = off >= 0 && off <= (int64_t)W + 1 ? (int32_t)off : -1;                         \
@@ -190,10 +193,12 @@ POOL_BWD_ROW(SFX(pool_bwd_row), 0)
 POOL_BWD_ROW(SFX(pool_bwd_row_relu), 1)
 
 /* One output row: a plain grad_out row (plane stride go_plane) is first
- * gathered into blocked order in chunks on the stack. */
+ * gathered into blocked order in chunks on the stack. acc (L doubles) or
+ * NULL: gains each lane's gradients that passed, a chunk's float sum at a
+ * time. */
 static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked, int64_t go_plane, const int64_t *ix_row,
                                       const float *y_row, float *d0, float *d1, int64_t OW, int64_t index0, int64_t W,
-                                      bool avx2, bool stream) {
+                                      bool avx2, bool stream, double *acc) {
     int64_t stray = 0;
     for (int64_t c0 = 0; c0 < OW; c0 += ROW_CHUNK) {
         int64_t n = OW - c0 < ROW_CHUNK ? OW - c0 : ROW_CHUNK;
@@ -206,20 +211,25 @@ static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked,
         }
         const int64_t *ix = ix_row + c0 * L;
         float *e0 = d0 + 2 * c0 * L, *e1 = d1 + 2 * c0 * L;
+        float part[L];
         if (avx2)
             stray += kiln_pool2x2_backward_row_avx2(g, ix, y_row ? y_row + c0 * L : NULL, e0, e1, n, index0 + 2 * c0, W,
-                                                    L, stream);
+                                                    L, stream, acc ? part : NULL);
         else
-            stray += y_row ? SFX(pool_bwd_row_relu)(g, ix, y_row + c0 * L, e0, e1, n, index0 + 2 * c0, W)
-                           : SFX(pool_bwd_row)(g, ix, NULL, e0, e1, n, index0 + 2 * c0, W);
+            stray += y_row ? SFX(pool_bwd_row_relu)(g, ix, y_row + c0 * L, e0, e1, n, index0 + 2 * c0, W, part)
+                           : SFX(pool_bwd_row)(g, ix, NULL, e0, e1, n, index0 + 2 * c0, W, part);
+        if (acc)
+            for (int l = 0; l < L; l++) acc[l] += (double)part[l];
     }
     return stray;
 }
 
 /* max_pool2d_backward (grad_out, indices) and, with relu, the fused
  * relu_max_pool2d_backward (grad_out, y, indices): the gradient passes
- * only where the pooled output y is > 0. y is blocked like the indices. */
-static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) {
+ * only where the pooled output y is > 0. y is blocked like the indices.
+ * part (N x C doubles) or NULL: part[n * C + c] = the sum of plane (n, c)
+ * of the input gradient, from the gradients that passed. */
+static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu, double *part) {
     const float *go = a->in[0].data;
     const int64_t *ix = a->in[relu ? 2 : 1].data;
     const float *yv = relu ? a->in[1].data : NULL;
@@ -245,6 +255,9 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) 
 #endif
         for (int64_t p = 0; p < N * CB; p++) {
             float *dp = dx + p * HW * L;
+            double *acc = part ? part + p * L : NULL;
+            if (acc)
+                for (int l = 0; l < L; l++) acc[l] = 0.0;
             /* rows and columns no window covers (odd H or W) get 0 */
             if (2 * OH < H) memset(dp + 2 * OH * W * L, 0, sizeof(float) * (size_t)((H - 2 * OH) * W * L));
             for (int64_t oh = 0; oh < OH; oh++) {
@@ -255,7 +268,7 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) 
                 const float *go_row = go_blocked ? go + (p * OHW + oh * OW) * L : go + p * L * OHW + oh * OW;
                 stray += SFX(pool_backward_rows_2x2)(go_row, go_blocked, OHW, ix + (p * OHW + oh * OW) * L,
                                                 yv ? yv + (p * OHW + oh * OW) * L : NULL, d0, d1, OW, 2 * oh * W, W,
-                                                avx2, stream);
+                                                avx2, stream, acc);
             }
         }
         if (!stray) return KILN_OK;
@@ -268,6 +281,9 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) 
     for (int64_t p = 0; p < N * CB; p++) {
         float *dp = dx + p * HW * L;
         const int64_t *ip = ix + p * OHW * L;
+        double *acc = part ? part + p * L : NULL;
+        if (acc)
+            for (int l = 0; l < L; l++) acc[l] = 0.0;
         memset(dp, 0, sizeof(float) * (size_t)(HW * L));
         for (int64_t i = 0; i < OHW; i++)
             for (int l = 0; l < L; l++) {
@@ -286,6 +302,7 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) 
                     continue;
                 }
                 dp[k * L + l] += gv;
+                if (acc) acc[l] += (double)gv;
             }
     }
     if (bad)
@@ -295,8 +312,11 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu) 
     return KILN_OK;
 }
 
-static kiln_status SFX(kiln_blocked_max_pool2d_backward)(const kiln_op_args *a) { return SFX(blocked_pool_backward)(a, false); }
-static kiln_status SFX(kiln_blocked_relu_max_pool2d_backward)(const kiln_op_args *a) { return SFX(blocked_pool_backward)(a, true); }
+static kiln_status SFX(kiln_blocked_max_pool2d_backward)(const kiln_op_args *a) { return SFX(blocked_pool_backward)(a, false, NULL); }
+static kiln_status SFX(kiln_blocked_relu_max_pool2d_backward)(const kiln_op_args *a) { return SFX(blocked_pool_backward)(a, true, NULL); }
+static kiln_status SFX(kiln_blocked_relu_max_pool2d_backward_sum)(const kiln_op_args *a, double *part) {
+    return SFX(blocked_pool_backward)(a, true, part);
+}
 
 /* relu_max_pool2d_backward (grad_out, y, indices): y and the indices
  * blocked (as the forward wrote them), grad_out either. */

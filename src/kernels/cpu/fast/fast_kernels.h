@@ -37,6 +37,9 @@ bool kiln_fast_max_pool2d_backward_supports(const kiln_op_args *a);
  * max_pool2d one for the forward). */
 kiln_status kiln_fast_relu_max_pool2d(const kiln_op_args *a);
 kiln_status kiln_fast_relu_max_pool2d_backward(const kiln_op_args *a);
+/* relu_max_pool2d_backward_sum's input gradient, and part[p] (a double
+ * per (n, c) plane) the plane's sum; the caller adds the planes up. */
+kiln_status kiln_fast_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part);
 bool kiln_fast_relu_max_pool2d_backward_supports(const kiln_op_args *a);
 
 kiln_status kiln_fast_relu(const kiln_op_args *a);
@@ -64,6 +67,7 @@ kiln_status kiln_blocked_max_pool2d_backward(const kiln_op_args *a);
 bool kiln_blocked_max_pool2d_backward_supports(const kiln_op_args *a);
 kiln_status kiln_blocked_relu_max_pool2d(const kiln_op_args *a); /* supports: kiln_blocked_max_pool2d_supports */
 kiln_status kiln_blocked_relu_max_pool2d_backward(const kiln_op_args *a);
+kiln_status kiln_blocked_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part); /* as the fast one */
 bool kiln_blocked_relu_max_pool2d_backward_supports(const kiln_op_args *a);
 void kiln_blocked_relu_pool_backward_layout(const kiln_op_args *a, kiln_layout *out);
 kiln_status kiln_blocked_sum(const kiln_op_args *a);

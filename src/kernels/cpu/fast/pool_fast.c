@@ -115,9 +115,10 @@ bool kiln_fast_max_pool2d_backward_supports(const kiln_op_args *a) {
 
 /* The scatter of grad_out into grad_input through the indices; with y
  * (relu_max_pool2d_backward) only the gradients whose y > 0. `op` names
- * the op and `hint` the way out in the error. */
+ * the op and `hint` the way out in the error. part (a double per plane)
+ * or NULL: each plane's sum of what it scattered, in order. */
 static kiln_status scatter_backward(const kiln_op_args *a, const int64_t *ix, const float *yv, const char *op,
-                                    const char *hint) {
+                                    const char *hint, double *part) {
     const float *go = a->in[0].data;
     float *dx = a->out[0].data;
     int64_t P, H, W, OH, OW, unused;
@@ -134,6 +135,7 @@ static kiln_status scatter_backward(const kiln_op_args *a, const int64_t *ix, co
         const float *gp = go + p * OHW;
         const int64_t *ip = ix + p * OHW;
         memset(dp, 0, sizeof(float) * (size_t)HW);
+        double acc = 0.0;
         for (int64_t i = 0; i < OHW; i++) {
             if (yv && !(yv[p * OHW + i] > 0.0f)) continue;
             int64_t k = ip[i];
@@ -148,7 +150,9 @@ static kiln_status scatter_backward(const kiln_op_args *a, const int64_t *ix, co
                 continue;
             }
             dp[k] += gp[i];
+            acc += (double)gp[i];
         }
+        if (part) part[p] = acc;
     }
     if (bad)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, hint, "%s: index %lld is outside the %lld-element plane", op,
@@ -158,7 +162,7 @@ static kiln_status scatter_backward(const kiln_op_args *a, const int64_t *ix, co
 
 kiln_status kiln_fast_max_pool2d_backward(const kiln_op_args *a) {
     return scatter_backward(a, a->in[1].data, NULL, "kiln_max_pool2d_backward",
-                            "pass the indices kiln_max_pool2d returned");
+                            "pass the indices kiln_max_pool2d returned", NULL);
 }
 
 /* ---- relu_max_pool2d on contiguous NCHW ------------------------------------------------ */
@@ -201,5 +205,10 @@ bool kiln_fast_relu_max_pool2d_backward_supports(const kiln_op_args *a) {
 
 kiln_status kiln_fast_relu_max_pool2d_backward(const kiln_op_args *a) {
     return scatter_backward(a, a->in[2].data, a->in[1].data, "kiln_relu_max_pool2d_backward",
-                            "pass the indices kiln_relu_max_pool2d returned");
+                            "pass the indices kiln_relu_max_pool2d returned", NULL);
+}
+
+kiln_status kiln_fast_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part) {
+    return scatter_backward(a, a->in[2].data, a->in[1].data, "kiln_relu_max_pool2d_backward_sum",
+                            "pass the indices kiln_relu_max_pool2d returned", part);
 }
