@@ -104,7 +104,8 @@ kiln_status kiln_backward_conv2d_relu(const kiln_backward_ctx *ctx, kiln_tensor 
  * convolution's output shape, then exactly conv2d's gradients; with a bias
  * that needs its gradient, the pooling's backward is
  * relu_max_pool2d_backward_sum, which gives it from the pooled gradients
- * in the same pass. */
+ * in the same pass. When x needs no gradient (a first layer), the weight
+ * and bias gradients are one op, conv2d_relu_max_pool2d_grad_weight. */
 kiln_status kiln_backward_conv2d_relu_max_pool2d(const kiln_backward_ctx *ctx, kiln_tensor *const *grad_out,
                                                  kiln_tensor **grad_in) {
     if (!grad_out[0]) return all_zeros(ctx, grad_in);
@@ -117,6 +118,19 @@ kiln_status kiln_backward_conv2d_relu_max_pool2d(const kiln_backward_ctx *ctx, k
         at.ints[2 + i] = kiln_conv_out_size(x->shape[2 + i], w->shape[2 + i], cg.stride[i], cg.padding[i],
                                             cg.dilation[i]);
     kiln_tensor *in[3] = {grad_out[0], ctx->out[0], ctx->out[1]};
+    if (!ctx->needs_grad[0] && ctx->needs_grad[1]) { /* a first layer: one op from the pooled gradient */
+        kiln_op_attrs wat = *ctx->attrs;
+        set_shape_attr(&wat, w);
+        kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+        kiln_tensor *win[4] = {grad_out[0], ctx->out[0], ctx->out[1], ctx->in[0]};
+        if (kiln_dispatch(KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT, 4, win, &wat, ctx->device, out))
+            return kiln_error_last()->status;
+        kiln_status st = finish(out[0], w, &grad_in[1]);
+        if (st == KILN_OK && ctx->n_in > 2 && ctx->needs_grad[2])
+            st = finish(kiln_retain(out[1]), &ctx->in_meta[2], &grad_in[2]);
+        kiln_tensor_drop(out[1]);
+        return st;
+    }
     if (ctx->n_in > 2 && ctx->needs_grad[2]) {
         kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
         if (kiln_dispatch(KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM, 3, in, &at, ctx->device, out))

@@ -36,34 +36,6 @@ static bool relu_max_pool2d_backward_supports(const kiln_op_args *a) {
     if (a->n_in >= 3 && blocked_in(a, 2)) return kiln_blocked_relu_max_pool2d_backward_supports(a);
     return !blocked_in(a, 0) && !blocked_in(a, 1) && kiln_fast_relu_max_pool2d_backward_supports(a);
 }
-/* relu_max_pool2d_backward_sum: the backward's kernel gives each (n, c)
- * plane's sum from the gradients it passes (no second pass over
- * grad_input); the planes are added here in n order, so the bits do not
- * depend on the thread count. Workspace: a double per plane. */
-static bool relu_max_pool2d_backward_sum_supports(const kiln_op_args *a) {
-    return a->n_out == 2 && a->out[0].ndim == 4 && a->out[1].dtype == KILN_F32 && a->out[1].ndim == 1 &&
-           relu_max_pool2d_backward_supports(a);
-}
-static size_t relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a) {
-    return (size_t)(a->out[0].shape[0] * a->out[0].shape[1]) * sizeof(double);
-}
-static kiln_status relu_max_pool2d_backward_sum(const kiln_op_args *a) {
-    double *part = a->workspace;
-    KILN_TRY(blocked_in(a, 2) ? kiln_blocked_relu_max_pool2d_backward_sum(a, part)
-                              : kiln_fast_relu_max_pool2d_backward_sum(a, part));
-    const int64_t N = a->out[0].shape[0], C = a->out[0].shape[1];
-    float *sums = a->out[1].data;
-    for (int64_t c = 0; c < C; c++) {
-        double s = 0.0;
-        for (int64_t n = 0; n < N; n++) s += part[n * C + c];
-        sums[c * a->out[1].strides[0]] = (float)s;
-    }
-    return KILN_OK;
-}
-static void relu_max_pool2d_backward_sum_layout(const kiln_op_args *a, kiln_layout *out) {
-    kiln_blocked_relu_pool_backward_layout(a, out);
-    out[1] = KILN_LAYOUT_STRIDED;
-}
 static kiln_status sum(const kiln_op_args *a) { return blocked_in(a, 0) ? kiln_blocked_sum(a) : kiln_fast_sum(a); }
 static bool sum_supports(const kiln_op_args *a) {
     return blocked_in(a, 0) ? kiln_blocked_sum_supports(a) : kiln_fast_sum_supports(a);
@@ -84,8 +56,8 @@ static void build_fast_c_table(void) {
         (kiln_op_kernel){relu_max_pool2d_backward, NULL, F32, relu_max_pool2d_backward_supports,
                          kiln_blocked_relu_pool_backward_layout};
     fast_c_table[KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM] =
-        (kiln_op_kernel){relu_max_pool2d_backward_sum, relu_max_pool2d_backward_sum_workspace, F32,
-                         relu_max_pool2d_backward_sum_supports, relu_max_pool2d_backward_sum_layout};
+        (kiln_op_kernel){kiln_fast_relu_max_pool2d_backward_sum, kiln_fast_relu_max_pool2d_backward_sum_workspace, F32,
+                         kiln_fast_relu_max_pool2d_backward_sum_supports, kiln_fast_relu_max_pool2d_backward_sum_layout};
     fast_c_table[KILN_OP_BATCH_NORM] = (kiln_op_kernel){kiln_fast_batch_norm, NULL, F32, kiln_fast_batch_norm_supports,
                                                         kiln_fast_bn_layout};
     fast_c_table[KILN_OP_BATCH_NORM_BACKWARD] =

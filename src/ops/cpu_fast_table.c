@@ -34,6 +34,10 @@ static void build_fast_table(void) {
         kiln_onednn_conv2d_relu_max_pool2d,         kiln_onednn_conv2d_relu_max_pool2d_workspace, F32,
         kiln_onednn_conv2d_relu_max_pool2d_supports, kiln_onednn_conv2d_relu_max_pool2d_layout,
         kiln_onednn_conv2d_relu_max_pool2d_prepare,  kiln_onednn_conv2d_relu_max_pool2d_fill};
+    fast_table[KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT] = (kiln_op_kernel){
+        kiln_onednn_conv2d_relu_max_pool2d_grad_weight,         kiln_onednn_conv2d_relu_max_pool2d_grad_weight_workspace,
+        F32,
+        kiln_onednn_conv2d_relu_max_pool2d_grad_weight_supports, kiln_onednn_conv2d_relu_max_pool2d_grad_weight_layout};
     fast_table[KILN_OP_LINEAR_ACT] = (kiln_op_kernel){kiln_onednn_linear_act,         kiln_onednn_linear_act_workspace,
                                                       F32,                            kiln_onednn_linear_act_supports,
                                                       kiln_onednn_linear_act_layout,  kiln_onednn_linear_act_prepare,

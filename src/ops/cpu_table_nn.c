@@ -22,6 +22,9 @@ void kiln_cpu_fill_nn(kiln_op_kernel *t) {
         (kiln_op_kernel){kiln_cpu_conv2d_relu_max_pool2d, kiln_cpu_conv2d_relu_max_pool2d_workspace, FLOAT};
     t[KILN_OP_RELU_MAX_POOL2D_BACKWARD] =
         (kiln_op_kernel){kiln_cpu_relu_max_pool2d_backward, kiln_cpu_pool_backward_workspace, FLOAT};
+    t[KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT] =
+        (kiln_op_kernel){kiln_cpu_conv2d_relu_max_pool2d_grad_weight,
+                         kiln_cpu_conv2d_relu_max_pool2d_grad_weight_workspace, FLOAT};
     t[KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM] =
         (kiln_op_kernel){kiln_cpu_relu_max_pool2d_backward_sum, kiln_cpu_pool_backward_workspace, FLOAT};
     t[KILN_OP_AVG_POOL2D] = (kiln_op_kernel){kiln_cpu_avg_pool2d, NULL, FLOAT};

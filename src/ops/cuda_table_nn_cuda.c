@@ -20,6 +20,9 @@ void kiln_cuda_fill_nn(kiln_op_kernel *t) {
     t[KILN_OP_CONV2D_RELU_MAX_POOL2D] =
         (kiln_op_kernel){kiln_cuda_conv2d_relu_max_pool2d, kiln_cuda_conv2d_relu_max_pool2d_workspace, FLOAT};
     t[KILN_OP_RELU_MAX_POOL2D_BACKWARD] = (kiln_op_kernel){kiln_cuda_relu_max_pool2d_backward, NULL, FLOAT};
+    t[KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT] =
+        (kiln_op_kernel){kiln_cuda_conv2d_relu_max_pool2d_grad_weight,
+                         kiln_cuda_conv2d_relu_max_pool2d_grad_weight_workspace, FLOAT};
     t[KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM] =
         (kiln_op_kernel){kiln_cuda_relu_max_pool2d_backward_sum, NULL, FLOAT};
     t[KILN_OP_AVG_POOL2D] = (kiln_op_kernel){kiln_cuda_avg_pool2d, NULL, FLOAT};

@@ -99,6 +99,56 @@ kiln_status kiln_infer_conv2d_relu_max_pool2d(const char *op, const kiln_op_attr
     return KILN_OK;
 }
 
+/* (grad_out, y, indices, x) -> (grad_weight (attrs.ints), grad_bias (K)):
+ * grad_out, y and the indices shaped as conv2d_relu_max_pool2d's outputs
+ * for x and that weight shape. */
+kiln_status kiln_infer_conv2d_relu_max_pool2d_grad_weight(const char *op, const kiln_op_attrs *attrs, int n_in,
+                                                          kiln_tensor *const *in, kiln_meta *out,
+                                                          kiln_dtype *in_dtype) {
+    (void)n_in;
+    const kiln_tensor *go = in[0], *y = in[1], *ix = in[2], *x = in[3];
+    char sg[96], sx[96];
+    if (x->ndim != 4 || go->ndim != 4 || attrs->n_ints != 4)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass 4-d tensors and the weight's shape in attrs.ints",
+                          "%s: grad_out is %s and x %s with a weight shape of %d dims; all must be 4-d", op,
+                          SHAPE_OF(go, sg), SHAPE_OF(x, sx), attrs->n_ints);
+    KILN_TRY(need_float(op, "grad_out", go));
+    KILN_TRY(need_float(op, "x", x));
+    KILN_TRY(need_float(op, "y", y));
+    kiln_conv_geom g = kiln_conv_geom_of(attrs);
+    KILN_TRY(check_conv_attrs(op, &g));
+    const int64_t *ws = attrs->ints, p = attrs->kernel[0];
+    if (p < 1 || attrs->kernel[1] != p)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the pooling window conv2d_relu_max_pool2d had",
+                          "%s: pooling window %lldx%lld; it must be square and at least 1", op,
+                          (long long)attrs->kernel[0], (long long)attrs->kernel[1]);
+    if (ws[0] < 1 || ws[1] < 1 || ws[2] < 1 || ws[3] < 1 || ws[0] % g.groups || ws[1] * g.groups != x->shape[1])
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "set attrs.ints to the weight's shape (K, C / groups, kH, kW)",
+                          "%s: weight shape (%lld, %lld, %lld, %lld) with %lld groups does not fit x %s", op,
+                          (long long)ws[0], (long long)ws[1], (long long)ws[2], (long long)ws[3], (long long)g.groups,
+                          SHAPE_OF(x, sx));
+    int64_t want[4] = {x->shape[0], ws[0], 0, 0};
+    for (int i = 0; i < 2; i++)
+        want[2 + i] = kiln_conv_out_size(x->shape[2 + i], ws[2 + i], g.stride[i], g.padding[i], g.dilation[i]) / p;
+    const kiln_tensor *same[3] = {go, y, ix};
+    static const char *const names[3] = {"grad_out", "y", "indices"};
+    for (int t = 0; t < 3; t++)
+        if (same[t]->ndim != 4 || memcmp(same[t]->shape, want, sizeof want))
+            return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass what conv2d_relu_max_pool2d returned and its gradient",
+                              "%s: %s is %s; the pooled output of x %s is (%lld, %lld, %lld, %lld)", op, names[t],
+                              SHAPE_OF(same[t], sg), SHAPE_OF(x, sx), (long long)want[0], (long long)want[1],
+                              (long long)want[2], (long long)want[3]);
+    if (kiln_dtype_is_floating(ix->dtype))
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_conv2d_relu_max_pool2d returned",
+                          "%s: indices must be integers", op);
+    kiln_dtype dt = kiln_promote_types(go->dtype, x->dtype);
+    in_dtype[0] = in_dtype[1] = in_dtype[3] = dt;
+    in_dtype[2] = KILN_I64;
+    set_meta(&out[0], dt, 4, ws);
+    set_meta(&out[1], dt, 1, &ws[0]);
+    return KILN_OK;
+}
+
 /* Gradient ops of conv2d: out[0] has the shape in attrs.ints[0..3]. */
 static kiln_status infer_conv_grad(const char *op, const kiln_op_attrs *attrs, kiln_tensor *const *in,
                                    kiln_meta *out, kiln_dtype *in_dtype) {

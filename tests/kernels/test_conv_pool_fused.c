@@ -11,7 +11,10 @@
  *   - the convolution into the workspace, then the pooling kernels: the
  *     small-channel first layer, a strided oneDNN convolution, a 3x3
  *     window, and NCHW tensors (KILN_CPU_LAYOUTS off);
- * on 1, 2 and 3 threads. Also: the fast kernel ran (kiln_ops_fast_runs),
+ * on 1, 2 and 3 threads; and first layers, whose weight and bias gradients
+ * are conv2d_relu_max_pool2d_grad_weight (the small-channel weight
+ * gradient scattering the pooled gradient where it reads it, or the
+ * pooling's backward into the workspace first). Also: the fast kernels ran (kiln_ops_fast_runs),
  * and timed autotuning leaves the fused op on the default pick.
  * Skips (77) where the build has no oneDNN. */
 #include <stdlib.h>
@@ -51,6 +54,12 @@ static kiln_tensor *grad_copy(kiln_tensor *t) {
     return g ? kiln_detach(g) : NULL;
 }
 
+/* A first layer (x needs no gradient): a fused layer top_w on top of the
+ * one checked, so its gradient arrives as a network's does (blocked, from
+ * the next convolution's input gradient), and the fused op's backward is
+ * conv2d_relu_max_pool2d_grad_weight. NULL: the loss reads y directly. */
+static kiln_tensor *top_w;
+
 /* One forward and backward, fused or as the two ops; `pre` (optional) is
  * a first fused layer 3 -> c channels, so x reaches the op blocked. */
 static void run(bool fused, kiln_tensor *x0, kiln_tensor *pre_w, kiln_tensor *w, kiln_tensor *b,
@@ -72,19 +81,23 @@ static void run(bool fused, kiln_tensor *x0, kiln_tensor *pre_w, kiln_tensor *w,
         kiln_scope_end();
         return;
     }
-    kiln_shape ys = kiln_shape_of(y);
-    kiln_tensor *r = kiln_narrow(kiln_view(r_seed, KILN_SHAPE(-1)), 0, 0, kiln_numel(y));
-    kiln_tensor *loss = kiln_sum(kiln_mul(y, kiln_view(r, ys)), 0, NULL, false);
+    kiln_tensor *top = top_w ? kiln_conv2d_relu_max_pool2d(y, top_w, NULL, &same, 2, NULL) : y;
+    CHECK_MSG(top != NULL, "%s", kiln_error_message());
+    kiln_shape ts = kiln_shape_of(top);
+    kiln_tensor *r = kiln_narrow(kiln_view(r_seed, KILN_SHAPE(-1)), 0, 0, kiln_numel(top));
+    kiln_tensor *loss = kiln_sum(kiln_mul(top, kiln_view(r, ts)), 0, NULL, false);
     CHECK_OK(kiln_backward(loss, NULL, false));
     out->y = host_f32(y, &out->ny);
     out->ix = host_i64(ix);
-    kiln_tensor *gx = grad_copy(pre_w ? pre_w : x0), *gw = grad_copy(w), *gb = b ? grad_copy(b) : NULL;
-    CHECK(gx && gw && (!b || gb));
+    bool first = top_w != NULL;
+    kiln_tensor *gx = first ? NULL : grad_copy(pre_w ? pre_w : x0), *gw = grad_copy(w), *gb = b ? grad_copy(b) : NULL;
+    CHECK(first != (gx != NULL) && gw && (!b || gb));
     if (gx) out->gx = host_f32(gx, &out->nx);
     if (gw) out->gw = host_f32(gw, &out->nw);
     if (gb) out->gb = host_f32(gb, &out->nb);
     CHECK_OK(kiln_scope_end());
-    CHECK_OK(kiln_zero_grad(x0, true));
+    if (!first) CHECK_OK(kiln_zero_grad(x0, true));
+    if (first) CHECK_OK(kiln_zero_grad(top_w, true));
     CHECK_OK(kiln_zero_grad(w, true));
     if (b) CHECK_OK(kiln_zero_grad(b, true));
     if (pre_w) CHECK_OK(kiln_zero_grad(pre_w, true));
@@ -109,7 +122,7 @@ static void check_case(const char *what, int64_t n, int64_t c, int64_t h, int64_
     kiln_tensor *wt = kiln_randn(KILN_SHAPE(k, c, 3, 3), KILN_F32, KILN_CPU);
     kiln_tensor *bt = bias ? kiln_randn(KILN_SHAPE(k), KILN_F32, KILN_CPU) : NULL;
     kiln_tensor *rs = kiln_randn(KILN_SHAPE(n * k * h * w), KILN_F32, KILN_CPU);
-    CHECK_OK(kiln_set_requires_grad(blocked_input ? pre : x, true));
+    if (!top_w) CHECK_OK(kiln_set_requires_grad(blocked_input ? pre : x, true));
     CHECK_OK(kiln_set_requires_grad(wt, true));
     if (bt) CHECK_OK(kiln_set_requires_grad(bt, true));
     kiln_conv2d_opts o = {.stride = {stride, stride}, .padding = {1, 1}};
@@ -125,8 +138,9 @@ static void check_case(const char *what, int64_t n, int64_t c, int64_t h, int64_
             same_bits(tag, "y", f.y, u.y, f.ny, sizeof(float));
             same_bits(tag, "the indices", f.ix, u.ix, f.ny, sizeof(int64_t));
         }
-        same_bits(tag, blocked_input ? "the first layer's weight gradient" : "x's gradient", f.gx, u.gx, u.nx,
-                  sizeof(float));
+        if (!top_w)
+            same_bits(tag, blocked_input ? "the first layer's weight gradient" : "x's gradient", f.gx, u.gx, u.nx,
+                      sizeof(float));
         same_bits(tag, "the weight gradient", f.gw, u.gw, u.nw, sizeof(float));
         if (bias) same_bits(tag, "the bias gradient", f.gb, u.gb, u.nb, sizeof(float));
         result_free(&f);
@@ -184,6 +198,28 @@ int main(void) {
     kiln_set_cpu_layouts(true);
     CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > runs, "the fast kernel did not run on NCHW");
     check_timed_mode();
+    /* first layers (x needs no gradient): conv2d_relu_max_pool2d_grad_weight, the small-channel
+     * weight gradient scattering the pooled gradient itself (1 and 2 channels; odd sizes leave
+     * a row and a column no window covers), and the pooling's backward into the workspace
+     * before oneDNN's weight gradient (3 channels) or Kiln's Winograd (8) */
+    uint64_t wruns = kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT);
+    for (int i = 0; i < 2; i++) {
+        kiln_manual_seed(11);
+        top_w = kiln_randn(KILN_SHAPE(8, i ? 16 : 8, 3, 3), KILN_F32, KILN_CPU);
+        CHECK_OK(kiln_set_requires_grad(top_w, true));
+        if (i == 0) {
+            check_case("first layer, small-channel 1->8 28x28 bias", 4, 1, 28, 28, 8, 1, 2, true, false);
+            check_case("first layer, small-channel 2->8 13x11 bias", 3, 2, 13, 11, 8, 1, 2, true, false);
+            check_case("first layer, 3->8 10x12 bias", 2, 3, 10, 12, 8, 1, 2, true, false);
+        } else {
+            check_case("first layer, small-channel 1->16 9x15", 2, 1, 9, 15, 16, 1, 2, false, false);
+            check_case("first layer, Winograd 8->16 14x11 bias", 2, 8, 14, 11, 16, 1, 2, true, false);
+        }
+        kiln_release(top_w);
+        top_w = NULL;
+    }
+    CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT) > wruns,
+              "conv2d_relu_max_pool2d_grad_weight's fast kernel never ran");
     kiln_shutdown();
     return kt_finish();
 #endif

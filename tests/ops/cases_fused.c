@@ -7,6 +7,7 @@
  * values for the convolution, +-[0.5, 1.5) before the pooling). Every
  * file-scope name starts with fused_ (harness.h's naming rule). */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops/harness.h"
@@ -108,6 +109,98 @@ static void fused_ref_relu_pool_backward_sum(kh_ref *r) {
     for (int64_t n = 0; n < N; n++)
         for (int64_t c = 0; c < C; c++)
             for (int64_t i = 0; i < HW; i++) sums[c] += r->out[0][(n * C + c) * HW + i];
+}
+
+/* ---- conv2d_relu_max_pool2d_grad_weight ----------------------------------------------- */
+
+/* The convolution's output size for x (N, C, H, W) and the weight shape in attrs.ints. */
+static void fused_conv_out(const kiln_op_attrs *a, kiln_shape xs, int64_t *oh, int64_t *ow) {
+    *oh = (xs.d[2] + 2 * a->padding[0] - a->dilation[0] * (a->ints[2] - 1) - 1) / a->stride[0] + 1;
+    *ow = (xs.d[3] + 2 * a->padding[1] - a->dilation[1] * (a->ints[3] - 1) - 1) / a->stride[1] + 1;
+}
+
+/* Input 2 holds each window's argmax as a position in [0, p * p): as a
+ * plane index of the convolution's output (what the forward gives; CUDA's
+ * backward looks for an element's gradient only in its own windows). */
+static int64_t fused_window_index(double pos, int64_t i, int64_t pw, int64_t p, int64_t ow) {
+    int64_t q = (int64_t)pos, oh = i / pw, w = i % pw;
+    return (oh * p + q / p) * ow + w * p + q % p;
+}
+
+/* (grad_out, y, indices, x) -> (grad_weight, grad_bias): the fused op's
+ * attrs, attrs.ints the weight's shape. */
+static kiln_tensor *fused_run_conv_pool_wgrad(kh_run *r) {
+    kiln_op_attrs at = *r->attrs;
+    kiln_shape ps = kiln_shape_of(r->in[2]);
+    int64_t n = kiln_numel(r->in[2]), plane = ps.d[2] * ps.d[3], oh, ow;
+    fused_conv_out(&at, kiln_shape_of(r->in[3]), &oh, &ow);
+    int64_t *ix = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    kiln_tensor *ic = kiln_contiguous(r->in[2]);
+    if (!ix || !ic || kiln_to_host(ic, ix, sizeof(int64_t) * (size_t)n)) {
+        free(ix);
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) ix[i] = fused_window_index((double)ix[i], i % plane, ps.d[3], at.kernel[0], ow);
+    kiln_tensor *in[4] = {r->in[0], r->in[1], kiln_from_data(ps, KILN_I64, r->device, ix), r->in[3]};
+    free(ix);
+    kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+    if (!in[2] || kiln_dispatch(KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT, 4, in, &at, r->device, out)) return NULL;
+    r->aux[0] = out[1];
+    return out[0];
+}
+
+/* The scatter of the pooled gradient (y > 0) into the convolution's
+ * output g, then conv2d's weight gradient loops on g, and g's sums.
+ * in_window: input 2 holds positions in the window (fused_window_index),
+ * else plane indices. */
+static void fused_ref_conv_pool_wgrad_as(kh_ref *r, bool in_window) {
+    const kiln_op_attrs *a = r->attrs;
+    kiln_shape xs = r->shape[3], ps = r->shape[0];
+    int64_t N = xs.d[0], C = xs.d[1], H = xs.d[2], W = xs.d[3];
+    int64_t K = a->ints[0], Cg = a->ints[1], kH = a->ints[2], kW = a->ints[3], Kg = K / a->groups, OH, OW;
+    fused_conv_out(a, xs, &OH, &OW);
+    int64_t P = ps.d[2] * ps.d[3];
+    double *g = calloc((size_t)(N * K * OH * OW), sizeof(double));
+    for (int64_t p = 0; p < N * K; p++)
+        for (int64_t i = 0; i < P; i++)
+            if (r->in[1][p * P + i] > 0) {
+                double v = r->in[2][p * P + i];
+                int64_t k = in_window ? fused_window_index(v, i, ps.d[3], a->kernel[0], OW) : (int64_t)v;
+                g[p * OH * OW + k] += r->in[0][p * P + i];
+            }
+    double *dw = kh_out(r, 0, KILN_SHAPE(K, Cg, kH, kW), 0), *db = kh_out(r, 1, KILN_SHAPE(K), 0);
+    const double *x = r->in[3];
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < K; o++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    double gv = g[((n * K + o) * OH + oh) * OW + ow];
+                    db[o] += gv;
+                    for (int64_t c = 0; c < Cg; c++)
+                        for (int64_t i = 0; i < kH; i++)
+                            for (int64_t j = 0; j < kW; j++) {
+                                int64_t h = oh * a->stride[0] - a->padding[0] + i * a->dilation[0];
+                                int64_t w = ow * a->stride[1] - a->padding[1] + j * a->dilation[1];
+                                if (h < 0 || h >= H || w < 0 || w >= W) continue;
+                                int64_t ci = (o / Kg) * Cg + c;
+                                dw[((o * Cg + c) * kH + i) * kW + j] += gv * x[((n * C + ci) * H + h) * W + w];
+                            }
+                }
+    free(g);
+}
+
+static void fused_ref_conv_pool_wgrad(kh_ref *r) { fused_ref_conv_pool_wgrad_as(r, true); }
+static void fused_ref_conv_pool_wgrad_plane(kh_ref *r) { fused_ref_conv_pool_wgrad_as(r, false); }
+
+/* The plane indices as they are (for the kernel-level check, which calls
+ * the kernels on the case's inputs): cases with one window row as wide as
+ * the plane, so every index in [0, p * p) is inside its window. */
+static kiln_tensor *fused_run_conv_pool_wgrad_plane(kh_run *r) {
+    kiln_op_attrs at = *r->attrs;
+    kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
+    if (kiln_dispatch(KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT, r->n_in, r->in, &at, r->device, out)) return NULL;
+    r->aux[0] = out[1];
+    return out[0];
 }
 
 /* ---- conv2d_relu_max_pool2d ------------------------------------------------------- */
@@ -298,6 +391,55 @@ static const kh_case fused_cases[] = {
      .in = {FUSED_NG(KH_CONTIG, 3, 3, 2), FUSED_NG(KH_CONTIG, 3, 3, 2), FUSED_IDX(15, 3, 3, 2)},
      .attrs = {.ints = {3, 5, 3}, .n_ints = 3}, .run = fused_run_relu_pool_backward_sum,
      .expect_error = "relu_max_pool2d_backward_sum: grad_out is"},
+    /* conv2d_relu_max_pool2d_grad_weight: each window's argmax anywhere in it (input 2: its
+     * position in the window, fused_window_index), y of both signs; odd sizes (rows and columns
+     * no window covers), a transposed x, stride and groups, every dtype */
+    {.name = "conv2d_relu_max_pool2d_grad_weight", .params = "g2x8x3x4 x2x3x7x9 w8x3x3x3 p1 k2", .dtypes = KH_FLOAT,
+     .n_in = 4,
+     .in = {FUSED_NG(KH_CONTIG, 2, 8, 3, 4), FUSED_NG(KH_CONTIG, 2, 8, 3, 4), FUSED_IDX(4, 2, 8, 3, 4),
+            FUSED_NG(KH_CONTIG, 2, 3, 7, 9)},
+     .attrs = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2},
+               .ints = {8, 3, 3, 3}, .n_ints = 4},
+     .run = fused_run_conv_pool_wgrad, .reference = fused_ref_conv_pool_wgrad},
+    {.name = "conv2d_relu_max_pool2d_grad_weight", .params = "g1x4x2x1 x1x2x9x8 T w4x2x3x3 s2 k2", .dtypes = KH_FLOAT,
+     .n_in = 4,
+     .in = {FUSED_NG(KH_CONTIG, 1, 4, 2, 1), FUSED_NG(KH_STRIDED, 1, 4, 2, 1), FUSED_IDX(4, 1, 4, 2, 1),
+            FUSED_NG(KH_TRANSPOSED, 1, 2, 9, 8)},
+     .attrs = {.stride = {2, 2}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2},
+               .ints = {4, 2, 3, 3}, .n_ints = 4},
+     .run = fused_run_conv_pool_wgrad, .reference = fused_ref_conv_pool_wgrad},
+    {.name = "conv2d_relu_max_pool2d_grad_weight", .params = "g1x4x2x2 x1x4x6x6 w4x2x3x3 groups2 p1 k3",
+     .dtypes = KH_FLOAT, .n_in = 4,
+     .in = {FUSED_NG(KH_CONTIG, 1, 4, 2, 2), FUSED_NG(KH_CONTIG, 1, 4, 2, 2), FUSED_IDX(9, 1, 4, 2, 2),
+            FUSED_NG(KH_CONTIG, 1, 4, 6, 6)},
+     .attrs = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 2, .kernel = {3, 3},
+               .ints = {4, 2, 3, 3}, .n_ints = 4},
+     .run = fused_run_conv_pool_wgrad, .reference = fused_ref_conv_pool_wgrad},
+    /* the kernels called directly too (guard bytes): a 4-wide plane with 4x4 windows, and a
+     * strided 2-wide one with 2x2, each with a row no window covers */
+    {.name = "conv2d_relu_max_pool2d_grad_weight", .params = "g2x8x1x1 x2x3x5x4 w8x3x3x3 p1 k4 plane",
+     .dtypes = KH_FLOAT, .n_in = 4,
+     .in = {FUSED_NG(KH_CONTIG, 2, 8, 1, 1), FUSED_NG(KH_CONTIG, 2, 8, 1, 1), FUSED_IDX(16, 2, 8, 1, 1),
+            FUSED_NG(KH_CONTIG, 2, 3, 5, 4)},
+     .attrs = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {4, 4},
+               .ints = {8, 3, 3, 3}, .n_ints = 4},
+     .op = KH_OP(KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT), .run = fused_run_conv_pool_wgrad_plane,
+     .reference = fused_ref_conv_pool_wgrad_plane},
+    {.name = "conv2d_relu_max_pool2d_grad_weight", .params = "g3x4x1x1 x3x2x7x6 w4x2x3x3 s2 k2 plane",
+     .dtypes = KH_FLOAT, .n_in = 4,
+     .in = {FUSED_NG(KH_CONTIG, 3, 4, 1, 1), FUSED_NG(KH_CONTIG, 3, 4, 1, 1), FUSED_IDX(4, 3, 4, 1, 1),
+            FUSED_NG(KH_CONTIG, 3, 2, 7, 6)},
+     .attrs = {.stride = {2, 2}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2},
+               .ints = {4, 2, 3, 3}, .n_ints = 4},
+     .op = KH_OP(KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT), .run = fused_run_conv_pool_wgrad_plane,
+     .reference = fused_ref_conv_pool_wgrad_plane},
+    {.name = "conv2d_relu_max_pool2d_grad_weight", .params = "grad_out of another shape", .dtypes = KILN_DT(KILN_F32),
+     .n_in = 4,
+     .in = {FUSED_NG(KH_CONTIG, 2, 8, 3, 3), FUSED_NG(KH_CONTIG, 2, 8, 3, 3), FUSED_IDX(4, 2, 8, 3, 3),
+            FUSED_NG(KH_CONTIG, 2, 3, 7, 9)},
+     .attrs = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1, .kernel = {2, 2},
+               .ints = {8, 3, 3, 3}, .n_ints = 4},
+     .run = fused_run_conv_pool_wgrad, .expect_error = "conv2d_relu_max_pool2d_grad_weight: grad_out is"},
     {.name = "relu_max_pool2d_backward", .params = "y shape mismatch", .dtypes = KILN_DT(KILN_F32), .n_in = 3,
      .in = {FUSED_NG(KH_CONTIG, 1, 2, 2, 2), FUSED_NG(KH_CONTIG, 1, 2, 2, 3), FUSED_IDX(4, 1, 2, 2, 2)},
      .attrs = {.ints = {1, 2, 4, 4}, .n_ints = 4}, .run = fused_run_relu_pool_backward,

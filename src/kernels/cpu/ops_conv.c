@@ -75,6 +75,23 @@ kiln_status kiln_cpu_conv2d_relu_max_pool2d(const kiln_op_args *a) {
     return kiln_cpu_relu_max_pool2d(&s.pool);
 }
 
+/* conv2d_relu_max_pool2d_grad_weight: relu_max_pool2d_backward_sum's
+ * kernel into the front of the workspace (and the bias gradient), then
+ * conv2d_grad_weight's (kernels/conv_pool.h). */
+size_t kiln_cpu_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_args *a) {
+    kiln_conv_pool_wgrad_split s;
+    kiln_conv_pool_wgrad_split_of(a, KILN_LAYOUT_STRIDED, &s);
+    size_t pool = kiln_cpu_pool_backward_workspace(&s.pool), wgrad = kiln_cpu_conv2d_grad_weight_workspace(&s.wgrad);
+    return kiln_conv_pool_wgrad_g_bytes(a) + (pool > wgrad ? pool : wgrad);
+}
+
+kiln_status kiln_cpu_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a) {
+    kiln_conv_pool_wgrad_split s;
+    kiln_conv_pool_wgrad_split_of(a, KILN_LAYOUT_STRIDED, &s);
+    KILN_TRY(kiln_cpu_relu_max_pool2d_backward_sum(&s.pool));
+    return kiln_cpu_conv2d_grad_weight(&s.wgrad);
+}
+
 kiln_status kiln_cpu_conv2d_grad_input(const kiln_op_args *a) {
     return a->out[0].dtype == KILN_F64 ? conv_grad_input_d(a) : conv_grad_input_f(a);
 }

@@ -22,6 +22,8 @@ kiln_status kiln_cpu_max_pool2d_backward(const kiln_op_args *a);
 kiln_status kiln_cpu_relu_max_pool2d(const kiln_op_args *a);
 kiln_status kiln_cpu_relu_max_pool2d_backward(const kiln_op_args *a); /* pool backward workspace */
 kiln_status kiln_cpu_relu_max_pool2d_backward_sum(const kiln_op_args *a); /* pool backward workspace */
+kiln_status kiln_cpu_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a);
+size_t kiln_cpu_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_args *a);
 kiln_status kiln_cpu_avg_pool2d(const kiln_op_args *a);
 kiln_status kiln_cpu_avg_pool2d_backward(const kiln_op_args *a);
 kiln_status kiln_cpu_adaptive_avg_pool2d(const kiln_op_args *a);

@@ -119,6 +119,8 @@ kiln_status kiln_cuda_max_pool2d_backward(const kiln_op_args *a);
 kiln_status kiln_cuda_relu_max_pool2d(const kiln_op_args *a);
 kiln_status kiln_cuda_relu_max_pool2d_backward(const kiln_op_args *a);
 kiln_status kiln_cuda_relu_max_pool2d_backward_sum(const kiln_op_args *a);
+kiln_status kiln_cuda_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a);
+size_t kiln_cuda_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_args *a);
 /* conv2d, then relu_max_pool2d, the convolution's output in the workspace (ops_conv.cu) */
 kiln_status kiln_cuda_conv2d_relu_max_pool2d(const kiln_op_args *a);
 size_t kiln_cuda_conv2d_relu_max_pool2d_workspace(const kiln_op_args *a);

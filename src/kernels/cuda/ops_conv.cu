@@ -417,3 +417,18 @@ extern "C" kiln_status kiln_cuda_conv2d_relu_max_pool2d(const kiln_op_args *a) {
     kiln_status st = run_conv2d(&s.conv);
     return st ? st : kiln_cuda_relu_max_pool2d(&s.pool);
 }
+
+/* conv2d_relu_max_pool2d_grad_weight: relu_max_pool2d_backward_sum into
+ * the front of the workspace (and the bias gradient), then the weight
+ * gradient's kernel (kernels/conv_pool.h), on the op's stream. */
+extern "C" size_t kiln_cuda_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_args *a) {
+    kiln_conv_pool_wgrad_split s;
+    kiln_conv_pool_wgrad_split_of(a, KILN_LAYOUT_STRIDED, &s);
+    return kiln_conv_pool_wgrad_g_bytes(a) + wgrad_workspace(&s.wgrad);
+}
+extern "C" kiln_status kiln_cuda_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a) {
+    kiln_conv_pool_wgrad_split s;
+    kiln_conv_pool_wgrad_split_of(a, KILN_LAYOUT_STRIDED, &s);
+    kiln_status st = kiln_cuda_relu_max_pool2d_backward_sum(&s.pool);
+    return st ? st : run_conv2d_grad_weight(&s.wgrad);
+}

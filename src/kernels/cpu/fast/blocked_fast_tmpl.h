@@ -164,19 +164,19 @@ static bool SFX(kiln_blocked_max_pool2d_backward_supports)(const kiln_op_args *a
  * gradient where the window's index names it, else 0; with y (the fused
  * relu_max_pool2d_backward) only where y > 0. All blocked: go, ix, y hold
  * OW * 16 values. Returns how many indices lie outside their own window.
- * sum: each lane's gradients that passed, added in order. */
+ * sum: each lane's gradients that passed, added in order in double. */
 #define POOL_BWD_ROW(NAME, RELU)                                                                             \
     KILN_SIMD_CLONES static int64_t NAME(const float *restrict go, const int64_t *restrict ix,               \
                                          const float *restrict y, float *restrict d0, float *restrict d1,    \
-                                         int64_t OW, int64_t index0, int64_t W, float *restrict sum) {       \
+                                         int64_t OW, int64_t index0, int64_t W, double *restrict sum) {      \
         int64_t stray = 0;                                                                                   \
-        for (int l = 0; l < L; l++) sum[l] = 0.0f;                                                           \
+        for (int l = 0; l < L; l++) sum[l] = 0.0;                                                            \
         for (int64_t ow = 0; ow < OW; ow++) {                                                                \
             const int32_t w32 = (int32_t)W;                                                                  \
             for (int l = 0; l < L; l++) {                                                                    \
                 float g = go[ow * L + l];                                                                    \
                 if (RELU) g = y[ow * L + l] > 0.0f ? g : 0.0f;                                               \
-                sum[l] += g;                                                                                 \
+                sum[l] += (double)g;                                                                         \
                 /* an offset outside [0, W + 1] matches no position (its low half may) */                  \
                 int64_t off = ix[ow * L + l] - (index0 + 2 * ow);                                            \
                 int32_t rel = off >= 0 && off <= (int64_t)W + 1 ? (int32_t)off : -1;                         \
@@ -194,8 +194,8 @@ POOL_BWD_ROW(SFX(pool_bwd_row_relu), 1)
 
 /* One output row: a plain grad_out row (plane stride go_plane) is first
  * gathered into blocked order in chunks on the stack. acc (L doubles) or
- * NULL: gains each lane's gradients that passed, a chunk's float sum at a
- * time. */
+ * NULL: gains each lane's gradients that passed, in double (a plane's sum
+ * is then exact in practice, so its bits are those of any order). */
 static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked, int64_t go_plane, const int64_t *ix_row,
                                       const float *y_row, float *d0, float *d1, int64_t OW, int64_t index0, int64_t W,
                                       bool avx2, bool stream, double *acc) {
@@ -211,7 +211,7 @@ static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked,
         }
         const int64_t *ix = ix_row + c0 * L;
         float *e0 = d0 + 2 * c0 * L, *e1 = d1 + 2 * c0 * L;
-        float part[L];
+        double part[L];
         if (avx2)
             stray += kiln_pool2x2_backward_row_avx2(g, ix, y_row ? y_row + c0 * L : NULL, e0, e1, n, index0 + 2 * c0, W,
                                                     L, stream, acc ? part : NULL);
@@ -219,7 +219,7 @@ static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked,
             stray += y_row ? SFX(pool_bwd_row_relu)(g, ix, y_row + c0 * L, e0, e1, n, index0 + 2 * c0, W, part)
                            : SFX(pool_bwd_row)(g, ix, NULL, e0, e1, n, index0 + 2 * c0, W, part);
         if (acc)
-            for (int l = 0; l < L; l++) acc[l] += (double)part[l];
+            for (int l = 0; l < L; l++) acc[l] += part[l];
     }
     return stray;
 }

@@ -39,7 +39,15 @@ kiln_status kiln_fast_relu_max_pool2d(const kiln_op_args *a);
 kiln_status kiln_fast_relu_max_pool2d_backward(const kiln_op_args *a);
 /* relu_max_pool2d_backward_sum's input gradient, and part[p] (a double
  * per (n, c) plane) the plane's sum; the caller adds the planes up. */
-kiln_status kiln_fast_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part);
+kiln_status kiln_plain_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part);
+/* relu_max_pool2d_backward_sum on either layout (pool_fast.c); its
+ * workspace is a double per (n, c) plane, added up by kiln_fast_add_planes
+ * (out[1][c] = the sum over n of part[n * c_count + c], in n order). */
+kiln_status kiln_fast_relu_max_pool2d_backward_sum(const kiln_op_args *a);
+bool kiln_fast_relu_max_pool2d_backward_sum_supports(const kiln_op_args *a);
+size_t kiln_fast_relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a);
+void kiln_fast_relu_max_pool2d_backward_sum_layout(const kiln_op_args *a, kiln_layout *out);
+void kiln_fast_add_planes(const double *part, int64_t n, int64_t c_count, const kiln_strided *sums);
 bool kiln_fast_relu_max_pool2d_backward_supports(const kiln_op_args *a);
 
 kiln_status kiln_fast_relu(const kiln_op_args *a);

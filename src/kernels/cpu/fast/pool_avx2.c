@@ -119,18 +119,20 @@ AVX2 void kiln_pool2x2_row_avx2(const float *r0, const float *r1, float *y, int6
  * not 0, 1, w or w + 1 count as strays (any int64 value). */
 AVX2 int64_t kiln_pool2x2_backward_row_avx2(const float *go, const int64_t *ix, const float *y, float *d0, float *d1,
                                             int64_t ow_n, int64_t index0, int64_t w, int lanes, bool stream,
-                                            float *sum) {
+                                            double *sum) {
     const __m256i one = _mm256_set1_epi32(1), below = _mm256_set1_epi32((int)w), below1 = _mm256_set1_epi32((int)w + 1);
     const __m256i top = _mm256_set1_epi64x(w + 1), none = _mm256_setzero_si256();
     const __m256i pack = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     int64_t stray = 0;
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(); /* lanes 0-7, 8-15 */
+    __m256d s[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
     for (int64_t ow = 0; ow < ow_n; ow++)
         for (int h = 0; h < lanes; h += 8) {
             __m256 g = _mm256_loadu_ps(go + ow * lanes + h);
             if (y) g = _mm256_and_ps(g, _mm256_cmp_ps(_mm256_loadu_ps(y + ow * lanes + h), _mm256_setzero_ps(), _CMP_GT_OQ));
-            if (h) s1 = _mm256_add_ps(s1, g);
-            else s0 = _mm256_add_ps(s0, g);
+            if (sum) { /* in double: a plane's sum is exact, whatever the order of its values */
+                s[h / 4] = _mm256_add_pd(s[h / 4], _mm256_cvtps_pd(_mm256_castps256_ps128(g)));
+                s[h / 4 + 1] = _mm256_add_pd(s[h / 4 + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1)));
+            }
             const __m256i at = _mm256_set1_epi64x(index0 + 2 * ow);
             __m256i lo = _mm256_sub_epi64(_mm256_loadu_si256((const __m256i *)(ix + ow * lanes + h)), at);
             __m256i hi = _mm256_sub_epi64(_mm256_loadu_si256((const __m256i *)(ix + ow * lanes + h + 4)), at);
@@ -151,10 +153,8 @@ AVX2 int64_t kiln_pool2x2_backward_row_avx2(const float *go, const int64_t *ix, 
             put_ps(p1 + lanes, _mm256_and_ps(g, _mm256_castsi256_ps(e3)), stream);
         }
     if (stream) _mm_sfence();
-    if (sum) {
-        _mm256_storeu_ps(sum, s0);
-        if (lanes > 8) _mm256_storeu_ps(sum + 8, s1);
-    }
+    if (sum)
+        for (int q = 0; q < lanes / 4; q++) _mm256_storeu_pd(sum + 4 * q, s[q]);
     return stray;
 }
 
@@ -166,7 +166,7 @@ void kiln_pool2x2_row_avx2(const float *r0, const float *r1, float *y, int64_t *
     (void)r0, (void)r1, (void)y, (void)ix, (void)ow_n, (void)index0, (void)w, (void)lanes, (void)relu, (void)stream;
 }
 int64_t kiln_pool2x2_backward_row_avx2(const float *go, const int64_t *ix, const float *y, float *d0, float *d1,
-                                       int64_t ow_n, int64_t index0, int64_t w, int lanes, bool stream, float *sum) {
+                                       int64_t ow_n, int64_t index0, int64_t w, int lanes, bool stream, double *sum) {
     (void)go, (void)ix, (void)y, (void)d0, (void)d1, (void)ow_n, (void)index0, (void)w, (void)lanes, (void)stream;
     (void)sum;
     return 0;

@@ -32,9 +32,9 @@ void kiln_pool2x2_row_avx2(const float *r0, const float *r1, float *y, int64_t *
  * window's index names it, else 0; with y (relu_max_pool2d_backward) only
  * where y > 0. Returns how many indices lie outside their own window (the
  * caller then takes its scatter path). stream as above, for d0 and d1.
- * sum (lanes floats) or NULL: sum[l] = lane l's gradients that passed
- * (y > 0), added over the row in order. */
+ * sum (lanes doubles) or NULL: sum[l] = lane l's gradients that passed
+ * (y > 0), added over the row in order, in double. */
 int64_t kiln_pool2x2_backward_row_avx2(const float *go, const int64_t *ix, const float *y, float *d0, float *d1,
-                                       int64_t ow_n, int64_t index0, int64_t w, int lanes, bool stream, float *sum);
+                                       int64_t ow_n, int64_t index0, int64_t w, int lanes, bool stream, double *sum);
 
 #endif

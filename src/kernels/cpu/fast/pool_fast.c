@@ -208,7 +208,50 @@ kiln_status kiln_fast_relu_max_pool2d_backward(const kiln_op_args *a) {
                             "pass the indices kiln_relu_max_pool2d returned", NULL);
 }
 
-kiln_status kiln_fast_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part) {
+kiln_status kiln_plain_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part) {
     return scatter_backward(a, a->in[2].data, a->in[1].data, "kiln_relu_max_pool2d_backward_sum",
                             "pass the indices kiln_relu_max_pool2d returned", part);
+}
+
+/* ---- relu_max_pool2d_backward_sum ------------------------------------------------------- */
+
+/* The backward's kernel (blocked or plain, by the indices' layout) gives
+ * each (n, c) plane's sum from the gradients it passes, no second pass
+ * over grad_input; the planes are added here in n order, so the bits do
+ * not depend on the thread count. Workspace: a double per plane. */
+static bool blocked_layout(kiln_layout l) { return kiln_layout_block(l) != 0; }
+
+bool kiln_fast_relu_max_pool2d_backward_sum_supports(const kiln_op_args *a) {
+    if (a->n_in < 3 || a->n_out != 2 || a->out[0].ndim != 4 || a->out[1].dtype != KILN_F32 || a->out[1].ndim != 1)
+        return false;
+    if (blocked_layout(a->in[2].layout)) return kiln_blocked_relu_max_pool2d_backward_supports(a);
+    return !blocked_layout(a->in[0].layout) && !blocked_layout(a->in[1].layout) &&
+           kiln_fast_relu_max_pool2d_backward_supports(a);
+}
+
+size_t kiln_fast_relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a) {
+    return (size_t)(a->out[0].shape[0] * a->out[0].shape[1]) * sizeof(double);
+}
+
+void kiln_fast_relu_max_pool2d_backward_sum_layout(const kiln_op_args *a, kiln_layout *out) {
+    out[0] = a->in[2].layout; /* the forward input's layout, which its indices keep */
+    out[1] = KILN_LAYOUT_STRIDED;
+}
+
+/* out[1][c] = sum over n of part[n * C + c], in n order. */
+void kiln_fast_add_planes(const double *part, int64_t n, int64_t c, const kiln_strided *sums) {
+    float *s = sums->data;
+    for (int64_t j = 0; j < c; j++) {
+        double v = 0.0;
+        for (int64_t i = 0; i < n; i++) v += part[i * c + j];
+        s[j * sums->strides[0]] = (float)v;
+    }
+}
+
+kiln_status kiln_fast_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
+    double *part = a->workspace;
+    KILN_TRY(blocked_layout(a->in[2].layout) ? kiln_blocked_relu_max_pool2d_backward_sum(a, part)
+                                             : kiln_plain_relu_max_pool2d_backward_sum(a, part));
+    kiln_fast_add_planes(part, a->out[0].shape[0], a->out[0].shape[1], &a->out[1]);
+    return KILN_OK;
 }

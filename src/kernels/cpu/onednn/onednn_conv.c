@@ -386,6 +386,9 @@ static _Thread_local struct {
     bool on;
     float *y;
     int64_t *ix;
+    const float *go, *wy; /* the weight gradient's pooled inputs (kiln_onednn_conv2d_grad_weight_pool_inputs) */
+    const int64_t *wix;
+    double *part;
 } fwd_pool;
 
 /* data[pos]: the op's buffers (position 3: the forward bias, or NULL).
@@ -413,6 +416,9 @@ static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *
         kiln_smallc_buffers b = {.relu = plan->relu, .pool_y = fwd_pool.y, .pool_ix = fwd_pool.ix};
         if (plan->sc_pass == KILN_SMALLC_FWD) b.x = data[0], b.w = data[1], b.y = data[2], b.bias = data[3];
         else b.y = data[0], b.x = data[1], b.w_out = data[2];
+        if (plan->sc_pass == KILN_SMALLC_BWD_WEIGHTS && fwd_pool.go) /* the pooled gradient */
+            b.pool_go = fwd_pool.go, b.pool_y = (float *)fwd_pool.wy, b.pool_ix = (int64_t *)fwd_pool.wix,
+            b.bias_part = fwd_pool.part;
         return kiln_smallc_run(plan->sc_pass, &plan->sc_shape, &b, workspace, workspace_bytes);
     }
     char *ws = workspace;
@@ -846,17 +852,28 @@ void kiln_onednn_conv2d_relu_layout(const kiln_op_args *a, kiln_layout *out) {
 
 void kiln_onednn_conv2d_pool_mode(bool on, float *y, int64_t *ix) {
     fwd_pool.on = on, fwd_pool.y = on ? y : NULL, fwd_pool.ix = on ? ix : NULL;
+    if (!on) fwd_pool.go = fwd_pool.wy = NULL, fwd_pool.wix = NULL, fwd_pool.part = NULL;
 }
-bool kiln_onednn_conv2d_pools(const kiln_op_args *a) {
+void kiln_onednn_conv2d_grad_weight_pool_inputs(const float *go, const float *y, const int64_t *ix, double *part) {
+    fwd_pool.go = go, fwd_pool.wy = y, fwd_pool.wix = ix, fwd_pool.part = part;
+}
+/* Whether the pass's plan pools: forward (Winograd into a blocked output, the small-channel
+ * forward into nChw8c), weight gradient (the small-channel one on an nChw8c gradient). */
+static bool plan_pools(kiln_onednn_kind kind, const kiln_op_args *a) {
     conv_plan plan;
     bool ok;
-    if (conv_prepare(KILN_ONEDNN_CONV_FWD, a, &plan, &ok) != KILN_OK) {
+    if (conv_prepare(kind, a, &plan, &ok) != KILN_OK) {
         kiln_error_clear();
         return false;
     }
     if (!ok || plan.relu) return false;
-    return (plan.wino && plan.wino_shape.yb) || (plan.smallc && plan.sc_pass == KILN_SMALLC_FWD && plan.sc_shape.yb == 8);
+    const kiln_smallc_shape *sc = &plan.sc_shape;
+    if (kind == KILN_ONEDNN_CONV_BWD_WEIGHTS)
+        return plan.smallc && plan.sc_pass == KILN_SMALLC_BWD_WEIGHTS && sc->yb == 8 && sc->oh >= 2 && sc->ow >= 2;
+    return (plan.wino && plan.wino_shape.yb) || (plan.smallc && plan.sc_pass == KILN_SMALLC_FWD && sc->yb == 8);
 }
+bool kiln_onednn_conv2d_grad_weight_pools(const kiln_op_args *a) { return plan_pools(KILN_ONEDNN_CONV_BWD_WEIGHTS, a); }
+bool kiln_onednn_conv2d_pools(const kiln_op_args *a) { return plan_pools(KILN_ONEDNN_CONV_FWD, a); }
 
 kiln_status kiln_onednn_conv2d_grad_input(const kiln_op_args *a) {
     return conv_run(KILN_ONEDNN_CONV_BWD_DATA, a, "kiln_conv2d_grad_input");

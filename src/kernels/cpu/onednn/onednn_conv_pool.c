@@ -118,6 +118,89 @@ kiln_status kiln_onednn_conv2d_relu_max_pool2d(const kiln_op_args *a) {
     return pool_run(&c.s.pool);
 }
 
+/* ---- conv2d_relu_max_pool2d_grad_weight ----------------------------------------------- */
+
+/* The weight gradient of a first layer (x needs none): where the weight
+ * gradient is the small-channel kernel on an nChw8c gradient, that kernel
+ * scatters each image's pooled gradient into its workspace where it reads
+ * it (kiln_onednn_conv2d_grad_weight_pool_inputs): the convolution-sized
+ * gradient (the tutorial CNN's first layer at batch 128: 12.8 MB) is
+ * neither written nor read back. Elsewhere the pooling's backward writes it
+ * into the workspace and the weight gradient reads it there. Either way
+ * the values, their order and so the bits are those of
+ * relu_max_pool2d_backward_sum then conv2d_grad_weight with the untimed
+ * pick. */
+typedef struct wgrad_call {
+    kiln_conv_pool_wgrad_split s; /* s.pool's g: in the workspace, unless pooled */
+    bool pooled;                  /* the weight gradient reads the pooled gradient */
+} wgrad_call;
+
+static size_t part_bytes(const kiln_op_args *a) {
+    return (size_t)(a->in[3].shape[0] * a->attrs->ints[0]) * sizeof(double);
+}
+
+static void wgrad_call_of(const kiln_op_args *a, wgrad_call *c) {
+    kiln_conv_pool_wgrad_split_of(a, a->in[2].layout, &c->s);
+    c->s.pool.out[0].data = NULL, c->s.wgrad.in[0].data = NULL, c->s.wgrad.workspace = NULL; /* planning */
+    c->pooled = a->attrs->kernel[0] == 2 && a->in[2].layout == KILN_LAYOUT_NCHW8C &&
+                a->in[0].layout == KILN_LAYOUT_NCHW8C && a->in[1].layout == KILN_LAYOUT_NCHW8C &&
+                kiln_onednn_conv2d_grad_weight_pools(&c->s.wgrad);
+    if (!a->workspace) return;
+    kiln_conv_pool_wgrad_split_of(a, a->in[2].layout, &c->s);
+    if (c->pooled) { /* the workspace: the plane sums, then the weight gradient's */
+        size_t pb = kiln_conv_pool_align(part_bytes(a));
+        c->s.wgrad.workspace = (char *)a->workspace + pb;
+        c->s.wgrad.workspace_bytes = a->workspace_bytes > pb ? a->workspace_bytes - pb : 0;
+    }
+}
+
+bool kiln_onednn_conv2d_relu_max_pool2d_grad_weight_supports(const kiln_op_args *a) {
+    if (a->out[0].dtype != KILN_F32 || a->out[1].dtype != KILN_F32) return false;
+    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    wgrad_call c;
+    wgrad_call_of(a, &c);
+    bool ok = kiln_onednn_conv2d_grad_weight_supports(&c.s.wgrad) &&
+              (c.pooled || kiln_fast_relu_max_pool2d_backward_sum_supports(&c.s.pool));
+    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    return ok;
+}
+
+void kiln_onednn_conv2d_relu_max_pool2d_grad_weight_layout(const kiln_op_args *a, kiln_layout *out) {
+    (void)a;
+    out[0] = out[1] = KILN_LAYOUT_STRIDED;
+}
+
+size_t kiln_onednn_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_args *a) {
+    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    wgrad_call c;
+    wgrad_call_of(a, &c);
+    size_t conv = kiln_onednn_conv2d_grad_weight_workspace(&c.s.wgrad);
+    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    size_t part = kiln_conv_pool_align(part_bytes(a));
+    if (c.pooled) return part + conv;
+    size_t pool = kiln_fast_relu_max_pool2d_backward_sum_workspace(&c.s.pool);
+    return kiln_conv_pool_wgrad_g_bytes(a) + (pool > conv ? pool : conv);
+}
+
+kiln_status kiln_onednn_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a) {
+    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    wgrad_call c;
+    wgrad_call_of(a, &c);
+    kiln_status st = KILN_OK;
+    if (c.pooled) {
+        double *part = a->workspace;
+        kiln_onednn_conv2d_grad_weight_pool_inputs(a->in[0].data, a->in[1].data, a->in[2].data, part);
+        st = kiln_onednn_conv2d_grad_weight(&c.s.wgrad);
+        kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+        if (st == KILN_OK) kiln_fast_add_planes(part, a->in[3].shape[0], a->attrs->ints[0], &a->out[1]);
+        return st;
+    }
+    st = kiln_fast_relu_max_pool2d_backward_sum(&c.s.pool);
+    if (st == KILN_OK) st = kiln_onednn_conv2d_grad_weight(&c.s.wgrad);
+    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    return st;
+}
+
 #else
 typedef int kiln_onednn_conv_pool_unused; /* ISO C: a translation unit is not empty */
 #endif

@@ -61,6 +61,21 @@ void kiln_onednn_conv2d_pool_mode(bool on, float *y, int64_t *ix);
  * (Kiln's Winograd into a blocked output, its tiles; the small-channel
  * forward into nChw8c, each image's planes in the workspace). */
 bool kiln_onednn_conv2d_pools(const kiln_op_args *a);
+/* Pool mode for the weight gradient: kiln_onednn_conv2d_grad_weight
+ * reads the gradient of its output through the pooling instead of its
+ * input 0 (go, y, ix: relu_max_pool2d's pooled gradient, values and
+ * indices) and writes each (n, k) plane's gradient sum into part (N x K
+ * doubles), where kiln_onednn_conv2d_grad_weight_pools accepts the call
+ * (the small-channel weight gradient with an nChw8c gradient); NULLs turn
+ * it back into plain pool mode. */
+void kiln_onednn_conv2d_grad_weight_pool_inputs(const float *go, const float *y, const int64_t *ix, double *part);
+bool kiln_onednn_conv2d_grad_weight_pools(const kiln_op_args *a);
+
+/* conv2d_relu_max_pool2d_grad_weight (onednn_conv_pool.c). */
+kiln_status kiln_onednn_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a);
+size_t kiln_onednn_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_args *a);
+bool kiln_onednn_conv2d_relu_max_pool2d_grad_weight_supports(const kiln_op_args *a);
+void kiln_onednn_conv2d_relu_max_pool2d_grad_weight_layout(const kiln_op_args *a, kiln_layout *out);
 
 kiln_status kiln_onednn_mm(const kiln_op_args *a);
 kiln_status kiln_onednn_bmm(const kiln_op_args *a);

@@ -77,8 +77,9 @@ static sc_layout layout_of(kiln_smallc_pass pass, const kiln_smallc_shape *s, in
         /* the padded planes, then one image's 8 output channels for pooling (pool_y) */
         l.per_thread = up64(plane * (size_t)s->c) + up64((size_t)(s->oh * s->ow * 8) * f);
     } else {
+        /* dY of an image's 8 channels: gathered from a plain y, or scattered from the pooled gradient */
         l.shared = up64(filters * (size_t)l.chunks);
-        l.per_thread = up64(plane) + (s->yb ? 0 : up64((size_t)(s->oh * s->ow * 8) * f));
+        l.per_thread = up64(plane) + up64((size_t)(s->oh * s->ow * 8) * f);
     }
     l.total = l.shared + (size_t)(threads < 1 ? 1 : threads) * l.per_thread;
     return l;
@@ -337,10 +338,39 @@ AVX2 static void wgrad_plane(const kiln_smallc_shape *s, const sc_layout *l, con
     _mm256_storeu_ps(acc + 48, a6), _mm256_storeu_ps(acc + 56, a7), _mm256_storeu_ps(acc + 64, a8);
 }
 
+/* dY of image n, channels g*8..g*8+7, as [oh*ow][8] in dyt: the pooled
+ * gradient scattered through its windows (pool_go, pool_y, pool_ix of
+ * kiln_smallc_buffers), in chunks of 64 windows as the blocked pooling
+ * backward takes them, so the plane sums (part, 8 doubles) are its bits.
+ * Returns the indices outside their window. */
+#define POOLED_CHUNK 64
+static int64_t pooled_dy(const kiln_smallc_shape *s, const kiln_smallc_buffers *b, int64_t n, int64_t g, float *dyt,
+                         double *part) {
+    const int64_t PH = s->oh / 2, PW = s->ow / 2, W = s->ow;
+    const int64_t at = (n * (s->k / 8) + g) * PH * PW * 8;
+    int64_t stray = 0;
+    for (int e = 0; e < 8; e++) part[e] = 0.0;
+    if (2 * PH < s->oh) memset(dyt + 2 * PH * W * 8, 0, sizeof(float) * (size_t)((s->oh - 2 * PH) * W * 8));
+    for (int64_t r = 0; r < PH; r++) {
+        float *d0 = dyt + 2 * r * W * 8, *d1 = d0 + W * 8;
+        if (2 * PW < W)
+            for (int e = 0; e < 8; e++) d0[(W - 1) * 8 + e] = d1[(W - 1) * 8 + e] = 0.0f;
+        for (int64_t c0 = 0; c0 < PW; c0 += POOLED_CHUNK) {
+            int64_t cn = PW - c0 < POOLED_CHUNK ? PW - c0 : POOLED_CHUNK, o = at + (r * PW + c0) * 8;
+            double sum[8];
+            stray += kiln_pool2x2_backward_row_avx2(b->pool_go + o, b->pool_ix + o, b->pool_y + o, d0 + 2 * c0 * 8,
+                                                    d1 + 2 * c0 * 8, cn, 2 * r * W + 2 * c0, W, 8, false, sum);
+            for (int e = 0; e < 8; e++) part[e] += sum[e];
+        }
+    }
+    return stray;
+}
+
 AVX2 static void run_wgrad(const kiln_smallc_shape *s, const sc_layout *l, const kiln_smallc_buffers *b, char *ws,
-                           int threads) {
+                           int threads, int64_t *stray) {
     float *sums = (float *)ws; /* [chunk][g][c][tap][8] */
     int64_t groups = s->k / 8, items = l->chunks * groups, hw = s->oh * s->ow, per_chunk = groups * s->c * 72;
+    int64_t bad = 0;
 #pragma omp parallel num_threads(threads)
     {
         int tid = 0;
@@ -349,14 +379,16 @@ AVX2 static void run_wgrad(const kiln_smallc_shape *s, const sc_layout *l, const
 #endif
         float *plane = (float *)(ws + l->shared + (size_t)tid * l->per_thread);
         float *dyt = (float *)((char *)plane + up64(sizeof(float) * (size_t)(l->pad_h * l->pad_w)));
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) reduction(+ : bad)
         for (int64_t it = 0; it < items; it++) {
             int64_t j = it / groups, g = it % groups;
             float *acc = sums + j * per_chunk + g * s->c * 72;
             memset(acc, 0, sizeof(float) * (size_t)(s->c * 72));
             for (int64_t n = j * s->n / l->chunks; n < (j + 1) * s->n / l->chunks; n++) {
-                int64_t ps;
-                const float *dy = y_block(s, b->y, n, g, &ps);
+                int64_t ps = 8;
+                const float *dy = dyt;
+                if (b->pool_go) bad += pooled_dy(s, b, n, g, dyt, b->bias_part + n * s->k + g * 8);
+                else dy = y_block(s, b->y, n, g, &ps);
                 if (!ps) { /* plain: the block's 8 channels gathered as [position][8] */
                     for (int64_t p = 0; p < hw; p++)
                         for (int e = 0; e < 8; e++) dyt[p * 8 + e] = dy[e * hw + p];
@@ -379,6 +411,7 @@ AVX2 static void run_wgrad(const kiln_smallc_shape *s, const sc_layout *l, const
                     for (int64_t j = 1; j < l->chunks; j++) v += p[j * per_chunk];
                     b->w_out[((g * 8 + e) * s->c + c) * 9 + t] = v;
                 }
+    *stray = bad;
 }
 
 kiln_status kiln_smallc_run(kiln_smallc_pass pass, const kiln_smallc_shape *s, const kiln_smallc_buffers *b,
@@ -392,12 +425,23 @@ kiln_status kiln_smallc_run(kiln_smallc_pass pass, const kiln_smallc_shape *s, c
     if (workspace_bytes < l.total || !workspace)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "small-channel convolution: workspace of %zu bytes, it needs %zu",
                           workspace_bytes, l.total);
-    if (b->pool_y && (pass != KILN_SMALLC_FWD || s->yb != 8 || b->relu || !b->pool_ix || s->oh < 2 || s->ow < 2))
+    if (b->pool_y && (s->yb != 8 || b->relu || !b->pool_ix || s->oh < 2 || s->ow < 2 ||
+                      (pass == KILN_SMALLC_FWD) == (b->pool_go != NULL) || (b->pool_go && !b->bias_part)))
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
-                          "small-channel convolution: pooling needs the forward, an nChw8c output, no ReLU post-op, "
-                          "indices and a 2x2 output at least");
-    if (pass == KILN_SMALLC_FWD) run_fwd(s, &l, b, workspace, threads);
-    else run_wgrad(s, &l, b, workspace, threads);
+                          "small-channel convolution: pooling needs the forward (or the weight gradient with the pooled "
+                          "gradient and a plane-sum buffer), an nChw8c output, no ReLU post-op, indices and a 2x2 "
+                          "output at least");
+    if (pass == KILN_SMALLC_FWD) {
+        run_fwd(s, &l, b, workspace, threads);
+        return KILN_OK;
+    }
+    int64_t stray = 0;
+    run_wgrad(s, &l, b, workspace, threads, &stray);
+    if (stray)
+        return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_conv2d_relu_max_pool2d returned",
+                          "kiln_conv2d_relu_max_pool2d's weight gradient: %lld pooling indices lie outside their "
+                          "2x2 window",
+                          (long long)stray);
     return KILN_OK;
 }
 

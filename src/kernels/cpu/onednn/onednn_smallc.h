@@ -44,6 +44,17 @@ typedef struct kiln_smallc_buffers {
      * nChw8c. The same bits as the forward, then that pooling. */
     float *pool_y;
     int64_t *pool_ix;
+    /* weight gradient with yb 8: when pool_go is set, y is not read. The
+     * gradient of y is relu_max_pool2d_backward's of pool_go through
+     * pool_y (> 0 passes) and pool_ix, all (n, k, oh / 2, ow / 2) nChw8c
+     * as the pooling forward wrote them (2x2 windows at stride 2, floor):
+     * each image's 8-channel plane is scattered into the workspace by the
+     * pooling backward's own row kernel, with the same values and the
+     * same plane sums (bias_part[n * k + channel], doubles) as
+     * relu_max_pool2d_backward_sum, and never written out. An index
+     * outside its window: KILN_ERR_INVALID_ARGUMENT. */
+    const float *pool_go;
+    double *bias_part;
 } kiln_smallc_buffers;
 
 /* True when the shape is one these kernels cover: 1 to 4 input channels,
