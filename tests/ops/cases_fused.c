@@ -156,8 +156,7 @@ static kiln_tensor *fused_run_conv_pool_wgrad(kh_run *r) {
 static void fused_ref_conv_pool_wgrad_as(kh_ref *r, bool in_window) {
     const kiln_op_attrs *a = r->attrs;
     kiln_shape xs = r->shape[3], ps = r->shape[0];
-    int64_t N = xs.d[0], C = xs.d[1], H = xs.d[2], W = xs.d[3];
-    int64_t K = a->ints[0], Cg = a->ints[1], kH = a->ints[2], kW = a->ints[3], Kg = K / a->groups, OH, OW;
+    int64_t N = xs.d[0], K = a->ints[0], OH, OW;
     fused_conv_out(a, xs, &OH, &OW);
     int64_t P = ps.d[2] * ps.d[3];
     double *g = calloc((size_t)(N * K * OH * OW), sizeof(double));
@@ -168,24 +167,17 @@ static void fused_ref_conv_pool_wgrad_as(kh_ref *r, bool in_window) {
                 int64_t k = in_window ? fused_window_index(v, i, ps.d[3], a->kernel[0], OW) : (int64_t)v;
                 g[p * OH * OW + k] += r->in[0][p * P + i];
             }
-    double *dw = kh_out(r, 0, KILN_SHAPE(K, Cg, kH, kW), 0), *db = kh_out(r, 1, KILN_SHAPE(K), 0);
-    const double *x = r->in[3];
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t o = 0; o < K; o++)
-            for (int64_t oh = 0; oh < OH; oh++)
-                for (int64_t ow = 0; ow < OW; ow++) {
-                    double gv = g[((n * K + o) * OH + oh) * OW + ow];
-                    db[o] += gv;
-                    for (int64_t c = 0; c < Cg; c++)
-                        for (int64_t i = 0; i < kH; i++)
-                            for (int64_t j = 0; j < kW; j++) {
-                                int64_t h = oh * a->stride[0] - a->padding[0] + i * a->dilation[0];
-                                int64_t w = ow * a->stride[1] - a->padding[1] + j * a->dilation[1];
-                                if (h < 0 || h >= H || w < 0 || w >= W) continue;
-                                int64_t ci = (o / Kg) * Cg + c;
-                                dw[((o * Cg + c) * kH + i) * kW + j] += gv * x[((n * C + ci) * H + h) * W + w];
-                            }
-                }
+    /* conv2d's weight gradient reference on g and x, then g's sums */
+    kh_ref q = *r;
+    q.n_in = 2;
+    q.in[0] = g, q.in[1] = r->in[3];
+    q.shape[0] = KILN_SHAPE(N, K, OH, OW), q.shape[1] = xs;
+    for (int i = 0; i < KH_MAX_OUT; i++) q.out[i] = NULL;
+    nn_ref_conv_grad(&q, false);
+    r->out[0] = q.out[0], r->out_shape[0] = q.out_shape[0], r->out_dtype[0] = q.out_dtype[0];
+    double *db = kh_out(r, 1, KILN_SHAPE(K), 0);
+    for (int64_t p = 0; p < N * K; p++)
+        for (int64_t i = 0; i < OH * OW; i++) db[p % K] += g[p * OH * OW + i];
     free(g);
 }
 
