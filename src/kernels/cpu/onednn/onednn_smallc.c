@@ -249,6 +249,8 @@ AVX2 static void run_fwd(const kiln_smallc_shape *s, const sc_layout *l, const k
             for (int t = 0; t < 9; t++)
                 for (int e = 0; e < 8; e++) wp[((g * s->c + c) * 9 + t) * 8 + e] = b->w[((g * 8 + e) * s->c + c) * 9 + t];
     int64_t items = s->n * groups, hw = s->oh * s->ow;
+    /* an image's groups at a time where there are images enough, else single items */
+    int grain = items >= 8 * (int64_t)threads * groups ? (int)groups : 1;
 #pragma omp parallel num_threads(threads)
     {
         int tid = 0;
@@ -258,9 +260,9 @@ AVX2 static void run_fwd(const kiln_smallc_shape *s, const sc_layout *l, const k
         float *planes = (float *)(ws + l->shared + (size_t)tid * l->per_thread);
         float *pool_in = (float *)((char *)planes + up64((size_t)(l->pad_h * l->pad_w * s->c) * sizeof(float)));
         int64_t have = -1; /* the image whose planes are padded */
-        /* an image (its groups) at a time, to the thread that comes for it:
-         * each item's result is the same whichever thread makes it */
-#pragma omp for schedule(dynamic, groups)
+        /* to the thread that comes for them: each item's result is the
+         * same whichever thread makes it */
+#pragma omp for schedule(dynamic, grain)
         for (int64_t it = 0; it < items; it++) {
             int64_t n = it / groups, g = it % groups;
             if (n != have) {

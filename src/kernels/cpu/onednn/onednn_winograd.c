@@ -647,13 +647,16 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
                                  const float *bias, bool relu, const act *out, const pooled *pool, char *ws) {
     int64_t tiles = tiles_of(s);
     int64_t cin = l->cin, cout = l->cout, chunk = l->chunk;
-    int64_t n_chunks = (tiles + chunk - 1) / chunk;
+    /* each thread's share's number of chunks, for every thread: chunks of
+     * equal size (within one tile), none larger than the buffers' chunk */
+    int64_t share = (tiles + l->threads - 1) / l->threads, n_chunks = l->threads * ((share + chunk - 1) / chunk);
 #pragma omp parallel num_threads((int)l->threads)
     {
         float *v = thread_buffers(l, ws), *m = (float *)((char *)v + l->v);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t ci = 0; ci < n_chunks; ci++) {
-            int64_t t0 = ci * chunk, pc = tiles - t0 < chunk ? tiles - t0 : chunk;
+            int64_t t0 = tiles * ci / n_chunks, pc = tiles * (ci + 1) / n_chunks - t0;
+            if (pc <= 0) continue;
             input_chunk(s, in, t0, pc, cin, chunk, v);
             for (int xi = 0; xi < l->planes; xi++)
                 kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout,
