@@ -199,9 +199,9 @@ int main(void) {
     CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > runs, "the fast kernel did not run on NCHW");
     check_timed_mode();
     /* first layers (x needs no gradient): conv2d_relu_max_pool2d_grad_weight, the small-channel
-     * weight gradient scattering the pooled gradient itself (1 and 2 channels; odd sizes leave
-     * a row and a column no window covers), and the pooling's backward into the workspace
-     * before oneDNN's weight gradient (3 channels) or Kiln's Winograd (8) */
+     * weight gradient scattering the pooled gradient itself (1, 2 and 3 channels; odd sizes
+     * leave a row and a column no window covers), and the pooling's backward into the
+     * workspace before Kiln's Winograd (8 channels) or oneDNN's strided weight gradient */
     uint64_t wruns = kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT);
     for (int i = 0; i < 2; i++) {
         kiln_manual_seed(11);
@@ -210,7 +210,8 @@ int main(void) {
         if (i == 0) {
             check_case("first layer, small-channel 1->8 28x28 bias", 4, 1, 28, 28, 8, 1, 2, true, false);
             check_case("first layer, small-channel 2->8 13x11 bias", 3, 2, 13, 11, 8, 1, 2, true, false);
-            check_case("first layer, 3->8 10x12 bias", 2, 3, 10, 12, 8, 1, 2, true, false);
+            check_case("first layer, small-channel 3->8 10x12 bias", 2, 3, 10, 12, 8, 1, 2, true, false);
+            check_case("first layer, strided 8->8 s2 9x9 bias", 2, 8, 9, 9, 8, 2, 2, true, false);
         } else {
             check_case("first layer, small-channel 1->16 9x15", 2, 1, 9, 15, 16, 1, 2, false, false);
             check_case("first layer, Winograd 8->16 14x11 bias", 2, 8, 14, 11, 16, 1, 2, true, false);

@@ -487,14 +487,14 @@ static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, 
     int wino = wino_default(ctx);
     kiln_smallc_shape sc;
     const conv_call *c = ctx;
-    /* the small-channel weight gradient: the default where Kiln's AVX2
-     * kernels are, but for 3 channels, which oneDNN has its own kernel for
-     * (at batch 128, 2 threads: 0.56 against 7.4 ms for 1 channel, 2.4
-     * against 1.7 for 3; docs/performance.md). Its forward too: as fast
-     * as oneDNN's alone, and conv2d_relu_max_pool2d pools its output in
-     * the workspace (3x32x32 -> 32 at batch 128: 2.2-2.4 ms against 3.6
-     * for oneDNN's forward and the pooling), with conv2d's bits. */
-    bool sc_def = c->kind == KILN_ONEDNN_CONV_FWD || (c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && c->key.v[K_C] != 3);
+    /* the small-channel kernels: the default where Kiln's AVX2 kernels are. The weight
+     * gradient (batch 128, 2 threads: 0.56 against 7.4 ms for 1 channel; 2.4 against oneDNN's
+     * 1.7 for 3 alone, but as conv2d_relu_max_pool2d_grad_weight it scatters the pooled
+     * gradient itself: the bench CNN trains 1.06-1.17x faster; docs/performance.md). The
+     * forward: as fast as oneDNN's alone, and conv2d_relu_max_pool2d pools its output in the
+     * workspace (3x32x32 -> 32 at batch 128: 2.2-2.4 ms against 3.6 for oneDNN's forward and
+     * the pooling), with conv2d's bits. */
+    bool sc_def = c->kind == KILN_ONEDNN_CONV_FWD || c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS;
     int def = sc_def && kiln_cpu_avx2_kernels_default() && smallc_shape(c->kind, c->key.v, &sc) ? ALG_SMALLC
               : wino                                                              ? wino
                                                                                   : ALG_DIRECT;
