@@ -43,18 +43,11 @@ static void set_shape_attr(kiln_op_attrs *at, const kiln_meta *m) {
 }
 
 /* conv2d's gradients for grad_out g (not NULL): conv2d_grad_input only
- * when x needs one (the first layer's input usually does not). */
-/* bias_sum: the bias gradient, when the caller has it already (NULL: the
- * sum of g over N, H and W). */
-static kiln_status conv2d_grads_with(const kiln_backward_ctx *ctx, kiln_tensor *g, kiln_tensor *bias_sum,
-                                     kiln_tensor **grad_in);
-
-static kiln_status conv2d_grads(const kiln_backward_ctx *ctx, kiln_tensor *g, kiln_tensor **grad_in) {
-    return conv2d_grads_with(ctx, g, NULL, grad_in);
-}
-
-static kiln_status conv2d_grads_with(const kiln_backward_ctx *ctx, kiln_tensor *g, kiln_tensor *bias_sum,
-                                     kiln_tensor **grad_in) {
+ * when x needs one (the first layer's input usually does not). bias_sum:
+ * the bias gradient when the caller has it already, else NULL (the sum of
+ * g over N, H and W). */
+static kiln_status conv2d_grads(const kiln_backward_ctx *ctx, kiln_tensor *g, kiln_tensor *bias_sum,
+                                kiln_tensor **grad_in) {
     kiln_op_attrs at = *ctx->attrs;
     if (ctx->needs_grad[0]) {
         set_shape_attr(&at, &ctx->in_meta[0]);
@@ -80,7 +73,7 @@ kiln_status kiln_backward_conv2d(const kiln_backward_ctx *ctx, kiln_tensor *cons
                                  kiln_tensor **grad_in) {
     kiln_tensor *g = grad_out[0];
     if (!g) return all_zeros(ctx, grad_in);
-    return conv2d_grads(ctx, g, grad_in);
+    return conv2d_grads(ctx, g, NULL, grad_in);
 }
 
 /* relu's backward of g through the saved output out[0]: g where out > 0. */
@@ -95,7 +88,7 @@ kiln_status kiln_backward_conv2d_relu(const kiln_backward_ctx *ctx, kiln_tensor 
     if (!grad_out[0]) return all_zeros(ctx, grad_in);
     kiln_tensor *g = relu_grad(ctx, grad_out[0]);
     if (!g) return kiln_error_last()->status;
-    kiln_status st = conv2d_grads(ctx, g, grad_in);
+    kiln_status st = conv2d_grads(ctx, g, NULL, grad_in);
     kiln_tensor_drop(g);
     return st;
 }
@@ -135,14 +128,14 @@ kiln_status kiln_backward_conv2d_relu_max_pool2d(const kiln_backward_ctx *ctx, k
         kiln_tensor *out[KILN_OP_MAX_OUT] = {NULL};
         if (kiln_dispatch(KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM, 3, in, &at, ctx->device, out))
             return kiln_error_last()->status;
-        kiln_status st = conv2d_grads_with(ctx, out[0], out[1], grad_in);
+        kiln_status st = conv2d_grads(ctx, out[0], out[1], grad_in);
         kiln_tensor_drop(out[0]);
         kiln_tensor_drop(out[1]);
         return st;
     }
     kiln_tensor *g = run1(KILN_OP_RELU_MAX_POOL2D_BACKWARD, 3, in, &at, ctx->device);
     if (!g) return kiln_error_last()->status;
-    kiln_status st = conv2d_grads(ctx, g, grad_in);
+    kiln_status st = conv2d_grads(ctx, g, NULL, grad_in);
     kiln_tensor_drop(g);
     return st;
 }

@@ -224,6 +224,30 @@ static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked,
     return stray;
 }
 
+/* One (n, channel block) plane of the dense 2x2 path: dp (H x W x L)
+ * from the plane's grad_out (blocked, or plain with planes go_plane
+ * apart), indices and y (NULL: max_pool2d's); the rows and columns no
+ * window covers get 0; acc (L doubles, zeroed here) or NULL: the plane's
+ * sums. Returns the indices outside their window. */
+static int64_t SFX(pool_backward_plane_2x2)(const float *go_p, bool go_blocked, int64_t go_plane, const int64_t *ix_p,
+                                       const float *y_p, float *dp, int64_t OH, int64_t OW, int64_t H, int64_t W,
+                                       bool avx2, bool stream, double *acc) {
+    int64_t stray = 0;
+    if (acc)
+        for (int l = 0; l < L; l++) acc[l] = 0.0;
+    if (2 * OH < H) memset(dp + 2 * OH * W * L, 0, sizeof(float) * (size_t)((H - 2 * OH) * W * L));
+    for (int64_t oh = 0; oh < OH; oh++) {
+        float *d0 = dp + 2 * oh * W * L, *d1 = d0 + W * L;
+        if (2 * OW < W)
+            for (int64_t w = 2 * OW; w < W; w++)
+                for (int l = 0; l < L; l++) d0[w * L + l] = d1[w * L + l] = 0.0f;
+        const float *go_row = go_blocked ? go_p + oh * OW * L : go_p + oh * OW;
+        stray += SFX(pool_backward_rows_2x2)(go_row, go_blocked, go_plane, ix_p + oh * OW * L,
+                                        y_p ? y_p + oh * OW * L : NULL, d0, d1, OW, 2 * oh * W, W, avx2, stream, acc);
+    }
+    return stray;
+}
+
 /* max_pool2d_backward (grad_out, indices) and, with relu, the fused
  * relu_max_pool2d_backward (grad_out, y, indices): the gradient passes
  * only where the pooled output y is > 0. y is blocked like the indices.
@@ -253,24 +277,10 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu, 
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) reduction(+ : stray) if (N * CB * HW * L > 4096)
 #endif
-        for (int64_t p = 0; p < N * CB; p++) {
-            float *dp = dx + p * HW * L;
-            double *acc = part ? part + p * L : NULL;
-            if (acc)
-                for (int l = 0; l < L; l++) acc[l] = 0.0;
-            /* rows and columns no window covers (odd H or W) get 0 */
-            if (2 * OH < H) memset(dp + 2 * OH * W * L, 0, sizeof(float) * (size_t)((H - 2 * OH) * W * L));
-            for (int64_t oh = 0; oh < OH; oh++) {
-                float *d0 = dp + 2 * oh * W * L, *d1 = d0 + W * L;
-                if (2 * OW < W)
-                    for (int64_t w = 2 * OW; w < W; w++)
-                        for (int l = 0; l < L; l++) d0[w * L + l] = d1[w * L + l] = 0.0f;
-                const float *go_row = go_blocked ? go + (p * OHW + oh * OW) * L : go + p * L * OHW + oh * OW;
-                stray += SFX(pool_backward_rows_2x2)(go_row, go_blocked, OHW, ix + (p * OHW + oh * OW) * L,
-                                                yv ? yv + (p * OHW + oh * OW) * L : NULL, d0, d1, OW, 2 * oh * W, W,
-                                                avx2, stream, acc);
-            }
-        }
+        for (int64_t p = 0; p < N * CB; p++)
+            stray += SFX(pool_backward_plane_2x2)(go_blocked ? go + p * OHW * L : go + p * L * OHW, go_blocked, OHW,
+                                             ix + p * OHW * L, yv ? yv + p * OHW * L : NULL, dx + p * HW * L, OH, OW,
+                                             H, W, avx2, stream, part ? part + p * L : NULL);
         if (!stray) return KILN_OK;
     }
     int bad = 0;

@@ -76,6 +76,13 @@ bool kiln_blocked_max_pool2d_backward_supports(const kiln_op_args *a);
 kiln_status kiln_blocked_relu_max_pool2d(const kiln_op_args *a); /* supports: kiln_blocked_max_pool2d_supports */
 kiln_status kiln_blocked_relu_max_pool2d_backward(const kiln_op_args *a);
 kiln_status kiln_blocked_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part); /* as the fast one */
+/* One plane of relu_max_pool2d_backward's dense 2x2 path on nChw8c, the
+ * blocked kernel's own: go, ix, y (oh x ow x 8) into dx (h x w x 8),
+ * uncovered rows and columns 0, sums (8 doubles) the plane's sums as
+ * relu_max_pool2d_backward_sum takes them. Returns the indices outside
+ * their window (dx is then not the scatter's). */
+int64_t kiln_blocked_relu_pool_backward_plane_b8(const float *go, const int64_t *ix, const float *y, float *dx, int64_t oh,
+                                                 int64_t ow, int64_t h, int64_t w, double *sums);
 bool kiln_blocked_relu_max_pool2d_backward_supports(const kiln_op_args *a);
 void kiln_blocked_relu_pool_backward_layout(const kiln_op_args *a, kiln_layout *out);
 kiln_status kiln_blocked_sum(const kiln_op_args *a);

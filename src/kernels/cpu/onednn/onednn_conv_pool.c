@@ -139,15 +139,13 @@ static size_t part_bytes(const kiln_op_args *a) {
     return (size_t)(a->in[3].shape[0] * a->attrs->ints[0]) * sizeof(double);
 }
 
+/* Called in pool mode (the default pick, never timed). */
 static void wgrad_call_of(const kiln_op_args *a, wgrad_call *c) {
     kiln_conv_pool_wgrad_split_of(a, a->in[2].layout, &c->s);
-    c->s.pool.out[0].data = NULL, c->s.wgrad.in[0].data = NULL, c->s.wgrad.workspace = NULL; /* planning */
     c->pooled = a->attrs->kernel[0] == 2 && a->in[2].layout == KILN_LAYOUT_NCHW8C &&
                 a->in[0].layout == KILN_LAYOUT_NCHW8C && a->in[1].layout == KILN_LAYOUT_NCHW8C &&
                 kiln_onednn_conv2d_grad_weight_pools(&c->s.wgrad);
-    if (!a->workspace) return;
-    kiln_conv_pool_wgrad_split_of(a, a->in[2].layout, &c->s);
-    if (c->pooled) { /* the workspace: the plane sums, then the weight gradient's */
+    if (c->pooled && a->workspace) { /* the workspace: the plane sums, then the weight gradient's */
         size_t pb = kiln_conv_pool_align(part_bytes(a));
         c->s.wgrad.workspace = (char *)a->workspace + pb;
         c->s.wgrad.workspace_bytes = a->workspace_bytes > pb ? a->workspace_bytes - pb : 0;

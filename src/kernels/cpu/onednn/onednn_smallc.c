@@ -31,6 +31,7 @@
 #endif
 
 #include "base/error.h"
+#include "kernels/cpu/fast/fast_kernels.h"
 #include "kernels/cpu/fast/gemm_avx2.h"
 #include "kernels/cpu/fast/pool_avx2.h"
 #include "kernels/cpu/onednn/onednn_smallc.h"
@@ -340,34 +341,6 @@ AVX2 static void wgrad_plane(const kiln_smallc_shape *s, const sc_layout *l, con
     _mm256_storeu_ps(acc + 48, a6), _mm256_storeu_ps(acc + 56, a7), _mm256_storeu_ps(acc + 64, a8);
 }
 
-/* dY of image n, channels g*8..g*8+7, as [oh*ow][8] in dyt: the pooled
- * gradient scattered through its windows (pool_go, pool_y, pool_ix of
- * kiln_smallc_buffers), in chunks of 64 windows as the blocked pooling
- * backward takes them, so the plane sums (part, 8 doubles) are its bits.
- * Returns the indices outside their window. */
-#define POOLED_CHUNK 64
-static int64_t pooled_dy(const kiln_smallc_shape *s, const kiln_smallc_buffers *b, int64_t n, int64_t g, float *dyt,
-                         double *part) {
-    const int64_t PH = s->oh / 2, PW = s->ow / 2, W = s->ow;
-    const int64_t at = (n * (s->k / 8) + g) * PH * PW * 8;
-    int64_t stray = 0;
-    for (int e = 0; e < 8; e++) part[e] = 0.0;
-    if (2 * PH < s->oh) memset(dyt + 2 * PH * W * 8, 0, sizeof(float) * (size_t)((s->oh - 2 * PH) * W * 8));
-    for (int64_t r = 0; r < PH; r++) {
-        float *d0 = dyt + 2 * r * W * 8, *d1 = d0 + W * 8;
-        if (2 * PW < W)
-            for (int e = 0; e < 8; e++) d0[(W - 1) * 8 + e] = d1[(W - 1) * 8 + e] = 0.0f;
-        for (int64_t c0 = 0; c0 < PW; c0 += POOLED_CHUNK) {
-            int64_t cn = PW - c0 < POOLED_CHUNK ? PW - c0 : POOLED_CHUNK, o = at + (r * PW + c0) * 8;
-            double sum[8];
-            stray += kiln_pool2x2_backward_row_avx2(b->pool_go + o, b->pool_ix + o, b->pool_y + o, d0 + 2 * c0 * 8,
-                                                    d1 + 2 * c0 * 8, cn, 2 * r * W + 2 * c0, W, 8, false, sum);
-            for (int e = 0; e < 8; e++) part[e] += sum[e];
-        }
-    }
-    return stray;
-}
-
 AVX2 static void run_wgrad(const kiln_smallc_shape *s, const sc_layout *l, const kiln_smallc_buffers *b, char *ws,
                            int threads, int64_t *stray) {
     float *sums = (float *)ws; /* [chunk][g][c][tap][8] */
@@ -389,7 +362,12 @@ AVX2 static void run_wgrad(const kiln_smallc_shape *s, const sc_layout *l, const
             for (int64_t n = j * s->n / l->chunks; n < (j + 1) * s->n / l->chunks; n++) {
                 int64_t ps = 8;
                 const float *dy = dyt;
-                if (b->pool_go) bad += pooled_dy(s, b, n, g, dyt, b->bias_part + n * s->k + g * 8);
+                if (b->pool_go) { /* the pooled gradient of image n, channels g*8.., by the pooling's own kernel */
+                    int64_t at = (n * (s->k / 8) + g) * (s->oh / 2) * (s->ow / 2) * 8;
+                    bad += kiln_blocked_relu_pool_backward_plane_b8(b->pool_go + at, b->pool_ix + at, b->pool_y + at,
+                                                                    dyt, s->oh / 2, s->ow / 2, s->oh, s->ow,
+                                                                    b->bias_part + n * s->k + g * 8);
+                }
                 else dy = y_block(s, b->y, n, g, &ps);
                 if (!ps) { /* plain: the block's 8 channels gathered as [position][8] */
                     for (int64_t p = 0; p < hw; p++)
