@@ -195,7 +195,61 @@ AVX2 static void fwd_block8(const kiln_smallc_shape *s, const sc_layout *l, cons
     store8(o + 7 * step, ps, hw, a7, relu);
 }
 
-/* One output row of block g: at stride 1 eight positions at a time, then
+/* Stride 1, twelve positions: ROW8's pattern over 14 broadcasts. Twelve
+ * sums take all but four registers (three filter taps and the broadcast).
+ * Each sum's chain is 9 fused multiply-adds a channel long, and with eight
+ * sums the block was as long as its latency (8 chains x 4 cycles against 2
+ * a cycle), so Zen 3 ran ROW8's blocks at 40% of the FMA peak; twelve
+ * leave the latency slack. */
+#define X3(j, A, B, C)                                                                                        \
+    x_ = _mm256_broadcast_ss((r) + (j));                                                                      \
+    A = _mm256_fmadd_ps(w2, x_, A), B = _mm256_fmadd_ps(w1, x_, B), C = _mm256_fmadd_ps(w0, x_, C)
+#define ROW12(r)                                                                                              \
+    do {                                                                                                      \
+        __m256 x_ = _mm256_broadcast_ss((r));                                                                 \
+        a0 = _mm256_fmadd_ps(w0, x_, a0);                                                                     \
+        x_ = _mm256_broadcast_ss((r) + 1);                                                                    \
+        a0 = _mm256_fmadd_ps(w1, x_, a0), a1 = _mm256_fmadd_ps(w0, x_, a1);                                   \
+        X3(2, a0, a1, a2);                                                                                    \
+        X3(3, a1, a2, a3);                                                                                    \
+        X3(4, a2, a3, a4);                                                                                    \
+        X3(5, a3, a4, a5);                                                                                    \
+        X3(6, a4, a5, a6);                                                                                    \
+        X3(7, a5, a6, a7);                                                                                    \
+        X3(8, a6, a7, a8);                                                                                    \
+        X3(9, a7, a8, a9);                                                                                    \
+        X3(10, a8, a9, a10);                                                                                  \
+        X3(11, a9, a10, a11);                                                                                 \
+        x_ = _mm256_broadcast_ss((r) + 12);                                                                   \
+        a10 = _mm256_fmadd_ps(w2, x_, a10), a11 = _mm256_fmadd_ps(w1, x_, a11);                               \
+        x_ = _mm256_broadcast_ss((r) + 13);                                                                   \
+        a11 = _mm256_fmadd_ps(w2, x_, a11);                                                                   \
+    } while (0)
+
+AVX2 static void fwd_block12(const kiln_smallc_shape *s, const sc_layout *l, const float *planes, const float *wg,
+                             __m256 b, int64_t oy, int64_t ox, float *out, int64_t ps, int64_t hw, bool relu) {
+    __m256 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b, a8 = b, a9 = b, a10 = b, a11 = b;
+    int64_t plane = l->pad_h * l->pad_w;
+    for (int64_t c = 0; c < s->c; c++) {
+        const float *r = planes + c * plane + oy * l->pad_w + ox;
+        for (int ky = 0; ky < 3; ky++, r += l->pad_w) {
+            const float *wc = wg + c * 72 + ky * 24;
+            __m256 w0 = _mm256_loadu_ps(wc), w1 = _mm256_loadu_ps(wc + 8), w2 = _mm256_loadu_ps(wc + 16);
+            ROW12(r);
+        }
+    }
+    int64_t step = ps ? ps : 1;
+    float *o = out + (oy * s->ow + ox) * step;
+    store8(o, ps, hw, a0, relu), store8(o + step, ps, hw, a1, relu), store8(o + 2 * step, ps, hw, a2, relu);
+    store8(o + 3 * step, ps, hw, a3, relu), store8(o + 4 * step, ps, hw, a4, relu);
+    store8(o + 5 * step, ps, hw, a5, relu), store8(o + 6 * step, ps, hw, a6, relu);
+    store8(o + 7 * step, ps, hw, a7, relu), store8(o + 8 * step, ps, hw, a8, relu);
+    store8(o + 9 * step, ps, hw, a9, relu), store8(o + 10 * step, ps, hw, a10, relu);
+    store8(o + 11 * step, ps, hw, a11, relu);
+}
+
+/* One output row of block g: at stride 1 twelve or eight positions at a
+ * time (twelve but where eight leave no remainder: 28 is 12 + 8 + 8), then
  * four, then one by one (the same order of sums every way). planes: the c
  * padded planes. */
 AVX2 static void fwd_row(const kiln_smallc_shape *s, const sc_layout *l, const float *planes, const float *wg,
@@ -203,7 +257,15 @@ AVX2 static void fwd_row(const kiln_smallc_shape *s, const sc_layout *l, const f
     __m256 b = bias8 ? _mm256_loadu_ps(bias8) : _mm256_setzero_ps();
     int64_t plane = l->pad_h * l->pad_w, step = ps ? ps : 1, sw = s->sw, ox = 0;
     if (sw == 1)
-        for (; ox + 8 <= s->ow; ox += 8) fwd_block8(s, l, planes, wg, b, oy, ox, out, ps, hw, relu);
+        for (int64_t left = s->ow; left >= 8; left = s->ow - ox) {
+            if (left >= 12 && left != 16) {
+                fwd_block12(s, l, planes, wg, b, oy, ox, out, ps, hw, relu);
+                ox += 12;
+            } else {
+                fwd_block8(s, l, planes, wg, b, oy, ox, out, ps, hw, relu);
+                ox += 8;
+            }
+        }
     for (; ox + 4 <= s->ow; ox += 4) {
         __m256 a0 = b, a1 = b, a2 = b, a3 = b;
         for (int64_t c = 0; c < s->c; c++) {
