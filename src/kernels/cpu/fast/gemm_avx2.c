@@ -158,6 +158,60 @@ void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a
     if (n8 < n) tail_columns(m, n8, n, k, a, ai, al, b, ldb, c, ldc, acc);
 }
 
+/* B = W^T: a 16-column panel (W's rows j.. j + cols) of K_BLOCK rows from
+ * l0, gathered a row of W at a time (reads along W's rows, stores 64
+ * bytes apart within the panel, in L1). */
+AVX2 static void pack_panel_wt(const float *w, int64_t ldw, const int64_t *wcol, int64_t l0, int64_t rows, int64_t j,
+                               int cols, float *dst) {
+    for (int jj = 0; jj < cols; jj++) {
+        const float *src = w + (j + jj) * ldw;
+        if (wcol)
+            for (int64_t l = 0; l < rows; l++) dst[l * 16 + jj] = src[wcol[l0 + l]];
+        else
+            for (int64_t l = 0; l < rows; l++) dst[l * 16 + jj] = src[l0 + l];
+    }
+}
+
+/* column_block on B = W^T: every panel packed (there is no B to read in place). */
+AVX2 static void column_block_wt(int64_t m, int64_t j0, int64_t wd, int64_t k, const float *a, int64_t ai,
+                                 int64_t al, const float *w, int64_t ldw, const int64_t *wcol, float *c, int64_t ldc,
+                                 bool acc) {
+    float panel[K_BLOCK * 16] __attribute__((aligned(32)));
+    for (int64_t l0 = 0; l0 < k; l0 += K_BLOCK) {
+        int64_t kl = k - l0 < K_BLOCK ? k - l0 : K_BLOCK;
+        for (int64_t j = j0; j < j0 + wd; j += 16) {
+            int nv = j0 + wd - j >= 16 ? 2 : 1;
+            pack_panel_wt(w, ldw, wcol, l0, kl, j, nv * 8, panel);
+            kiln_cpu_gemm_avx2(m, nv * 8, kl, a + l0 * al, ai, al, panel, 16, c + j, ldc, acc || l0 > 0);
+        }
+    }
+}
+
+AVX2 static void tail_columns_wt(int64_t m, int64_t j0, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                                 const float *w, int64_t ldw, const int64_t *wcol, float *c, int64_t ldc, bool acc) {
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = j0; j < n; j++) {
+            float s = acc ? c[i * ldc + j] : 0.0f;
+            const float *wr = w + j * ldw;
+            for (int64_t l = 0; l < k; l++) s = __builtin_fmaf(a[i * ai + l * al], wr[wcol ? wcol[l] : l], s);
+            c[i * ldc + j] = s;
+        }
+}
+
+void kiln_cpu_gemm_avx2_parallel_wt(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                                    const float *w, int64_t ldw, const int64_t *wcol, float *c, int64_t ldc,
+                                    bool acc) {
+    int64_t n8 = n / 8 * 8, blocks = (n8 + COL_BLOCK - 1) / COL_BLOCK;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (m * n * k >= 65536 && blocks > 1)
+#endif
+    for (int64_t cb = 0; cb < blocks; cb++) {
+        int64_t j = cb * COL_BLOCK, wd = n8 - j < COL_BLOCK ? n8 - j : COL_BLOCK;
+        column_block_wt(m, j, wd, k, a, ai, al, w, ldw, wcol, c, ldc, acc);
+    }
+    if (n8 < n) tail_columns_wt(m, n8, n, k, a, ai, al, w, ldw, wcol, c, ldc, acc);
+}
+
 #else /* not x86-64: never used (kiln_cpu_gemm_avx2_ok is false) */
 
 bool kiln_cpu_gemm_avx2_ok(void) { return false; }
@@ -169,6 +223,12 @@ void kiln_cpu_gemm_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t
 void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
                                  const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
     (void)m, (void)n, (void)k, (void)a, (void)ai, (void)al, (void)b, (void)ldb, (void)c, (void)ldc, (void)acc;
+}
+void kiln_cpu_gemm_avx2_parallel_wt(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                                    const float *w, int64_t ldw, const int64_t *wcol, float *c, int64_t ldc,
+                                    bool acc) {
+    (void)m, (void)n, (void)k, (void)a, (void)ai, (void)al, (void)w, (void)ldw, (void)wcol, (void)c, (void)ldc;
+    (void)acc;
 }
 
 #endif

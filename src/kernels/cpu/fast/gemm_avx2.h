@@ -31,4 +31,14 @@ void kiln_cpu_gemm_avx2(int64_t m, int64_t n, int64_t k, const float *a, int64_t
 void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
                                  const float *b, int64_t ldb, float *c, int64_t ldc, bool acc);
 
+/* The same product with B the transpose of a matrix W read in place (a
+ * linear layer's weight, no transposed copy): B's element (l, j) is
+ * w[j * ldw + col(l)], col(l) = wcol[l] or l itself when wcol is NULL (a
+ * permutation of W's columns into A's column order). Each element is the
+ * same chain of fused multiply-adds as kiln_cpu_gemm_avx2_parallel's on
+ * that B, so the same bits. W must not overlap C. */
+void kiln_cpu_gemm_avx2_parallel_wt(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                                    const float *w, int64_t ldw, const int64_t *wcol, float *c, int64_t ldc,
+                                    bool acc);
+
 #endif

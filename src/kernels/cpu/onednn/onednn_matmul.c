@@ -240,8 +240,12 @@ bool kiln_onednn_linear_act_supports(const kiln_op_args *a) {
     return linear_act_view(a, NULL, &b) && mm_supports(MM_LINEAR, &b);
 }
 
+static bool avx2_linear(const kiln_op_args *a);
+
 size_t kiln_onednn_linear_act_workspace(const kiln_op_args *a) {
     kiln_op_args b;
+    if (avx2_linear(a)) /* the column order of a blocked x (flat_column), one entry a column */
+        return kiln_layout_block(a->in[0].layout) ? (size_t)a->in[1].shape[1] * sizeof(int64_t) : 0;
     if (!linear_act_view(a, NULL, &b)) return 0;
     return x_bytes(a) + mm_workspace(MM_LINEAR, &b);
 }
@@ -252,12 +256,16 @@ void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out) {
 }
 
 /* On an AVX2 CPU without AVX-512, for an output at least 16 wide: Kiln's
- * micro-kernel (kernels/cpu/fast/gemm_avx2.c) on the weight transposed,
- * (K, N) row-major with its rows in x's column order, kept as the prepared
- * copy: y = bias + x . W^T, each element one chain of fused multiply-adds
- * after the bias. oneDNN's matmul ran fc1's forward at 82-94 GFLOP/s here
- * (the bench CNN's 128 x 2048 x 512 in 3.3 ms), besides a permuted copy of
- * the weight per version. */
+ * micro-kernel (kernels/cpu/fast/gemm_avx2.c) with B = W^T read from the
+ * weight in place, its columns in x's column order (flat_column, a table
+ * in the workspace for a blocked x): y = bias + x . W^T, each element one
+ * chain of fused multiply-adds after the bias. oneDNN's matmul ran fc1's
+ * forward at 82-94 GFLOP/s here (the bench CNN's 128 x 2048 x 512 in 3.3
+ * ms), besides a permuted copy of the weight per version. Until 27
+ * November the transposed weight was a prepared copy, refilled after every
+ * optimizer step: 0.6 ms of the main job's step for fc1's 2.4 MB, written
+ * out and read back; the product's panels now gather it from W, the same
+ * values in the same order (the same bits). */
 static bool avx2_linear(const kiln_op_args *a) {
     const kiln_strided *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
     const kiln_strided *b = a->n_in > 2 && a->in[2].ndim >= 0 ? &a->in[2] : NULL;
@@ -284,20 +292,14 @@ static int64_t flat_column(const kiln_strided *x, int64_t f) {
     return (cb * B + cr) * HW + i;
 }
 
-/* The prepared copy: W^T for Kiln's product, else (oneDNN's matmul on a
- * blocked x) W with its columns in x's order (flat_column). */
+/* The prepared copy (oneDNN's matmul on a blocked x): W with its columns
+ * in x's order (flat_column). Kiln's product needs none. */
 void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
     p->input = -1;
     const kiln_strided *x = &a->in[0], *w = &a->in[1];
     const int block = kiln_layout_block(x->layout);
-    if (avx2_linear(a)) { /* W^T, rows in x's column order */
-        p->input = 1;
-        p->key = 0x6c696e7432000000ULL ^ ((uint64_t)block << 52) ^ ((uint64_t)(x->ndim == 4 ? x->shape[1] : 0) << 36) ^
-                 ((uint64_t)(x->ndim == 4 ? x->shape[2] * x->shape[3] : 0) << 20) ^ (uint64_t)w->shape[1];
-        p->bytes = (size_t)(w->shape[0] * w->shape[1]) * sizeof(float);
-        return;
-    }
-    if (!block || x->ndim != 4 || w->ndim != 2 || w->dtype != KILN_F32 || !kiln_onednn_is_contiguous(w))
+    if (avx2_linear(a) || !block || x->ndim != 4 || w->ndim != 2 || w->dtype != KILN_F32 ||
+        !kiln_onednn_is_contiguous(w))
         return;
     p->input = 1;
     /* which blocked geometry the columns follow */
@@ -308,26 +310,6 @@ void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
 
 kiln_status kiln_onednn_linear_act_fill(const kiln_op_args *a, void *dst) {
     const kiln_strided *x = &a->in[0], *w = &a->in[1];
-    if (avx2_linear(a)) {
-        /* dst[f][n] = W[n][column f of x's row], eight rows f at a time:
-         * each row of dst written in order, each row of W read eight
-         * columns at a time. 0.57 ms for fc1's 512 x 1152 weight on one
-         * thread, 0.29 on two, once per training step (AMD EPYC Zen 3; 8 x 8
-         * tiles gathered and transposed in registers took as long). */
-        const int64_t N = w->shape[0], K = w->shape[1];
-        const float *src = w->data;
-        float *out = dst;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (N * K >= 65536)
-#endif
-        for (int64_t f0 = 0; f0 < K; f0 += 8) {
-            int64_t fe = f0 + 8 < K ? f0 + 8 : K, col[8];
-            for (int64_t f = f0; f < fe; f++) col[f - f0] = flat_column(x, f);
-            for (int64_t n = 0; n < N; n++)
-                for (int64_t f = f0; f < fe; f++) out[f * N + n] = src[n * K + col[f - f0]];
-        }
-        return KILN_OK;
-    }
     const int64_t O = w->shape[0], K = w->shape[1], C = x->shape[1], HW = x->shape[2] * x->shape[3];
     if (K != C * HW || !kiln_layout_block(x->layout))
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: weight columns do not match x");
@@ -347,15 +329,23 @@ kiln_status kiln_onednn_linear_act_fill(const kiln_op_args *a, void *dst) {
 
 kiln_status kiln_onednn_linear_act(const kiln_op_args *a) {
     kiln_op_args b;
-    if (a->prepared && avx2_linear(a)) { /* y = bias, then += x . W^T */
+    if (avx2_linear(a)) { /* y = bias, then += x . W^T */
         const int64_t M = a->out[0].shape[0], N = a->out[0].shape[1], K = a->in[1].shape[1];
         const float *bias = a->n_in > 2 && a->in[2].ndim >= 0 ? a->in[2].data : NULL;
         float *y = a->out[0].data;
+        int64_t *wcol = NULL;
+        if (kiln_layout_block(a->in[0].layout)) {
+            if (a->workspace_bytes < (size_t)K * sizeof(int64_t))
+                return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: workspace of %zu bytes, it needs %zu",
+                                  a->workspace_bytes, (size_t)K * sizeof(int64_t));
+            wcol = a->workspace;
+            for (int64_t f = 0; f < K; f++) wcol[f] = flat_column(&a->in[0], f);
+        }
         for (int64_t i = 0; i < M; i++) {
             if (bias) memcpy(y + i * N, bias, sizeof(float) * (size_t)N);
             else memset(y + i * N, 0, sizeof(float) * (size_t)N);
         }
-        kiln_cpu_gemm_avx2_parallel(M, N, K, a->in[0].data, K, 1, a->prepared, N, y, N, true);
+        kiln_cpu_gemm_avx2_parallel_wt(M, N, K, a->in[0].data, K, 1, a->in[1].data, K, wcol, y, N, true);
         linear_act_relu(a);
         return KILN_OK;
     }
