@@ -101,13 +101,27 @@ AVX2 void kiln_cpu_gemm_avx2(int64_t m, int64_t n, int64_t kd, const float *a, i
 }
 
 
+/* B as the parallel entries read it: row-major (b[l * ldb + j]) or, for
+ * kiln_cpu_gemm_avx2_parallel_wt, the transpose of W (b[j * ldb + col(l)],
+ * col(l) = wcol[l] or l). */
+typedef struct b_operand {
+    const float *b;
+    int64_t ldb;
+    const int64_t *wcol;
+    bool wt;
+} b_operand;
+
+static inline float b_at(const b_operand *B, int64_t l, int64_t j) {
+    return B->wt ? B->b[j * B->ldb + (B->wcol ? B->wcol[l] : l)] : B->b[l * B->ldb + j];
+}
+
 /* The last n % 8 columns: the same chain of fused multiply-adds per element. */
 AVX2 static void tail_columns(int64_t m, int64_t j0, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
-                              const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+                              const b_operand *B, float *c, int64_t ldc, bool acc) {
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = j0; j < n; j++) {
             float s = acc ? c[i * ldc + j] : 0.0f;
-            for (int64_t l = 0; l < k; l++) s = __builtin_fmaf(a[i * ai + l * al], b[l * ldb + j], s);
+            for (int64_t l = 0; l < k; l++) s = __builtin_fmaf(a[i * ai + l * al], b_at(B, l, j), s);
             c[i * ldc + j] = s;
         }
 }
@@ -115,13 +129,26 @@ AVX2 static void tail_columns(int64_t m, int64_t j0, int64_t n, int64_t k, const
 #define COL_BLOCK 64
 #define K_BLOCK 256
 
-/* A 16-column panel of B, K_BLOCK rows, packed contiguous: B's rows are
- * often a power-of-two bytes apart (8 KiB for fc1's 2048 columns), which
- * maps a panel onto a few L1 sets and evicts it between row tiles. */
-AVX2 static void pack_panel(const float *b, int64_t ldb, int64_t rows, int nv, float *dst) {
+/* A 16-column panel of B, K_BLOCK rows from l0, packed contiguous: B's
+ * rows are often a power-of-two bytes apart (8 KiB for fc1's 2048
+ * columns), which maps a panel onto a few L1 sets and evicts it between row
+ * tiles. W^T's panel is gathered a row of W at a time (reads along W's
+ * rows, stores 64 bytes apart within the panel, in L1). */
+AVX2 static void pack_panel(const b_operand *B, int64_t l0, int64_t rows, int64_t j, int nv, float *dst) {
+    if (B->wt) {
+        for (int jj = 0; jj < nv * 8; jj++) {
+            const float *src = B->b + (j + jj) * B->ldb;
+            if (B->wcol)
+                for (int64_t l = 0; l < rows; l++) dst[l * 16 + jj] = src[B->wcol[l0 + l]];
+            else
+                for (int64_t l = 0; l < rows; l++) dst[l * 16 + jj] = src[l0 + l];
+        }
+        return;
+    }
+    const float *b = B->b + l0 * B->ldb + j;
     for (int64_t l = 0; l < rows; l++) {
-        _mm256_storeu_ps(dst + l * 16, _mm256_loadu_ps(b + l * ldb));
-        if (nv > 1) _mm256_storeu_ps(dst + l * 16 + 8, _mm256_loadu_ps(b + l * ldb + 8));
+        _mm256_storeu_ps(dst + l * 16, _mm256_loadu_ps(b + l * B->ldb));
+        if (nv > 1) _mm256_storeu_ps(dst + l * 16 + 8, _mm256_loadu_ps(b + l * B->ldb + 8));
     }
 }
 
@@ -129,9 +156,9 @@ AVX2 static void pack_panel(const float *b, int64_t ldb, int64_t rows, int nv, f
  * element's chain of fused multiply-adds from C (a float, as in the
  * registers), so the bits are those of one unblocked chain. */
 AVX2 static void column_block(int64_t m, int64_t j0, int64_t w, int64_t k, const float *a, int64_t ai, int64_t al,
-                              const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
-    if (m <= MR) { /* one row tile: each element of B is read once, packing would only copy it */
-        kiln_cpu_gemm_avx2(m, w, k, a, ai, al, b + j0, ldb, c + j0, ldc, acc);
+                              const b_operand *B, float *c, int64_t ldc, bool acc) {
+    if (m <= MR && !B->wt) { /* one row tile: each element of B is read once, packing would only copy it */
+        kiln_cpu_gemm_avx2(m, w, k, a, ai, al, B->b + j0, B->ldb, c + j0, ldc, acc);
         return;
     }
     float panel[K_BLOCK * 16] __attribute__((aligned(32)));
@@ -139,77 +166,36 @@ AVX2 static void column_block(int64_t m, int64_t j0, int64_t w, int64_t k, const
         int64_t kl = k - l0 < K_BLOCK ? k - l0 : K_BLOCK;
         for (int64_t j = j0; j < j0 + w; j += 16) {
             int nv = j0 + w - j >= 16 ? 2 : 1;
-            pack_panel(b + l0 * ldb + j, ldb, kl, nv, panel);
+            pack_panel(B, l0, kl, j, nv, panel);
             kiln_cpu_gemm_avx2(m, nv * 8, kl, a + l0 * al, ai, al, panel, 16, c + j, ldc, acc || l0 > 0);
         }
     }
 }
 
-void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
-                                 const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+static void gemm_parallel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al, const b_operand *B,
+                          float *c, int64_t ldc, bool acc) {
     int64_t n8 = n / 8 * 8, blocks = (n8 + COL_BLOCK - 1) / COL_BLOCK;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (m * n * k >= 65536 && blocks > 1)
 #endif
     for (int64_t cb = 0; cb < blocks; cb++) {
         int64_t j = cb * COL_BLOCK, w = n8 - j < COL_BLOCK ? n8 - j : COL_BLOCK;
-        column_block(m, j, w, k, a, ai, al, b, ldb, c, ldc, acc);
+        column_block(m, j, w, k, a, ai, al, B, c, ldc, acc);
     }
-    if (n8 < n) tail_columns(m, n8, n, k, a, ai, al, b, ldb, c, ldc, acc);
+    if (n8 < n) tail_columns(m, n8, n, k, a, ai, al, B, c, ldc, acc);
 }
 
-/* B = W^T: a 16-column panel (W's rows j.. j + cols) of K_BLOCK rows from
- * l0, gathered a row of W at a time (reads along W's rows, stores 64
- * bytes apart within the panel, in L1). */
-AVX2 static void pack_panel_wt(const float *w, int64_t ldw, const int64_t *wcol, int64_t l0, int64_t rows, int64_t j,
-                               int cols, float *dst) {
-    for (int jj = 0; jj < cols; jj++) {
-        const float *src = w + (j + jj) * ldw;
-        if (wcol)
-            for (int64_t l = 0; l < rows; l++) dst[l * 16 + jj] = src[wcol[l0 + l]];
-        else
-            for (int64_t l = 0; l < rows; l++) dst[l * 16 + jj] = src[l0 + l];
-    }
-}
-
-/* column_block on B = W^T: every panel packed (there is no B to read in place). */
-AVX2 static void column_block_wt(int64_t m, int64_t j0, int64_t wd, int64_t k, const float *a, int64_t ai,
-                                 int64_t al, const float *w, int64_t ldw, const int64_t *wcol, float *c, int64_t ldc,
-                                 bool acc) {
-    float panel[K_BLOCK * 16] __attribute__((aligned(32)));
-    for (int64_t l0 = 0; l0 < k; l0 += K_BLOCK) {
-        int64_t kl = k - l0 < K_BLOCK ? k - l0 : K_BLOCK;
-        for (int64_t j = j0; j < j0 + wd; j += 16) {
-            int nv = j0 + wd - j >= 16 ? 2 : 1;
-            pack_panel_wt(w, ldw, wcol, l0, kl, j, nv * 8, panel);
-            kiln_cpu_gemm_avx2(m, nv * 8, kl, a + l0 * al, ai, al, panel, 16, c + j, ldc, acc || l0 > 0);
-        }
-    }
-}
-
-AVX2 static void tail_columns_wt(int64_t m, int64_t j0, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
-                                 const float *w, int64_t ldw, const int64_t *wcol, float *c, int64_t ldc, bool acc) {
-    for (int64_t i = 0; i < m; i++)
-        for (int64_t j = j0; j < n; j++) {
-            float s = acc ? c[i * ldc + j] : 0.0f;
-            const float *wr = w + j * ldw;
-            for (int64_t l = 0; l < k; l++) s = __builtin_fmaf(a[i * ai + l * al], wr[wcol ? wcol[l] : l], s);
-            c[i * ldc + j] = s;
-        }
+void kiln_cpu_gemm_avx2_parallel(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
+                                 const float *b, int64_t ldb, float *c, int64_t ldc, bool acc) {
+    b_operand B = {b, ldb, NULL, false};
+    gemm_parallel(m, n, k, a, ai, al, &B, c, ldc, acc);
 }
 
 void kiln_cpu_gemm_avx2_parallel_wt(int64_t m, int64_t n, int64_t k, const float *a, int64_t ai, int64_t al,
                                     const float *w, int64_t ldw, const int64_t *wcol, float *c, int64_t ldc,
                                     bool acc) {
-    int64_t n8 = n / 8 * 8, blocks = (n8 + COL_BLOCK - 1) / COL_BLOCK;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (m * n * k >= 65536 && blocks > 1)
-#endif
-    for (int64_t cb = 0; cb < blocks; cb++) {
-        int64_t j = cb * COL_BLOCK, wd = n8 - j < COL_BLOCK ? n8 - j : COL_BLOCK;
-        column_block_wt(m, j, wd, k, a, ai, al, w, ldw, wcol, c, ldc, acc);
-    }
-    if (n8 < n) tail_columns_wt(m, n8, n, k, a, ai, al, w, ldw, wcol, c, ldc, acc);
+    b_operand B = {w, ldw, wcol, true};
+    gemm_parallel(m, n, k, a, ai, al, &B, c, ldc, acc);
 }
 
 #else /* not x86-64: never used (kiln_cpu_gemm_avx2_ok is false) */

@@ -146,65 +146,20 @@ AVX2 static void store8(float *dst, int64_t pos_stride, int64_t lane_stride, __m
     for (int e = 0; e < 8; e++) dst[e * lane_stride] = lanes[e];
 }
 
-/* Stride 1, eight positions from r (a padded row): each broadcast of the
- * input feeds the up to three sums whose taps read it, so a row of taps
- * costs 10 broadcasts for 24 fused multiply-adds (with a broadcast per
- * multiply-add and four sums the forward took 1.4 ms instead of 0.8 on
- * Zen 3). Each sum still adds its taps in order w0, w1, w2. */
-#define ROW8(r)                                                                                               \
-    do {                                                                                                      \
-        __m256 x_ = _mm256_broadcast_ss((r));                                                                 \
-        a0 = _mm256_fmadd_ps(w0, x_, a0);                                                                     \
-        x_ = _mm256_broadcast_ss((r) + 1);                                                                    \
-        a0 = _mm256_fmadd_ps(w1, x_, a0), a1 = _mm256_fmadd_ps(w0, x_, a1);                                   \
-        x_ = _mm256_broadcast_ss((r) + 2);                                                                    \
-        a0 = _mm256_fmadd_ps(w2, x_, a0), a1 = _mm256_fmadd_ps(w1, x_, a1), a2 = _mm256_fmadd_ps(w0, x_, a2); \
-        x_ = _mm256_broadcast_ss((r) + 3);                                                                    \
-        a1 = _mm256_fmadd_ps(w2, x_, a1), a2 = _mm256_fmadd_ps(w1, x_, a2), a3 = _mm256_fmadd_ps(w0, x_, a3); \
-        x_ = _mm256_broadcast_ss((r) + 4);                                                                    \
-        a2 = _mm256_fmadd_ps(w2, x_, a2), a3 = _mm256_fmadd_ps(w1, x_, a3), a4 = _mm256_fmadd_ps(w0, x_, a4); \
-        x_ = _mm256_broadcast_ss((r) + 5);                                                                    \
-        a3 = _mm256_fmadd_ps(w2, x_, a3), a4 = _mm256_fmadd_ps(w1, x_, a4), a5 = _mm256_fmadd_ps(w0, x_, a5); \
-        x_ = _mm256_broadcast_ss((r) + 6);                                                                    \
-        a4 = _mm256_fmadd_ps(w2, x_, a4), a5 = _mm256_fmadd_ps(w1, x_, a5), a6 = _mm256_fmadd_ps(w0, x_, a6); \
-        x_ = _mm256_broadcast_ss((r) + 7);                                                                    \
-        a5 = _mm256_fmadd_ps(w2, x_, a5), a6 = _mm256_fmadd_ps(w1, x_, a6), a7 = _mm256_fmadd_ps(w0, x_, a7); \
-        x_ = _mm256_broadcast_ss((r) + 8);                                                                    \
-        a6 = _mm256_fmadd_ps(w2, x_, a6), a7 = _mm256_fmadd_ps(w1, x_, a7);                                   \
-        x_ = _mm256_broadcast_ss((r) + 9);                                                                    \
-        a7 = _mm256_fmadd_ps(w2, x_, a7);                                                                     \
-    } while (0)
-
-AVX2 static void fwd_block8(const kiln_smallc_shape *s, const sc_layout *l, const float *planes, const float *wg,
-                            __m256 b, int64_t oy, int64_t ox, float *out, int64_t ps, int64_t hw, bool relu) {
-    __m256 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b;
-    int64_t plane = l->pad_h * l->pad_w;
-    for (int64_t c = 0; c < s->c; c++) {
-        const float *r = planes + c * plane + oy * l->pad_w + ox;
-        for (int ky = 0; ky < 3; ky++, r += l->pad_w) {
-            const float *wc = wg + c * 72 + ky * 24;
-            __m256 w0 = _mm256_loadu_ps(wc), w1 = _mm256_loadu_ps(wc + 8), w2 = _mm256_loadu_ps(wc + 16);
-            ROW8(r);
-        }
-    }
-    int64_t step = ps ? ps : 1;
-    float *o = out + (oy * s->ow + ox) * step;
-    store8(o, ps, hw, a0, relu), store8(o + step, ps, hw, a1, relu), store8(o + 2 * step, ps, hw, a2, relu);
-    store8(o + 3 * step, ps, hw, a3, relu), store8(o + 4 * step, ps, hw, a4, relu);
-    store8(o + 5 * step, ps, hw, a5, relu), store8(o + 6 * step, ps, hw, a6, relu);
-    store8(o + 7 * step, ps, hw, a7, relu);
-}
-
-/* Stride 1, twelve positions: ROW8's pattern over 14 broadcasts. Twelve
- * sums take all but four registers (three filter taps and the broadcast).
- * Each sum's chain is 9 fused multiply-adds a channel long, and with eight
- * sums the block was as long as its latency (8 chains x 4 cycles against 2
- * a cycle), so Zen 3 ran ROW8's blocks at 40% of the FMA peak; twelve
- * leave the latency slack. */
+/* Stride 1, eight or twelve positions from r (a padded row): each
+ * broadcast of the input feeds the up to three sums whose taps read it, so
+ * a row of taps costs n + 2 broadcasts for 3n fused multiply-adds (with a
+ * broadcast per multiply-add and four sums the forward took 1.4 ms instead
+ * of 0.8 on Zen 3). Each sum still adds its taps in order w0, w1, w2.
+ * Twelve sums take all but four registers (three filter taps and the
+ * broadcast); each sum's chain is 9 fused multiply-adds a channel long,
+ * and with eight sums a block was as long as its latency (8 chains x 4
+ * cycles against 2 a cycle): Zen 3 ran them at 40% of the FMA peak, and
+ * twelve leave the latency slack. */
 #define X3(j, A, B, C)                                                                                        \
     x_ = _mm256_broadcast_ss((r) + (j));                                                                      \
     A = _mm256_fmadd_ps(w2, x_, A), B = _mm256_fmadd_ps(w1, x_, B), C = _mm256_fmadd_ps(w0, x_, C)
-#define ROW12(r)                                                                                              \
+#define ROW_N(r, n)                                                                                           \
     do {                                                                                                      \
         __m256 x_ = _mm256_broadcast_ss((r));                                                                 \
         a0 = _mm256_fmadd_ps(w0, x_, a0);                                                                     \
@@ -216,18 +171,25 @@ AVX2 static void fwd_block8(const kiln_smallc_shape *s, const sc_layout *l, cons
         X3(5, a3, a4, a5);                                                                                    \
         X3(6, a4, a5, a6);                                                                                    \
         X3(7, a5, a6, a7);                                                                                    \
-        X3(8, a6, a7, a8);                                                                                    \
-        X3(9, a7, a8, a9);                                                                                    \
-        X3(10, a8, a9, a10);                                                                                  \
-        X3(11, a9, a10, a11);                                                                                 \
-        x_ = _mm256_broadcast_ss((r) + 12);                                                                   \
-        a10 = _mm256_fmadd_ps(w2, x_, a10), a11 = _mm256_fmadd_ps(w1, x_, a11);                               \
-        x_ = _mm256_broadcast_ss((r) + 13);                                                                   \
-        a11 = _mm256_fmadd_ps(w2, x_, a11);                                                                   \
+        if (n == 12) {                                                                                        \
+            X3(8, a6, a7, a8);                                                                                \
+            X3(9, a7, a8, a9);                                                                                \
+            X3(10, a8, a9, a10);                                                                              \
+            X3(11, a9, a10, a11);                                                                             \
+        }                                                                                                     \
+        x_ = _mm256_broadcast_ss((r) + n);                                                                    \
+        if (n == 12) a10 = _mm256_fmadd_ps(w2, x_, a10), a11 = _mm256_fmadd_ps(w1, x_, a11);                  \
+        else a6 = _mm256_fmadd_ps(w2, x_, a6), a7 = _mm256_fmadd_ps(w1, x_, a7);                              \
+        x_ = _mm256_broadcast_ss((r) + n + 1);                                                                \
+        if (n == 12) a11 = _mm256_fmadd_ps(w2, x_, a11);                                                      \
+        else a7 = _mm256_fmadd_ps(w2, x_, a7);                                                                \
     } while (0)
 
-AVX2 static void fwd_block12(const kiln_smallc_shape *s, const sc_layout *l, const float *planes, const float *wg,
-                             __m256 b, int64_t oy, int64_t ox, float *out, int64_t ps, int64_t hw, bool relu) {
+/* n (8 or 12, a constant where inlined) positions from (oy, ox). */
+AVX2 static inline __attribute__((always_inline)) void fwd_block(const int n, const kiln_smallc_shape *s,
+                                                                 const sc_layout *l, const float *planes,
+                                                                 const float *wg, __m256 b, int64_t oy, int64_t ox,
+                                                                 float *out, int64_t ps, int64_t hw, bool relu) {
     __m256 a0 = b, a1 = b, a2 = b, a3 = b, a4 = b, a5 = b, a6 = b, a7 = b, a8 = b, a9 = b, a10 = b, a11 = b;
     int64_t plane = l->pad_h * l->pad_w;
     for (int64_t c = 0; c < s->c; c++) {
@@ -235,7 +197,7 @@ AVX2 static void fwd_block12(const kiln_smallc_shape *s, const sc_layout *l, con
         for (int ky = 0; ky < 3; ky++, r += l->pad_w) {
             const float *wc = wg + c * 72 + ky * 24;
             __m256 w0 = _mm256_loadu_ps(wc), w1 = _mm256_loadu_ps(wc + 8), w2 = _mm256_loadu_ps(wc + 16);
-            ROW12(r);
+            ROW_N(r, n);
         }
     }
     int64_t step = ps ? ps : 1;
@@ -243,9 +205,21 @@ AVX2 static void fwd_block12(const kiln_smallc_shape *s, const sc_layout *l, con
     store8(o, ps, hw, a0, relu), store8(o + step, ps, hw, a1, relu), store8(o + 2 * step, ps, hw, a2, relu);
     store8(o + 3 * step, ps, hw, a3, relu), store8(o + 4 * step, ps, hw, a4, relu);
     store8(o + 5 * step, ps, hw, a5, relu), store8(o + 6 * step, ps, hw, a6, relu);
-    store8(o + 7 * step, ps, hw, a7, relu), store8(o + 8 * step, ps, hw, a8, relu);
-    store8(o + 9 * step, ps, hw, a9, relu), store8(o + 10 * step, ps, hw, a10, relu);
-    store8(o + 11 * step, ps, hw, a11, relu);
+    store8(o + 7 * step, ps, hw, a7, relu);
+    if (n == 12) {
+        store8(o + 8 * step, ps, hw, a8, relu), store8(o + 9 * step, ps, hw, a9, relu);
+        store8(o + 10 * step, ps, hw, a10, relu), store8(o + 11 * step, ps, hw, a11, relu);
+    }
+}
+
+AVX2 static void fwd_block8(const kiln_smallc_shape *s, const sc_layout *l, const float *planes, const float *wg,
+                            __m256 b, int64_t oy, int64_t ox, float *out, int64_t ps, int64_t hw, bool relu) {
+    fwd_block(8, s, l, planes, wg, b, oy, ox, out, ps, hw, relu);
+}
+
+AVX2 static void fwd_block12(const kiln_smallc_shape *s, const sc_layout *l, const float *planes, const float *wg,
+                             __m256 b, int64_t oy, int64_t ox, float *out, int64_t ps, int64_t hw, bool relu) {
+    fwd_block(12, s, l, planes, wg, b, oy, ox, out, ps, hw, relu);
 }
 
 /* One output row of block g: at stride 1 twelve or eight positions at a
