@@ -10,7 +10,10 @@
  * given stray indices (inside the plane but outside their window, and
  * far outside the plane, including an offset of 2^32 whose low half
  * looks right): both row kinds must hand the call to the scatter path,
- * which gives the same values or the same error. Skips (77) on a CPU
+ * which gives the same values or the same error. relu_max_pool2d's
+ * backward also runs with grad_out and y plain NCHW and the indices
+ * blocked (a classifier's flatten leaves y so), which must give the
+ * blocked inputs' gradient and sums bit for bit. Skips (77) on a CPU
  * without AVX2. */
 #include <math.h>
 #include <string.h>
@@ -19,6 +22,7 @@
 
 #include "kernels/cpu/fast/fast_kernels.h"
 #include "kernels/cpu/fast/pool_avx2.h"
+#include "kernels/kernels.h"
 #include "kernels/op_args.h"
 
 static kiln_strided blocked(void *data, kiln_dtype dt, int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout) {
@@ -44,10 +48,10 @@ static void fill(float *x, size_t n, unsigned seed) {
 }
 
 typedef struct run {
-    float *y, *dx, *dx2;
+    float *y, *dx, *dx2, *dx3;
     int64_t *ix;
-    double *part; /* relu_max_pool2d_backward_sum's plane sums */
-    kiln_status fwd, bwd, bwd_sum;
+    double *part, *part3; /* relu_max_pool2d_backward_sum's plane sums; 3: grad_out and y plain */
+    kiln_status fwd, bwd, bwd_sum, bwd_plain;
 } run;
 
 static void one(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout, bool relu, int rows, size_t stream,
@@ -77,6 +81,18 @@ static void one(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout, 
         memset(r->dx2, 0x7f, nx * sizeof(float));
         r->bwd_sum = kiln_blocked_relu_max_pool2d_backward_sum(&b, r->part);
         kiln_error_clear();
+        /* grad_out and y plain NCHW, the indices blocked */
+        float *gp = malloc(ny * sizeof(float)), *yp = malloc(ny * sizeof(float));
+        int64_t pooled[4] = {n, c, oh, ow};
+        kiln_cpu_reorder_blocked(gp, go, sizeof(float), pooled, (int)kiln_layout_block(layout), false);
+        kiln_cpu_reorder_blocked(yp, r->y, sizeof(float), pooled, (int)kiln_layout_block(layout), false);
+        b.in[0] = blocked(gp, KILN_F32, n, c, oh, ow, KILN_LAYOUT_STRIDED);
+        b.in[1] = blocked(yp, KILN_F32, n, c, oh, ow, KILN_LAYOUT_STRIDED);
+        b.out[0].data = r->dx3;
+        memset(r->dx3, 0x7f, nx * sizeof(float));
+        r->bwd_plain = kiln_blocked_relu_max_pool2d_backward_sum(&b, r->part3);
+        kiln_error_clear();
+        free(gp), free(yp);
     }
     kiln_pool_avx2_test_set(-1, 0);
 }
@@ -96,7 +112,9 @@ static void check(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout
         r[k].ix = aligned_alloc(64, (ny * 8 + 63) / 64 * 64);
         r[k].dx = aligned_alloc(64, (nx * 4 + 63) / 64 * 64);
         r[k].dx2 = aligned_alloc(64, (nx * 4 + 63) / 64 * 64);
+        r[k].dx3 = aligned_alloc(64, (nx * 4 + 63) / 64 * 64);
         r[k].part = malloc((size_t)(n * c) * sizeof(double));
+        r[k].part3 = malloc((size_t)(n * c) * sizeof(double));
     }
     if (stray) { /* the generic forward's indices, one of them moved */
         bad = malloc(ny * sizeof(int64_t));
@@ -137,6 +155,16 @@ static void check(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout
         }
         cases++;
     }
+    for (int k = 0; relu && k < 3; k++) { /* grad_out and y plain: the blocked inputs' results */
+        CHECK_MSG(r[k].bwd_plain == r[k].bwd_sum, "%s, rows %d: plain grad_out and y: status %d, blocked %d", what, k,
+                  (int)r[k].bwd_plain, (int)r[k].bwd_sum);
+        if (r[k].bwd_plain == KILN_OK && r[k].bwd_sum == KILN_OK) {
+            CHECK_MSG(!memcmp(r[k].dx3, r[k].dx2, nx * 4), "%s, rows %d: plain grad_out and y give another gradient",
+                      what, k);
+            CHECK_MSG(!memcmp(r[k].part3, r[k].part, (size_t)(n * c) * sizeof(double)),
+                      "%s, rows %d: plain grad_out and y give other plane sums", what, k);
+        }
+    }
     if (relu && r[0].bwd == KILN_OK && r[0].bwd_sum == KILN_OK) { /* each plane's sum is its gradient's */
         int64_t L = kiln_layout_block(layout), hw = h * w;
         for (int64_t i = 0; i < n; i++)
@@ -150,7 +178,8 @@ static void check(int64_t n, int64_t c, int64_t h, int64_t w, kiln_layout layout
             }
     }
     if (stray == 3) CHECK_MSG(r[0].bwd != KILN_OK, "%s: an index outside the plane was accepted", what);
-    for (int k = 0; k < 3; k++) free(r[k].y), free(r[k].ix), free(r[k].dx), free(r[k].dx2), free(r[k].part);
+    for (int k = 0; k < 3; k++)
+        free(r[k].y), free(r[k].ix), free(r[k].dx), free(r[k].dx2), free(r[k].dx3), free(r[k].part), free(r[k].part3);
     free(x), free(go), free(bad);
 }
 

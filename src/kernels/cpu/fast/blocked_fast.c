@@ -94,7 +94,7 @@ kiln_status kiln_blocked_relu_max_pool2d_backward_sum(const kiln_op_args *a, dou
 }
 int64_t kiln_blocked_relu_pool_backward_plane_b8(const float *go, const int64_t *ix, const float *y, float *dx, int64_t oh,
                                                  int64_t ow, int64_t h, int64_t w, double *sums) {
-    return pool_backward_plane_2x2_b8(go, true, oh * ow, ix, y, dx, oh, ow, h, w, kiln_pool_avx2_ok(), false, sums);
+    return pool_backward_plane_2x2_b8(go, true, oh * ow, ix, y, true, dx, oh, ow, h, w, kiln_pool_avx2_ok(), false, sums);
 }
 bool kiln_blocked_sum_supports(const kiln_op_args *a) { return BY_BLOCK(a->in[0].layout, kiln_blocked_sum_supports, a); }
 kiln_status kiln_blocked_sum(const kiln_op_args *a) { return BY_BLOCK(a->in[0].layout, kiln_blocked_sum, a); }

@@ -192,32 +192,35 @@ static bool SFX(kiln_blocked_max_pool2d_backward_supports)(const kiln_op_args *a
 POOL_BWD_ROW(SFX(pool_bwd_row), 0)
 POOL_BWD_ROW(SFX(pool_bwd_row_relu), 1)
 
-/* One output row: a plain grad_out row (plane stride go_plane) is first
- * gathered into blocked order in chunks on the stack. acc (L doubles) or
- * NULL: gains each lane's gradients that passed, in double (a plane's sum
- * is then exact in practice, so its bits are those of any order). */
-static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked, int64_t go_plane, const int64_t *ix_row,
-                                      const float *y_row, float *d0, float *d1, int64_t OW, int64_t index0, int64_t W,
-                                      bool avx2, bool stream, double *acc) {
+/* A plain row's chunk (planes `plane` apart) in blocked order in buf. */
+static const float *SFX(gather_row)(const float *row, int64_t plane, int64_t c0, int64_t n, float *buf) {
+    for (int l = 0; l < L; l++)
+        for (int64_t i = 0; i < n; i++) buf[i * L + l] = row[l * plane + c0 + i];
+    return buf;
+}
+
+/* One output row: a plain grad_out or y row (planes `plane` apart: both
+ * have the pooled size) is first gathered into blocked order in chunks on
+ * the stack. acc (L doubles) or NULL: gains each lane's gradients that
+ * passed, in double (a plane's sum is then exact in practice, so its bits
+ * are those of any order). */
+static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked, int64_t plane, const int64_t *ix_row,
+                                      const float *y_row, bool y_blocked, float *d0, float *d1, int64_t OW,
+                                      int64_t index0, int64_t W, bool avx2, bool stream, double *acc) {
     int64_t stray = 0;
     for (int64_t c0 = 0; c0 < OW; c0 += ROW_CHUNK) {
         int64_t n = OW - c0 < ROW_CHUNK ? OW - c0 : ROW_CHUNK;
-        float buf[ROW_CHUNK * L];
-        const float *g = go_row + c0 * L;
-        if (!go_blocked) {
-            for (int l = 0; l < L; l++)
-                for (int64_t i = 0; i < n; i++) buf[i * L + l] = go_row[l * go_plane + c0 + i];
-            g = buf;
-        }
+        float buf[ROW_CHUNK * L], ybuf[ROW_CHUNK * L];
+        const float *g = go_blocked ? go_row + c0 * L : SFX(gather_row)(go_row, plane, c0, n, buf);
+        const float *y = !y_row ? NULL : y_blocked ? y_row + c0 * L : SFX(gather_row)(y_row, plane, c0, n, ybuf);
         const int64_t *ix = ix_row + c0 * L;
         float *e0 = d0 + 2 * c0 * L, *e1 = d1 + 2 * c0 * L;
         double part[L];
         if (avx2)
-            stray += kiln_pool2x2_backward_row_avx2(g, ix, y_row ? y_row + c0 * L : NULL, e0, e1, n, index0 + 2 * c0, W,
-                                                    L, stream, acc ? part : NULL);
+            stray += kiln_pool2x2_backward_row_avx2(g, ix, y, e0, e1, n, index0 + 2 * c0, W, L, stream, acc ? part : NULL);
         else
-            stray += y_row ? SFX(pool_bwd_row_relu)(g, ix, y_row + c0 * L, e0, e1, n, index0 + 2 * c0, W, part)
-                           : SFX(pool_bwd_row)(g, ix, NULL, e0, e1, n, index0 + 2 * c0, W, part);
+            stray += y ? SFX(pool_bwd_row_relu)(g, ix, y, e0, e1, n, index0 + 2 * c0, W, part)
+                       : SFX(pool_bwd_row)(g, ix, NULL, e0, e1, n, index0 + 2 * c0, W, part);
         if (acc)
             for (int l = 0; l < L; l++) acc[l] += part[l];
     }
@@ -225,13 +228,13 @@ static int64_t SFX(pool_backward_rows_2x2)(const float *go_row, bool go_blocked,
 }
 
 /* One (n, channel block) plane of the dense 2x2 path: dp (H x W x L)
- * from the plane's grad_out (blocked, or plain with planes go_plane
- * apart), indices and y (NULL: max_pool2d's); the rows and columns no
+ * from the plane's grad_out and y (NULL: max_pool2d's), each blocked or
+ * plain with planes `plane` apart, and indices; the rows and columns no
  * window covers get 0; acc (L doubles, zeroed here) or NULL: the plane's
  * sums. Returns the indices outside their window. */
-static int64_t SFX(pool_backward_plane_2x2)(const float *go_p, bool go_blocked, int64_t go_plane, const int64_t *ix_p,
-                                       const float *y_p, float *dp, int64_t OH, int64_t OW, int64_t H, int64_t W,
-                                       bool avx2, bool stream, double *acc) {
+static int64_t SFX(pool_backward_plane_2x2)(const float *go_p, bool go_blocked, int64_t plane, const int64_t *ix_p,
+                                       const float *y_p, bool y_blocked, float *dp, int64_t OH, int64_t OW, int64_t H,
+                                       int64_t W, bool avx2, bool stream, double *acc) {
     int64_t stray = 0;
     if (acc)
         for (int l = 0; l < L; l++) acc[l] = 0.0;
@@ -242,15 +245,20 @@ static int64_t SFX(pool_backward_plane_2x2)(const float *go_p, bool go_blocked, 
             for (int64_t w = 2 * OW; w < W; w++)
                 for (int l = 0; l < L; l++) d0[w * L + l] = d1[w * L + l] = 0.0f;
         const float *go_row = go_blocked ? go_p + oh * OW * L : go_p + oh * OW;
-        stray += SFX(pool_backward_rows_2x2)(go_row, go_blocked, go_plane, ix_p + oh * OW * L,
-                                        y_p ? y_p + oh * OW * L : NULL, d0, d1, OW, 2 * oh * W, W, avx2, stream, acc);
+        const float *y_row = !y_p ? NULL : y_blocked ? y_p + oh * OW * L : y_p + oh * OW;
+        stray += SFX(pool_backward_rows_2x2)(go_row, go_blocked, plane, ix_p + oh * OW * L, y_row, y_blocked, d0, d1,
+                                        OW, 2 * oh * W, W, avx2, stream, acc);
     }
     return stray;
 }
 
 /* max_pool2d_backward (grad_out, indices) and, with relu, the fused
  * relu_max_pool2d_backward (grad_out, y, indices): the gradient passes
- * only where the pooled output y is > 0. y is blocked like the indices.
+ * only where the pooled output y is > 0. grad_out and y are blocked like
+ * the indices, or plain NCHW: a flatten's backward (the classifier's
+ * reshape of y) leaves y plain, and converting the int64 indices to match
+ * sent the whole op to the plain scalar scatter and its gradient to the
+ * convolution plain.
  * part (N x C doubles) or NULL: part[n * C + c] = the sum of plane (n, c)
  * of the input gradient, from the gradients that passed. */
 static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu, double *part) {
@@ -260,7 +268,7 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu, 
     float *dx = a->out[0].data;
     if (a->out[0].layout != BLOCK_LAYOUT)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_max_pool2d_backward: the blocked kernel needs a blocked output");
-    const bool go_blocked = a->in[0].layout == BLOCK_LAYOUT;
+    const bool go_blocked = a->in[0].layout == BLOCK_LAYOUT, y_blocked = !relu || a->in[1].layout == BLOCK_LAYOUT;
     const int64_t N = a->out[0].shape[0], CB = a->out[0].shape[1] / L, H = a->out[0].shape[2], W = a->out[0].shape[3];
     const int64_t OH = a->in[0].shape[2], OW = a->in[0].shape[3], HW = H * W, OHW = OH * OW;
     kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
@@ -279,8 +287,9 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu, 
 #endif
         for (int64_t p = 0; p < N * CB; p++)
             stray += SFX(pool_backward_plane_2x2)(go_blocked ? go + p * OHW * L : go + p * L * OHW, go_blocked, OHW,
-                                             ix + p * OHW * L, yv ? yv + p * OHW * L : NULL, dx + p * HW * L, OH, OW,
-                                             H, W, avx2, stream, part ? part + p * L : NULL);
+                                             ix + p * OHW * L, !yv ? NULL : y_blocked ? yv + p * OHW * L : yv + p * L * OHW,
+                                             y_blocked, dx + p * HW * L, OH, OW, H, W, avx2, stream,
+                                             part ? part + p * L : NULL);
         if (!stray) return KILN_OK;
     }
     int bad = 0;
@@ -300,7 +309,7 @@ static kiln_status SFX(blocked_pool_backward)(const kiln_op_args *a, bool relu, 
                 int64_t k = ip[i * L + l];
                 /* grad_out blocked: (p, i, l); plain: plane (p * 16 + l), element i */
                 float gv = go_blocked ? go[(p * OHW + i) * L + l] : go[(p * L + l) * OHW + i];
-                if (yv) gv = yv[(p * OHW + i) * L + l] > 0.0f ? gv : 0.0f;
+                if (yv) gv = (y_blocked ? yv[(p * OHW + i) * L + l] : yv[(p * L + l) * OHW + i]) > 0.0f ? gv : 0.0f;
                 if (k < 0 || k >= HW) {
 #ifdef _OPENMP
 #pragma omp critical(kiln_blocked_pool_bad)
@@ -334,7 +343,8 @@ static bool SFX(kiln_blocked_relu_max_pool2d_backward_supports)(const kiln_op_ar
     kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
     if (a->n_in < 3 || g.stride[0] < g.kernel[0] || g.stride[1] < g.kernel[1]) return false;
     const kiln_strided *go = &a->in[0], *y = &a->in[1], *ix = &a->in[2], *dx = &a->out[0];
-    return SFX(blocked4)(ix, KILN_I64) && SFX(blocked4)(y, KILN_F32) && (SFX(blocked4)(go, KILN_F32) || plain4(go, KILN_F32)) &&
+    return SFX(blocked4)(ix, KILN_I64) && (SFX(blocked4)(y, KILN_F32) || plain4(y, KILN_F32)) &&
+           (SFX(blocked4)(go, KILN_F32) || plain4(go, KILN_F32)) &&
            dx->ndim == 4 && dx->dtype == KILN_F32 && dx->shape[1] % L == 0 && go->shape[1] == dx->shape[1];
 }
 
