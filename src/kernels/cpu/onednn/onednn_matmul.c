@@ -241,11 +241,14 @@ bool kiln_onednn_linear_act_supports(const kiln_op_args *a) {
 }
 
 static bool avx2_linear(const kiln_op_args *a);
+static bool avx2_linear_gathers(const kiln_op_args *a);
 
 size_t kiln_onednn_linear_act_workspace(const kiln_op_args *a) {
     kiln_op_args b;
-    if (avx2_linear(a)) /* the column order of a blocked x (flat_column), one entry a column */
-        return kiln_layout_block(a->in[0].layout) ? (size_t)a->in[1].shape[1] * sizeof(int64_t) : 0;
+    if (avx2_linear(a)) /* gathering: the column order of a blocked x (flat_column), one entry a column */
+        return avx2_linear_gathers(a) && kiln_layout_block(a->in[0].layout)
+                   ? (size_t)a->in[1].shape[1] * sizeof(int64_t)
+                   : 0;
     if (!linear_act_view(a, NULL, &b)) return 0;
     return x_bytes(a) + mm_workspace(MM_LINEAR, &b);
 }
@@ -256,16 +259,25 @@ void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out) {
 }
 
 /* On an AVX2 CPU without AVX-512, for an output at least 16 wide: Kiln's
- * micro-kernel (kernels/cpu/fast/gemm_avx2.c) with B = W^T read from the
- * weight in place, its columns in x's column order (flat_column, a table
- * in the workspace for a blocked x): y = bias + x . W^T, each element one
+ * micro-kernel (kernels/cpu/fast/gemm_avx2.c) on B = W^T with its rows in
+ * x's column order (flat_column): y = bias + x . W^T, each element one
  * chain of fused multiply-adds after the bias. oneDNN's matmul ran fc1's
  * forward at 82-94 GFLOP/s here (the bench CNN's 128 x 2048 x 512 in 3.3
- * ms), besides a permuted copy of the weight per version. Until 27
- * November the transposed weight was a prepared copy, refilled after every
- * optimizer step: 0.6 ms of the main job's step for fc1's 2.4 MB, written
- * out and read back; the product's panels now gather it from W, the same
- * values in the same order (the same bits). */
+ * ms), besides a permuted copy of the weight per version. B comes one of
+ * two ways, the same values in the same order (the same bits):
+ *   - a prepared copy, refilled when the weight's version moves, below
+ *     LINEAR_GATHER_ROWS rows: there the product is too short to pay for
+ *     gathering W^T per call (fc1 of the main job's model, no update
+ *     between calls: 1 row 50 us against 160 gathering, 8 rows 100 against
+ *     195, 32 rows 250 against 350);
+ *   - gathered from W into the product's panels per call, from
+ *     LINEAR_GATHER_ROWS rows (kiln_cpu_gemm_avx2_parallel_wt, the column
+ *     order a table in the workspace): at 128 rows both take about 0.9 ms
+ *     with the weight unchanged, and in training, where the optimizer
+ *     moves the weight every step, the refill (2.4 MB written and read
+ *     back) took 1.80-1.94 ms of fc1's forward in the main job's step
+ *     against 1.53-1.64 gathering (AMD EPYC Zen 3, 2 threads). */
+#define LINEAR_GATHER_ROWS 64
 static bool avx2_linear(const kiln_op_args *a) {
     const kiln_strided *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
     const kiln_strided *b = a->n_in > 2 && a->in[2].ndim >= 0 ? &a->in[2] : NULL;
@@ -282,6 +294,8 @@ static bool avx2_linear(const kiln_op_args *a) {
            (blocked ? x->ndim == 4 : x->layout == KILN_LAYOUT_STRIDED && kiln_onednn_is_contiguous(x));
 }
 
+static bool avx2_linear_gathers(const kiln_op_args *a) { return a->in[0].shape[0] >= LINEAR_GATHER_ROWS; }
+
 /* Column f of x's flat row as a column of the flat NCHW row: f itself, or
  * for nChw<B>c the column (c, h, w) that sits at ((c / B) * HW + h * W + w)
  * * B + c % B in the blocked row. Both prepared copies below follow it. */
@@ -292,14 +306,22 @@ static int64_t flat_column(const kiln_strided *x, int64_t f) {
     return (cb * B + cr) * HW + i;
 }
 
-/* The prepared copy (oneDNN's matmul on a blocked x): W with its columns
- * in x's order (flat_column). Kiln's product needs none. */
+/* The prepared copy: W^T for Kiln's product below LINEAR_GATHER_ROWS
+ * rows (none from there: it gathers), else (oneDNN's matmul on a blocked
+ * x) W with its columns in x's order (flat_column). */
 void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
     p->input = -1;
     const kiln_strided *x = &a->in[0], *w = &a->in[1];
     const int block = kiln_layout_block(x->layout);
-    if (avx2_linear(a) || !block || x->ndim != 4 || w->ndim != 2 || w->dtype != KILN_F32 ||
-        !kiln_onednn_is_contiguous(w))
+    if (avx2_linear(a)) {
+        if (avx2_linear_gathers(a)) return;
+        p->input = 1; /* W^T, rows in x's column order */
+        p->key = 0x6c696e7432000000ULL ^ ((uint64_t)block << 52) ^ ((uint64_t)(x->ndim == 4 ? x->shape[1] : 0) << 36) ^
+                 ((uint64_t)(x->ndim == 4 ? x->shape[2] * x->shape[3] : 0) << 20) ^ (uint64_t)w->shape[1];
+        p->bytes = (size_t)(w->shape[0] * w->shape[1]) * sizeof(float);
+        return;
+    }
+    if (!block || x->ndim != 4 || w->ndim != 2 || w->dtype != KILN_F32 || !kiln_onednn_is_contiguous(w))
         return;
     p->input = 1;
     /* which blocked geometry the columns follow */
@@ -310,6 +332,26 @@ void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
 
 kiln_status kiln_onednn_linear_act_fill(const kiln_op_args *a, void *dst) {
     const kiln_strided *x = &a->in[0], *w = &a->in[1];
+    if (avx2_linear(a)) {
+        /* dst[f][n] = W[n][column f of x's row], eight rows f at a time:
+         * each row of dst written in order, each row of W read eight
+         * columns at a time. 0.57 ms for fc1's 512 x 1152 weight on one
+         * thread, 0.29 on two (AMD EPYC Zen 3; 8 x 8 tiles gathered and
+         * transposed in registers took as long). */
+        const int64_t N = w->shape[0], K = w->shape[1];
+        const float *src = w->data;
+        float *out = dst;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) if (N * K >= 65536)
+#endif
+        for (int64_t f0 = 0; f0 < K; f0 += 8) {
+            int64_t fe = f0 + 8 < K ? f0 + 8 : K, col[8];
+            for (int64_t f = f0; f < fe; f++) col[f - f0] = flat_column(x, f);
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t f = f0; f < fe; f++) out[f * N + n] = src[n * K + col[f - f0]];
+        }
+        return KILN_OK;
+    }
     const int64_t O = w->shape[0], K = w->shape[1], C = x->shape[1], HW = x->shape[2] * x->shape[3];
     if (K != C * HW || !kiln_layout_block(x->layout))
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: weight columns do not match x");
@@ -334,7 +376,7 @@ kiln_status kiln_onednn_linear_act(const kiln_op_args *a) {
         const float *bias = a->n_in > 2 && a->in[2].ndim >= 0 ? a->in[2].data : NULL;
         float *y = a->out[0].data;
         int64_t *wcol = NULL;
-        if (kiln_layout_block(a->in[0].layout)) {
+        if (!a->prepared && kiln_layout_block(a->in[0].layout)) {
             if (a->workspace_bytes < (size_t)K * sizeof(int64_t))
                 return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_linear_act: workspace of %zu bytes, it needs %zu",
                                   a->workspace_bytes, (size_t)K * sizeof(int64_t));
@@ -345,7 +387,8 @@ kiln_status kiln_onednn_linear_act(const kiln_op_args *a) {
             if (bias) memcpy(y + i * N, bias, sizeof(float) * (size_t)N);
             else memset(y + i * N, 0, sizeof(float) * (size_t)N);
         }
-        kiln_cpu_gemm_avx2_parallel_wt(M, N, K, a->in[0].data, K, 1, a->in[1].data, K, wcol, y, N, true);
+        if (a->prepared) kiln_cpu_gemm_avx2_parallel(M, N, K, a->in[0].data, K, 1, a->prepared, N, y, N, true);
+        else kiln_cpu_gemm_avx2_parallel_wt(M, N, K, a->in[0].data, K, 1, a->in[1].data, K, wcol, y, N, true);
         linear_act_relu(a);
         return KILN_OK;
     }
