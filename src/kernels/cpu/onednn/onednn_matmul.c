@@ -241,14 +241,11 @@ bool kiln_onednn_linear_act_supports(const kiln_op_args *a) {
 }
 
 static bool avx2_linear(const kiln_op_args *a);
-static bool avx2_linear_gathers(const kiln_op_args *a);
 
 size_t kiln_onednn_linear_act_workspace(const kiln_op_args *a) {
     kiln_op_args b;
-    if (avx2_linear(a)) /* gathering: the column order of a blocked x (flat_column), one entry a column */
-        return avx2_linear_gathers(a) && kiln_layout_block(a->in[0].layout)
-                   ? (size_t)a->in[1].shape[1] * sizeof(int64_t)
-                   : 0;
+    if (avx2_linear(a)) /* for gathering (also where no prepared copy came): a blocked x's column order */
+        return kiln_layout_block(a->in[0].layout) ? (size_t)a->in[1].shape[1] * sizeof(int64_t) : 0;
     if (!linear_act_view(a, NULL, &b)) return 0;
     return x_bytes(a) + mm_workspace(MM_LINEAR, &b);
 }
