@@ -80,11 +80,20 @@ typedef struct kiln_op_args {
  * allocator, so it shows in the statistics), refills it with the kernel's
  * fill fn when the storage's version has changed since, frees it with the
  * storage, and hands it to the kernel in args->prepared. The fill fn may
- * use args->workspace. */
+ * use args->workspace.
+ *
+ * A lazy copy (lazy set) is made only once the input has been seen at the
+ * same version by two calls in a row, and dropped (its memory returned)
+ * when a call finds it out of date: a weight the optimizer moves between
+ * every call is then never copied, an unchanged one (inference, an
+ * evaluation) from its second call on. The kernel must run without the
+ * copy (args->prepared NULL) with the same bits, and its workspace must
+ * cover that path. */
 typedef struct kiln_op_prepare {
     int input;
     uint64_t key;
     size_t bytes;
+    bool lazy;
 } kiln_op_prepare;
 typedef void (*kiln_op_prepare_fn)(const kiln_op_args *args, kiln_op_prepare *p);
 typedef kiln_status (*kiln_op_fill_fn)(const kiln_op_args *args, void *dst);

@@ -219,7 +219,8 @@ static kiln_status prepare_input(kiln_op_call *c, const kiln_op_kernel *k, kiln_
     fill_ctx f = {k, args};
     void *copy = NULL;
     alloc_kind = KILN_DISPATCH_ALLOC_PREPARED;
-    kiln_status st = kiln_tensor_prepared(c->in[p.input], p.key, p.bytes, on_meta ? fill_nothing : fill_prepared, &f, &copy);
+    kiln_status st = kiln_tensor_prepared(c->in[p.input], p.key, p.bytes, p.lazy,
+                                          on_meta ? fill_nothing : fill_prepared, &f, &copy);
     alloc_kind = KILN_DISPATCH_ALLOC_OUTPUT;
     KILN_TRY(st);
     if (on_meta) return KILN_OK;

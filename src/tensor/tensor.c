@@ -51,6 +51,7 @@ static kiln_storage *storage_create(kiln_device device, size_t nbytes, bool pinn
 typedef struct kiln_prepared {
     struct kiln_prepared *next;
     uint64_t key, version;
+    uint64_t seen; /* lazy: the version the last call saw */
     bool filled;
     size_t bytes;
     void *block;
@@ -58,46 +59,54 @@ typedef struct kiln_prepared {
 
 static pthread_mutex_t prepared_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static void prepared_free_block(kiln_storage *s, kiln_prepared *p) {
+    if (p->block && kiln_memory_free(s->device, p->block))
+        kiln_log_write(KILN_LOG_WARN, "a kernel's prepared copy: free failed: %s", kiln_error_message());
+    p->block = NULL;
+    p->filled = false;
+}
+
 static void prepared_free_all(kiln_storage *s) {
     for (kiln_prepared *p = s->prepared, *next; p; p = next) {
         next = p->next;
-        if (p->block && kiln_memory_free(s->device, p->block))
-            kiln_log_write(KILN_LOG_WARN, "a kernel's prepared copy: free failed: %s", kiln_error_message());
+        prepared_free_block(s, p);
         free(p);
     }
     s->prepared = NULL;
 }
 
-kiln_status kiln_tensor_prepared(const kiln_tensor *t, uint64_t key, size_t bytes,
+kiln_status kiln_tensor_prepared(const kiln_tensor *t, uint64_t key, size_t bytes, bool lazy,
                                  kiln_status (*fill)(void *ctx, void *dst), void *ctx, void **out) {
     kiln_storage *s = t->storage;
     *out = NULL;
     pthread_mutex_lock(&prepared_lock);
     kiln_prepared *p = s->prepared;
     while (p && !(p->key == key && p->bytes == bytes)) p = p->next;
+    /* Versions count from 0; a new lazy record has seen none (UINT64_MAX). */
+    uint64_t v = (uint64_t)atomic_load_explicit(&s->version, memory_order_relaxed);
     kiln_status st = KILN_OK;
     if (!p) {
         p = KILN_CALLOC(1, sizeof *p);
         if (!p) st = kiln_error_last()->status;
-        if (!st) st = kiln_memory_alloc(s->device, bytes ? bytes : 1, s->stream, &p->block);
-        if (st) {
-            free(p);
-            p = NULL;
-        } else {
-            p->key = key, p->bytes = bytes;
+        else {
+            p->key = key, p->bytes = bytes, p->seen = UINT64_MAX;
             p->next = s->prepared;
             s->prepared = p;
         }
     }
-    if (!st) {
-        uint64_t v = (uint64_t)atomic_load_explicit(&s->version, memory_order_relaxed);
-        if (!p->filled || p->version != v) {
-            p->filled = false;
-            st = fill(ctx, p->block);
-            if (!st) p->filled = true, p->version = v;
+    if (!st && !(p->filled && p->version == v)) {
+        if (lazy && p->seen != v) { /* moved since the last call (or never seen): no copy this time */
+            prepared_free_block(s, p);
+            p->seen = v;
+            pthread_mutex_unlock(&prepared_lock);
+            return KILN_OK;
         }
-        if (!st) *out = p->block;
+        p->filled = false;
+        if (!p->block) st = kiln_memory_alloc(s->device, bytes ? bytes : 1, s->stream, &p->block);
+        if (!st) st = fill(ctx, p->block);
+        if (!st) p->filled = true, p->version = v;
     }
+    if (!st) *out = p->block, p->seen = v;
     pthread_mutex_unlock(&prepared_lock);
     return st;
 }

@@ -107,8 +107,10 @@ kiln_status kiln_tensor_ensure_strided(const kiln_tensor *t);
  * kiln_op_prepare): `bytes` from the caching allocator of t's device, kept
  * with t's storage and freed with it. fill(ctx, dst) runs when the copy is
  * new or t's storage has been written since it was last filled. *out is
- * the copy. */
-kiln_status kiln_tensor_prepared(const kiln_tensor *t, uint64_t key, size_t bytes,
+ * the copy. A lazy copy (kiln_op_prepare.lazy) is filled only when the
+ * previous call saw the same version, and freed when found out of date;
+ * *out is NULL until then. */
+kiln_status kiln_tensor_prepared(const kiln_tensor *t, uint64_t key, size_t bytes, bool lazy,
                                  kiln_status (*fill)(void *ctx, void *dst), void *ctx, void **out);
 /* Marks a freshly allocated, contiguous result as holding `layout` (the
  * dispatcher, for kernels that chose one). */

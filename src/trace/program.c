@@ -319,8 +319,8 @@ kiln_status kiln_trace_run_step(kiln_program *p, trace_step *s) {
     if (s->prep_external >= 0) {
         fill_ctx f = {s->k, a};
         void *copy = NULL;
-        KILN_TRY(kiln_tensor_prepared(p->ext[s->prep_external].t, s->prep_key, s->prep_bytes, fill_prepared,
-                                      &f, &copy));
+        KILN_TRY(kiln_tensor_prepared(p->ext[s->prep_external].t, s->prep_key, s->prep_bytes, s->prep_lazy,
+                                      fill_prepared, &f, &copy));
         a->prepared = copy;
     }
     void *recorded = a->stream;

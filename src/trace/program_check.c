@@ -297,7 +297,7 @@ static kiln_status parse_prepared(const parser *ps, trace_step *s, bool recorded
         pr.bytes > (size_t)MAX_BYTES)
         return bad(ps, "a prepared copy of a tensor that is not from the file");
     s->prep_external = s->in[pr.input].index, s->prep_input = pr.input;
-    s->prep_key = pr.key, s->prep_bytes = pr.bytes;
+    s->prep_key = pr.key, s->prep_bytes = pr.bytes, s->prep_lazy = pr.lazy;
     return KILN_OK;
 }
 

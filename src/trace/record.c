@@ -291,16 +291,18 @@ static kiln_status record_kernel(void *ctx, const kiln_op_call *c, const kiln_op
     if (args->workspace) {
         KILN_TRY(kiln_trace_classify(r, NULL, args->workspace, idx, true, &s->ws));
     }
-    if (args->prepared && k->prepare) {
-        kiln_op_prepare pr = {.input = -1};
-        k->prepare(args, &pr);
+    /* A lazy copy may not have been made for this call (the weight moved
+     * since the last one): the replay asks for it on each run all the same. */
+    kiln_op_prepare pr = {.input = -1};
+    if (k->prepare && k->fill) k->prepare(args, &pr);
+    if (args->prepared || (pr.lazy && pr.input >= 0 && pr.bytes > 0)) {
         if (pr.input < 0 || pr.input >= c->n_in || s->in[pr.input].kind != TRACE_REF_EXTERNAL)
             return KILN_RAISE(KILN_ERR_UNSUPPORTED,
                               "trace with the weights as tensors that exist before the call",
                               "kiln_trace: step %d (%s) keeps a prepared copy of a tensor the call made", idx,
                               op_name(c->op));
         s->prep_external = s->in[pr.input].index;
-        s->prep_input = pr.input, s->prep_key = pr.key, s->prep_bytes = pr.bytes;
+        s->prep_input = pr.input, s->prep_key = pr.key, s->prep_bytes = pr.bytes, s->prep_lazy = pr.lazy;
     }
     return KILN_OK;
 }

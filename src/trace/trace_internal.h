@@ -73,6 +73,7 @@ typedef struct trace_step {
     int prep_input;
     uint64_t prep_key;
     size_t prep_bytes;
+    bool prep_lazy; /* kiln_op_prepare.lazy: the replay may run without the copy */
     /* reorder: the 4-D shape, element size and channels per block; in[0] -> out[0] */
     size_t elem;
     int block;

@@ -262,11 +262,14 @@ void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out) {
  * forward at 82-94 GFLOP/s here (the bench CNN's 128 x 2048 x 512 in 3.3
  * ms), besides a permuted copy of the weight per version. B comes one of
  * two ways, the same values in the same order (the same bits):
- *   - a prepared copy, refilled when the weight's version moves, below
- *     LINEAR_GATHER_ROWS rows: there the product is too short to pay for
- *     gathering W^T per call (fc1 of the main job's model, no update
- *     between calls: 1 row 50 us against 160 gathering, 8 rows 100 against
- *     195, 32 rows 250 against 350);
+ *   - a prepared copy below LINEAR_GATHER_ROWS rows, where the product is
+ *     too short to pay for gathering W^T per call (fc1 of the main job's
+ *     model, no update between calls: 1 row 50 us against 160 gathering,
+ *     8 rows 100 against 195, 32 rows 250 against 350). The copy is lazy
+ *     (kernels/op_args.h): made once two calls in a row see the same
+ *     weight, so a training step, whose optimizer moves the weight between
+ *     calls, gathers instead of refilling 4 MB per step (the bench CNN's
+ *     fc1 at batch 8: the refill was 14% of the step's CPU time);
  *   - gathered from W into the product's panels per call, from
  *     LINEAR_GATHER_ROWS rows (kiln_cpu_gemm_avx2_parallel_wt, the column
  *     order a table in the workspace): at 128 rows both take about 0.9 ms
@@ -304,8 +307,8 @@ static int64_t flat_column(const kiln_strided *x, int64_t f) {
 }
 
 /* The prepared copy: W^T for Kiln's product below LINEAR_GATHER_ROWS
- * rows (none from there: it gathers), else (oneDNN's matmul on a blocked
- * x) W with its columns in x's order (flat_column). */
+ * rows, lazy (none from there: it gathers), else (oneDNN's matmul on a
+ * blocked x) W with its columns in x's order (flat_column). */
 void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
     p->input = -1;
     const kiln_strided *x = &a->in[0], *w = &a->in[1];
@@ -316,6 +319,7 @@ void kiln_onednn_linear_act_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
         p->key = 0x6c696e7432000000ULL ^ ((uint64_t)block << 52) ^ ((uint64_t)(x->ndim == 4 ? x->shape[1] : 0) << 36) ^
                  ((uint64_t)(x->ndim == 4 ? x->shape[2] * x->shape[3] : 0) << 20) ^ (uint64_t)w->shape[1];
         p->bytes = (size_t)(w->shape[0] * w->shape[1]) * sizeof(float);
+        p->lazy = true;
         return;
     }
     if (!block || x->ndim != 4 || w->ndim != 2 || w->dtype != KILN_F32 || !kiln_onednn_is_contiguous(w))
