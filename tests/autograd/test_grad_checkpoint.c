@@ -422,6 +422,39 @@ static void test_by_memory_identical(int segments) {
     kiln_scope_end();
 }
 
+/* The bytes each layer keeps, as the placement measures them, are the
+ * same for a fresh model and for one that has run: a kernel's prepared
+ * weight copy (made on the first call, or on the second for a lazy one:
+ * linear_act's W^T on AVX2 CPUs, kernels/op_args.h) is no layer's. */
+static void test_by_memory_measures_no_copy(void) {
+    static const char *spec = "conv 8 k3 p1\nrelu\nmaxpool 2\nflatten\nlinear 32\nrelu\nlinear 10\n";
+    kiln_scope_begin();
+    kiln_manual_seed(3);
+    kiln_module *fresh = NULL, *ran = NULL;
+    CHECK_OK(kiln_model_spec_parse(spec, "test", 1, 12, 12, &fresh));
+    CHECK_OK(kiln_model_spec_parse(spec, "test", 1, 12, 12, &ran));
+    kiln_tensor *sample = kiln_randn(KILN_SHAPE(2, 1, 12, 12), KILN_F32, KILN_CPU);
+    if (fresh && ran && sample) {
+        kiln_no_grad_begin();
+        for (int i = 0; i < 2; i++) kiln_release(kiln_module_forward(ran, sample));
+        kiln_grad_mode_end();
+        int n = kiln_module_num_children(fresh);
+        int64_t a[16] = {0}, b[16] = {0}, c[16] = {0};
+        CHECK_OK(kiln_nn_sequential_checkpoint_by_memory(fresh, sample, 2, a));
+        CHECK_OK(kiln_nn_sequential_checkpoint_by_memory(fresh, sample, 2, b)); /* now it has run */
+        CHECK_OK(kiln_nn_sequential_checkpoint_by_memory(ran, sample, 2, c));
+        for (int i = 0; i < n && i < 16; i++) {
+            CHECK_MSG(a[i] == b[i], "layer %d: %lld bytes measured on a fresh model, %lld once it has run", i,
+                      (long long)a[i], (long long)b[i]);
+            CHECK_MSG(a[i] == c[i], "layer %d: %lld bytes measured on a fresh model, %lld after two forwards", i,
+                      (long long)a[i], (long long)c[i]);
+        }
+    }
+    kiln_module_free(fresh);
+    kiln_module_free(ran);
+    kiln_scope_end();
+}
+
 /* Explicit segment starts, and what they refuse. */
 static void test_starts(void) {
     kiln_scope_begin();
@@ -660,6 +693,7 @@ int main(void) {
     test_by_memory_identical(2);
     test_by_memory_identical(3);
     test_by_memory_identical(4);
+    test_by_memory_measures_no_copy();
     test_starts();
     test_resnet_peak();
     test_resnet_split_bodies();
