@@ -82,11 +82,11 @@ typedef struct kiln_op_args {
  * storage, and hands it to the kernel in args->prepared. The fill fn may
  * use args->workspace.
  *
- * A lazy copy (lazy set) is made only once the input has been seen at the
- * same version by two calls in a row, and dropped (its memory returned)
- * when a call finds it out of date: a weight the optimizer moves between
- * every call is then never copied, an unchanged one (inference, an
- * evaluation) from its second call on. The kernel must run without the
+ * A lazy copy (lazy set) is filled only once the input has been seen at
+ * the same version by two calls in a row; a call that finds it out of date
+ * runs without it (its block stays allocated for the next fill): a weight
+ * the optimizer moves between every call is then never copied, an
+ * unchanged one (inference, an evaluation) from its second call on. The kernel must run without the
  * copy (args->prepared NULL) with the same bits, and its workspace must
  * cover that path. */
 typedef struct kiln_op_prepare {

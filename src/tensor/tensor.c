@@ -58,6 +58,14 @@ typedef struct kiln_prepared {
 } kiln_prepared;
 
 static pthread_mutex_t prepared_lock = PTHREAD_MUTEX_INITIALIZER;
+static int64_t prepared_fills; /* under prepared_lock */
+
+int64_t kiln_tensor_prepared_fills(void) {
+    pthread_mutex_lock(&prepared_lock);
+    int64_t n = prepared_fills;
+    pthread_mutex_unlock(&prepared_lock);
+    return n;
+}
 
 static void prepared_free_block(kiln_storage *s, kiln_prepared *p) {
     if (p->block && kiln_memory_free(s->device, p->block))
@@ -95,15 +103,21 @@ kiln_status kiln_tensor_prepared(const kiln_tensor *t, uint64_t key, size_t byte
         }
     }
     if (!st && !(p->filled && p->version == v)) {
-        if (lazy && p->seen != v) { /* moved since the last call (or never seen): no copy this time */
-            prepared_free_block(s, p);
+        if (lazy && p->seen != v) {
+            /* Moved since the last call (or never seen): no copy this time.
+             * A block made before stays for the next fill, so a replayed
+             * program's later runs call no allocator (docs/trace.md). */
+            p->filled = false;
             p->seen = v;
             pthread_mutex_unlock(&prepared_lock);
             return KILN_OK;
         }
         p->filled = false;
         if (!p->block) st = kiln_memory_alloc(s->device, bytes ? bytes : 1, s->stream, &p->block);
-        if (!st) st = fill(ctx, p->block);
+        if (!st) {
+            st = fill(ctx, p->block);
+            prepared_fills++;
+        }
         if (!st) p->filled = true, p->version = v;
     }
     if (!st) *out = p->block, p->seen = v;

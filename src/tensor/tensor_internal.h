@@ -108,10 +108,13 @@ kiln_status kiln_tensor_ensure_strided(const kiln_tensor *t);
  * with t's storage and freed with it. fill(ctx, dst) runs when the copy is
  * new or t's storage has been written since it was last filled. *out is
  * the copy. A lazy copy (kiln_op_prepare.lazy) is filled only when the
- * previous call saw the same version, and freed when found out of date;
- * *out is NULL until then. */
+ * previous call saw the same version; *out is NULL until then (its block,
+ * once made, is kept for the next fill). */
 kiln_status kiln_tensor_prepared(const kiln_tensor *t, uint64_t key, size_t bytes, bool lazy,
                                  kiln_status (*fill)(void *ctx, void *dst), void *ctx, void **out);
+/* How many times kiln_tensor_prepared has filled a copy in this process
+ * (for tests: a weight the optimizer moves between calls refills no lazy copy). */
+int64_t kiln_tensor_prepared_fills(void);
 /* Marks a freshly allocated, contiguous result as holding `layout` (the
  * dispatcher, for kernels that chose one). */
 void kiln_tensor_set_layout(kiln_tensor *t, kiln_layout layout);

@@ -447,10 +447,12 @@ static void test_prepared(void) {
 
 /* linear_act's copy of W^T on AVX2 CPUs is lazy (kernels/op_args.h): the
  * first call with a weight gathers from it, a second call at the same
- * version makes the copy, a write to the weight drops it, and every call
- * gives the same bits. Seen by the bytes the copy keeps allocated after
- * the call's result is released; elsewhere (oneDNN's matmul, whose copy is
- * made at once; no copy at all) the check follows what runs there. */
+ * version makes the copy, a call after a write to the weight gathers again
+ * (no refill) and keeps the block, the next one refills it; every call
+ * gives the same bits. Seen by the bytes left allocated after each call
+ * (its result released) and the count of fills; elsewhere (oneDNN's
+ * matmul, whose copy is made at once; no copy at all) the check follows
+ * what runs there. */
 static void test_prepared_lazy(void) {
     kiln_tensor *x = pattern(KILN_SHAPE(4, 32, 3, 3), 41), *xb = blocked_copy(x);
     kiln_tensor *b = pattern(KILN_SHAPE(24), 44);
@@ -463,25 +465,30 @@ static void test_prepared_lazy(void) {
         const char *what = blocked ? "blocked" : "plain";
         kiln_tensor *w = pattern(KILN_SHAPE(24, 288), 42), *w2 = pattern(KILN_SHAPE(24, 288), 43);
         float *v[4] = {NULL};
-        int64_t kept[4]; /* bytes left allocated by each call, its result released */
+        int64_t kept[4], fills[4]; /* bytes left allocated by each call (its result released), copies filled */
         for (int call = 0; call < 4; call++) {
             if (call == 2) CHECK_OK(kiln_copy_(w, w2, 0)); /* the optimizer's write: version bumped */
-            int64_t before = (int64_t)kiln_memory_allocated(KILN_CPU);
+            int64_t before = (int64_t)kiln_memory_allocated(KILN_CPU), f0 = kiln_tensor_prepared_fills();
             kiln_tensor *y = kiln_linear_act(blocked ? xb : x, w, b, KILN_ACT_NONE);
             CHECK(y != NULL);
             if (y) v[call] = host_values(y);
             kiln_release(y);
             kept[call] = (int64_t)kiln_memory_allocated(KILN_CPU) - before;
+            fills[call] = kiln_tensor_prepared_fills() - f0;
         }
         if (lazy) {
-            CHECK_MSG(kept[0] == 0, "linear_act (%s x): a new weight's first call kept %lld bytes, not lazy", what,
-                      (long long)kept[0]);
-            CHECK_MSG(kept[1] >= bytes, "linear_act (%s x): the second call at one version kept %lld bytes, not the "
-                      "copy's %lld", what, (long long)kept[1], (long long)bytes);
-            CHECK_MSG(kept[2] == -kept[1], "linear_act (%s x): after a write to the weight %lld bytes kept, not the "
-                      "stale copy's %lld returned", what, (long long)kept[2], (long long)kept[1]);
-            CHECK_MSG(kept[3] == kept[1], "linear_act (%s x): the new version's copy kept %lld bytes, %lld before",
-                      what, (long long)kept[3], (long long)kept[1]);
+            CHECK_MSG(kept[0] == 0 && fills[0] == 0,
+                      "linear_act (%s x): a new weight's first call kept %lld bytes and filled %lld copies, not lazy",
+                      what, (long long)kept[0], (long long)fills[0]);
+            CHECK_MSG(kept[1] >= bytes && fills[1] == 1,
+                      "linear_act (%s x): the second call at one version kept %lld bytes (the copy: %lld) and "
+                      "filled %lld copies", what, (long long)kept[1], (long long)bytes, (long long)fills[1]);
+            CHECK_MSG(kept[2] == 0 && fills[2] == 0,
+                      "linear_act (%s x): the call after a write to the weight kept %lld bytes and filled %lld "
+                      "copies: it should gather and keep the block", what, (long long)kept[2], (long long)fills[2]);
+            CHECK_MSG(kept[3] == 0 && fills[3] == 1,
+                      "linear_act (%s x): the next call kept %lld bytes and filled %lld copies: it should refill "
+                      "the block", what, (long long)kept[3], (long long)fills[3]);
         } else {
             CHECK_MSG(kept[1] == 0 && kept[2] == 0 && kept[3] == 0,
                       "linear_act (%s x): a copy made at once (or none) changed the bytes kept after its first call "

@@ -1,8 +1,10 @@
 /* kiln_trace of an inference forward on the CPU: the tutorial CNN and the
  * small ResNet (eval mode, grad off) traced once at batch 2, replayed on
  * fresh data several times, each result bit-identical to the eager
- * forward on the same data; no allocator call after the first replay
- * (kiln_memory_alloc_count); the memory plan shares bytes (arena smaller
+ * forward on the same data, also after the weights were written in place
+ * (the kernels' prepared copies refilled, a lazy one from its second
+ * replay); no allocator call after the first replay, a write to the
+ * weights included (kiln_memory_alloc_count); the memory plan shares bytes (arena smaller
  * than the blocks' sum); guards name what changed and say retrace. */
 #include <math.h>
 #include <string.h>
@@ -52,12 +54,29 @@ static void check_model(const char *file, int64_t c, int64_t hw) {
         CHECK_MSG(st.n_steps >= 5 && st.arena_bytes > 0 && st.arena_bytes < st.unplanned_bytes,
                   "%s: %d steps, arena %zu of %zu", file, st.n_steps, st.arena_bytes, st.unplanned_bytes);
         int64_t allocs_before = 0;
-        for (int round = 0; round < 4; round++) {
+        for (int round = 0; round < 7; round++) {
+            if (round == 4) { /* the weights written in place (a training step's update): same storage */
+                kiln_named_tensor *ps = NULL;
+                int np = 0;
+                CHECK_OK(kiln_module_named_parameters(m, &ps, &np));
+                for (int i = 0; i < np; i++) {
+                    kiln_tensor *half = kiln_mul_scalar(ps[i].tensor, 0.5);
+                    CHECK_OK(kiln_copy_(ps[i].tensor, half, 0));
+                    kiln_release(half);
+                }
+                free(ps);
+            }
             kiln_tensor *xi =
                 round == 0 ? kiln_retain(x) : kiln_randn(KILN_SHAPE(2, c, hw, hw), KILN_F32, KILN_CPU);
             if (round >= 2) allocs_before = kiln_memory_alloc_count();
             kiln_tensor *y = NULL;
-            CHECK_OK(kiln_program_run(p, 1, &xi, 1, &y));
+            /* after the write, twice with no eager call between (which would
+             * refill the copies itself): the second replay refills them */
+            for (int twice = 0; twice < (round == 4 ? 2 : 1); twice++) {
+                kiln_release(y);
+                y = NULL;
+                CHECK_OK(kiln_program_run(p, 1, &xi, 1, &y));
+            }
             if (round >= 2) CHECK_EQ_I(kiln_memory_alloc_count() - allocs_before, 0);
             kiln_tensor *ref = round == 0 ? kiln_retain(eager) : kiln_module_forward(m, xi);
             CHECK_MSG(same_bits(y, ref), "%s: replay %d differs from eager", file, round);
