@@ -86,9 +86,9 @@ typedef struct kiln_op_args {
  * the same version by two calls in a row; a call that finds it out of date
  * runs without it (its block stays allocated for the next fill): a weight
  * the optimizer moves between every call is then never copied, an
- * unchanged one (inference, an evaluation) from its second call on. The kernel must run without the
- * copy (args->prepared NULL) with the same bits, and its workspace must
- * cover that path. */
+ * unchanged one (inference, an evaluation) from its second call on. The
+ * kernel must run without the copy (args->prepared NULL) with the same
+ * bits, and its workspace must cover that path. */
 typedef struct kiln_op_prepare {
     int input;
     uint64_t key;

@@ -67,17 +67,11 @@ int64_t kiln_tensor_prepared_fills(void) {
     return n;
 }
 
-static void prepared_free_block(kiln_storage *s, kiln_prepared *p) {
-    if (p->block && kiln_memory_free(s->device, p->block))
-        kiln_log_write(KILN_LOG_WARN, "a kernel's prepared copy: free failed: %s", kiln_error_message());
-    p->block = NULL;
-    p->filled = false;
-}
-
 static void prepared_free_all(kiln_storage *s) {
     for (kiln_prepared *p = s->prepared, *next; p; p = next) {
         next = p->next;
-        prepared_free_block(s, p);
+        if (p->block && kiln_memory_free(s->device, p->block))
+            kiln_log_write(KILN_LOG_WARN, "a kernel's prepared copy: free failed: %s", kiln_error_message());
         free(p);
     }
     s->prepared = NULL;
