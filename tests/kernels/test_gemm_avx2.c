@@ -7,6 +7,8 @@
  *   - kiln_cpu_gemm_avx2_parallel (packed panels, K in blocks, columns
  *     over threads) bit-identical to the single unblocked chain of
  *     kiln_cpu_gemm_avx2 where n is a multiple of 8, on 1 and 2 threads;
+ *   - kiln_cpu_gemm_avx2_parallel_wt (W^T gathered into the panels) bit
+ *     for bit against the product on W^T written out;
  *   - kiln_mm through the dispatcher on a transposed left operand (the
  *     backward of a linear layer) against the reference.
  * Skips (77) on a CPU without AVX2 and FMA. */
@@ -65,6 +67,34 @@ static void check_case(const dims *d, bool trans, bool acc) {
     free(a), free(b), free(c), free(c1), free(ref);
 }
 
+/* kiln_cpu_gemm_avx2_parallel_wt (B = W^T gathered from W, its rows in a
+ * column table's order or in order) bit for bit against the same product
+ * on W^T written out: the panels' gathers, in 8 x 8 transposes where the
+ * table's columns run contiguous and one element at a time elsewhere,
+ * must put the same values in the same places. The tables are a blocked
+ * x's (nChw8c) flattened order over `hw` positions a channel: 16 runs of
+ * 16 (the transposes), 9 mostly not, 4 never; without a table, K = 300
+ * leaves 44 rows after the last 64. */
+static void check_wt(int64_t m, int64_t n, int64_t channels, int64_t hw, bool table) {
+    int64_t k = channels * hw;
+    float *a = malloc(sizeof(float) * (size_t)(m * k)), *w = malloc(sizeof(float) * (size_t)(n * k));
+    float *bt = malloc(sizeof(float) * (size_t)(k * n)), *c = malloc(sizeof(float) * (size_t)(m * n));
+    float *c_ref = malloc(sizeof(float) * (size_t)(m * n));
+    int64_t *wcol = malloc(sizeof(int64_t) * (size_t)k);
+    fill(a, (size_t)(m * k), 7), fill(w, (size_t)(n * k), 8), fill(c, (size_t)(m * n), 9);
+    memcpy(c_ref, c, sizeof(float) * (size_t)(m * n));
+    for (int64_t f = 0; f < k; f++) /* f = ((c / 8) * hw + p) * 8 + c % 8 -> column c * hw + p */
+        wcol[f] = table ? (f / (8 * hw) * 8 + f % 8) * hw + f / 8 % hw : f;
+    for (int64_t l = 0; l < k; l++)
+        for (int64_t j = 0; j < n; j++) bt[l * n + j] = w[j * k + wcol[l]];
+    kiln_cpu_gemm_avx2_parallel(m, n, k, a, k, 1, bt, n, c_ref, n, true);
+    kiln_cpu_gemm_avx2_parallel_wt(m, n, k, a, k, 1, w, k, table ? wcol : NULL, c, n, true);
+    CHECK_MSG(!memcmp(c, c_ref, sizeof(float) * (size_t)(m * n)),
+              "W^T gathered (m=%lld n=%lld k=%lld, %s) differs from W^T written out", (long long)m, (long long)n,
+              (long long)k, table ? "nChw8c column table" : "no table");
+    free(a), free(w), free(bt), free(c), free(c_ref), free(wcol);
+}
+
 /* kiln_mm(dy^T, x) as linear's weight gradient computes it, through the dispatcher. */
 static void check_mm(void) {
     kiln_scope_begin();
@@ -102,6 +132,12 @@ int main(void) {
             for (int trans = 0; trans < 2; trans++)
                 for (int acc = 0; acc < 2; acc++) check_case(&cases[i], trans, acc);
     }
+    for (int table = 0; table < 2; table++) {
+        check_wt(8, 512, 128, 16, table); /* the bench CNN's fc1 at batch 8 */
+        check_wt(13, 40, 32, 9, table);   /* the 28x28x1 CNN's planes, a 8-column half panel */
+        check_wt(70, 19, 16, 4, table);   /* three tail columns */
+    }
+    check_wt(5, 24, 1, 300, false);
     check_mm();
     kiln_shutdown();
     return kt_finish();
