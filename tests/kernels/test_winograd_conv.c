@@ -1,4 +1,4 @@
-/* Kiln's Winograd F(2x2, 3x3) and F(4x4, 3x3) convolutions for AVX2
+/* Kiln's Winograd F(2x2, 3x3), F(4x4, 3x3) and F(6x6, 3x3) convolutions for AVX2
  * (src/kernels/cpu/onednn/onednn_winograd.c), each pass of each against a
  * double-precision reference on the same f32 inputs, normwise
  * (||got - ref||_2 / ||ref||_2 <= 2e-5, oneDNN's Winograd's tolerance in
@@ -20,7 +20,10 @@
  *     give the same bits as transforming them in the call.
  *   - the forward pooling its own tiles (conv2d_relu_max_pool2d's pool_y)
  *     gives the bits of the forward's y pooled by relu_max_pool2d's rule,
- *     NaN included, in nChw8c and nChw16c, and refuses the ReLU post-op.
+ *     NaN included, in nChw8c and nChw16c, and refuses the ReLU post-op;
+ *   - the weight gradient tiled for a 2x2 or 3x3 pooling (kiln_wino_shape.
+ *     pool: only the rows and columns the pooling reads) against the
+ *     reference with grad_out zero elsewhere; the other passes refuse it.
  * Shapes the kernels do not cover are refused (channels not divisible by
  * 8), and a short workspace is an error, not a write past it. Skips (77)
  * on a CPU without AVX2 and FMA. */
@@ -137,7 +140,7 @@ static void run2(kiln_wino_pass pass, const kiln_wino_shape *ws, const kiln_wino
 }
 
 static int checked_cases;
-static double worst[5][2]; /* per tile size m: the largest normwise and elementwise errors */
+static double worst[7][2]; /* per tile size m: the largest normwise and elementwise errors */
 
 static void note(int m, double e, double elem) {
     if (e > worst[m][0]) worst[m][0] = e;
@@ -192,6 +195,50 @@ static void check_shape(const shape *s, int xb, int yb, int m) {
     checked_cases += 2;
     free(x), free(w), free(b), free(gy), free(xl), free(yl), free(gyl), free(gxl), free(out), free(gw);
     free(ry), free(rgx), free(rgw);
+}
+
+/* The weight gradient tiled for a p x p pooling (kiln_wino_shape.pool,
+ * conv2d_relu_max_pool2d's backward): y (grad_out) zero outside the first
+ * h / p * p rows and w / p * p columns, as the pooling's backward leaves
+ * it, against the float64 reference on that y; the same bits twice. And
+ * what may not take a pooled shape: the input gradient, and a forward that
+ * does not pool its tiles (rows of y would be left unwritten). */
+static void check_pooled_wgrad(const shape *s, int m, int p) {
+    if (s->h < p || s->w < p) return;
+    size_t nx = (size_t)(s->n * s->c * s->h * s->w), ny = (size_t)(s->n * s->k * s->h * s->w),
+           nw = (size_t)(s->k * s->c * 9);
+    float *x = malloc(nx * 4), *w = malloc(nw * 4), *gy = malloc(ny * 4), *gyl = malloc(ny * 4), *gw = malloc(nw * 4);
+    double *ry = malloc(ny * 8), *rgx = malloc(nx * 8), *rgw = malloc(nw * 8);
+    fill(x, nx, 21), fill(w, nw, 22), fill(gy, ny, 23);
+    int64_t rh = s->h / p * p, rw = s->w / p * p;
+    for (size_t i = 0; i < ny; i++) {
+        int64_t hw = (int64_t)i % (s->h * s->w), h = hw / s->w, ww = hw % s->w;
+        if (h >= rh || ww >= rw) gy[i] = 0.0f;
+    }
+    reference(s, x, w, NULL, false, gy, ry, rgx, rgw);
+    to_layout(gyl, gy, s, s->k, 8);
+    kiln_wino_shape ws = {s->n, s->c, s->h, s->w, s->k, 0, 8, m, p};
+    CHECK(kiln_wino_shape_ok(&ws));
+    kiln_wino_buffers wb = {.x = x, .y = gyl, .w_out = gw};
+    char what[160];
+    snprintf(what, sizeof what, "F(%d) bwd_weight pooled %d %lldx%lldx%lldx%lld->%lld", m, p, (long long)s->n,
+             (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k);
+    run2(KILN_WINO_BWD_WEIGHTS, &ws, &wb, gw, nw, what);
+    double elem, e = rel_err(gw, rgw, nw, &elem);
+    CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
+    note(m, e, elem);
+    checked_cases++;
+    size_t bytes = kiln_wino_workspace(KILN_WINO_BWD_DATA, &ws);
+    void *work = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    kiln_wino_buffers db = {.x = x, .y = gyl, .w = w};
+    CHECK_FAILS(kiln_wino_run(KILN_WINO_BWD_DATA, &ws, &db, work, bytes), KILN_ERR_INTERNAL, "pooled shape");
+    free(work);
+    bytes = kiln_wino_workspace(KILN_WINO_FWD, &ws);
+    work = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    kiln_wino_buffers fb = {.x = x, .y = gyl, .w = w};
+    CHECK_FAILS(kiln_wino_run(KILN_WINO_FWD, &ws, &fb, work, bytes), KILN_ERR_INTERNAL, "pooled shape");
+    free(work);
+    free(x), free(w), free(gy), free(gyl), free(gw), free(ry), free(rgx), free(rgw);
 }
 
 /* Each pass's split of the tiles over 1-4 threads: contiguous shares, in
@@ -306,24 +353,36 @@ int main(void) {
 #ifdef _OPENMP
         omp_set_num_threads(threads);
 #endif
-        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
             for (int xb = 0; xb < 3; xb++)
                 for (int yb = 0; yb < 3; yb++)
-                    for (int m = 2; m <= 4; m += 2) check_shape(&shapes[i], blocks[xb], blocks[yb], m);
+                    for (int m = 2; m <= 6; m += 2) check_shape(&shapes[i], blocks[xb], blocks[yb], m);
+            for (int m = 2; m <= 6; m += 2) check_pooled_wgrad(&shapes[i], m, 2), check_pooled_wgrad(&shapes[i], m, 3);
+        }
     }
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        for (int m = 2; m <= 4; m += 2) {
+        for (int m = 2; m <= 6; m += 2) {
             check_split(&shapes[i], m), check_thread_bits(&shapes[i], m);
             check_pooled(&shapes[i], 8, m), check_pooled(&shapes[i], 16, m);
         }
 #ifdef _OPENMP
     omp_set_num_threads(2);
 #endif
-    printf("%d pass checks; largest errors, normwise / elementwise: F(2x2) %.2e / %.2e, F(4x4) %.2e / %.2e\n",
-           checked_cases, worst[2][0], worst[2][1], worst[4][0], worst[4][1]);
+    printf("%d pass checks; largest errors, normwise / elementwise: F(2x2) %.2e / %.2e, F(4x4) %.2e / %.2e, "
+           "F(6x6) %.2e / %.2e\n",
+           checked_cases, worst[2][0], worst[2][1], worst[4][0], worst[4][1], worst[6][0], worst[6][1]);
     kiln_wino_shape bad = {1, 12, 8, 8, 16, 0, 0, 2};
     CHECK(!kiln_wino_shape_ok(&bad));
-    bad.c = 16, bad.m = 3; /* no F(3x3, 3x3) */
+    bad.c = 16, bad.pool = 8; /* as large as the plane: fine */
+    CHECK(kiln_wino_shape_ok(&bad));
+    bad.pool = 1; /* a pooling window of 2 at least */
+    CHECK(!kiln_wino_shape_ok(&bad));
+    bad.pool = 9; /* larger than the plane */
+    CHECK(!kiln_wino_shape_ok(&bad));
+    bad.pool = 0;
+    bad.m = 3; /* no F(3x3, 3x3) */
+    CHECK(!kiln_wino_shape_ok(&bad));
+    bad.m = 8; /* nor F(8x8, 3x3) */
     CHECK(!kiln_wino_shape_ok(&bad));
     bad.m = 4;
     bad.c = 16, bad.h = 1;

@@ -176,22 +176,24 @@ static void pack_wt_rows(const b_operand *B, int64_t l0, int64_t la, int64_t lb,
  * transposes where W's columns run contiguous: always without a column
  * table, and with one where each of the 8 rows' sets l + s + 8t (t < 8)
  * reads 8 consecutive columns (a blocked x's nChw8c order: s the channel
- * within the block, t the position; true for fc1's 4 x 4 planes, 16
- * positions to a channel). Elsewhere (fc1 of the 28x28x1 model: 9 positions
- * to a channel), and for the rows after the last 64, one element at a
- * time. The bench CNN's fc1 forward spent 0.3-0.4 ms a call gathering
- * that way, at any batch; the transposes take the same values to the same
- * places. */
+ * within the block, t the position). Where a set breaks the run (the
+ * 28x28x1 model's fc1 has 9 positions to a channel: 64 of each channel
+ * block's 72 rows run, the 8 of its last position do not), 8 rows are
+ * gathered one element at a time and the search resumes after them; so are
+ * the rows after the last 64. The bench CNN's fc1 forward spent 0.3-0.4 ms
+ * a call gathering one element at a time, at any batch; the transposes
+ * take the same values to the same places. */
 AVX2 static void pack_panel(const b_operand *B, int64_t l0, int64_t rows, int64_t j, int nv, float *dst) {
     if (B->wt) {
         const int64_t *wc = B->wcol ? B->wcol + l0 : NULL;
         int64_t l = 0;
-        for (; l + 64 <= rows; l += 64) {
+        while (l + 64 <= rows) {
             bool runs = true;
             for (int s = 0; wc && s < 8 && runs; s++)
                 for (int t = 1; t < 8 && runs; t++) runs = wc[l + s + 8 * t] == wc[l + s] + t;
-            if (!runs) {
-                pack_wt_rows(B, l0, l, l + 64, j, nv, dst);
+            if (!runs) { /* 8 rows one at a time, then look for a run again */
+                pack_wt_rows(B, l0, l, l + 8, j, nv, dst);
+                l += 8;
                 continue;
             }
             for (int h = 0; h < nv; h++) {
@@ -201,6 +203,7 @@ AVX2 static void pack_panel(const b_operand *B, int64_t l0, int64_t rows, int64_
                     else pack_8x8(w, B->ldb, l0 + l + 8 * s, dst + (l + 8 * s) * 16 + 8 * h, 1);
                 }
             }
+            l += 64;
         }
         pack_wt_rows(B, l0, l, rows, j, nv, dst);
         return;

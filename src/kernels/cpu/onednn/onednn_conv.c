@@ -70,13 +70,23 @@ enum {
     K_LX,          /* x's layout: its channel block (kernels/kernels.h): 0 NCHW, 16 nChw16c, 8 nChw8c */
     K_LY,          /* y's layout */
     K_RELU,        /* forward: ReLU fused as a post-op (conv2d_relu) */
+    K_POOL,        /* weight gradient: the pooling window whose backward made grad_out (kiln_wino_shape.pool) */
     K_COUNT
 };
 
-typedef enum conv_alg { ALG_DIRECT = 0, ALG_DIRECT_PLAIN, ALG_WINOGRAD, ALG_WINO2, ALG_SMALLC, ALG_WINO4, ALG_COUNT } conv_alg;
+typedef enum conv_alg {
+    ALG_DIRECT = 0,
+    ALG_DIRECT_PLAIN,
+    ALG_WINOGRAD,
+    ALG_WINO2,
+    ALG_SMALLC,
+    ALG_WINO4,
+    ALG_WINO6,
+    ALG_COUNT
+} conv_alg;
 
-static const char *const alg_names[ALG_COUNT] = {"direct",       "direct_plain", "winograd",
-                                                 "winograd_2x2", "small_c",      "winograd_4x4"};
+static const char *const alg_names[ALG_COUNT] = {"direct",  "direct_plain", "winograd",    "winograd_2x2",
+                                                 "small_c", "winograd_4x4", "winograd_6x6"};
 
 /* x (N, C, H, W), w (O, C/G, kH, kW), y (N, O, OH, OW): the forward names
  * of the three tensors, whichever pass's inputs and outputs they are. */
@@ -317,12 +327,13 @@ static bool wino_geometry(const int64_t *v) {
 static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, conv_plan *plan) {
     const int64_t *v = key->v;
     kiln_wino_shape s = {v[K_N],        v[K_C],        v[K_H], v[K_W], v[K_O],
-                         (int)v[K_LX], (int)v[K_LY], v[K_ALG] == ALG_WINO4 ? 4 : 2};
+                         (int)v[K_LX], (int)v[K_LY], v[K_ALG] == ALG_WINO6 ? 6 : v[K_ALG] == ALG_WINO4 ? 4 : 2,
+                         kind == KILN_ONEDNN_CONV_BWD_WEIGHTS ? (int)v[K_POOL] : 0};
     if (!kiln_wino_cpu_ok())
-        return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "Winograd 2x2: the CPU has no AVX2 and FMA");
+        return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "Winograd: the CPU has no AVX2 and FMA");
     if (!wino_geometry(v) || !kiln_wino_shape_ok(&s))
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL,
-                          "Winograd 2x2: only 3x3 stride-1 padding-1 convolutions with channels divisible by 8");
+                          "Winograd: only 3x3 stride-1 padding-1 convolutions with channels divisible by 8");
     plan->wino = true;
     plan->wino_pass = kind == KILN_ONEDNN_CONV_FWD        ? KILN_WINO_FWD
                       : kind == KILN_ONEDNN_CONV_BWD_DATA ? KILN_WINO_BWD_DATA
@@ -345,7 +356,8 @@ static bool smallc_shape(kiln_onednn_kind kind, const int64_t *v, kiln_smallc_sh
 static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, int n_args,
                               conv_plan *plan) {
     memset(plan, 0, sizeof *plan);
-    if (key->v[K_ALG] == ALG_WINO2 || key->v[K_ALG] == ALG_WINO4) return wino_plan_build(kind, key, plan);
+    if (key->v[K_ALG] == ALG_WINO2 || key->v[K_ALG] == ALG_WINO4 || key->v[K_ALG] == ALG_WINO6)
+        return wino_plan_build(kind, key, plan);
     if (key->v[K_ALG] == ALG_SMALLC) {
         if (!smallc_shape(kind, key->v, &plan->sc_shape))
             return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL,
@@ -384,6 +396,7 @@ static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key,
  * untimed; the Winograd forward pools its tiles into y and ix if set. */
 static _Thread_local struct {
     bool on;
+    int64_t window; /* the fused op's pooling window */
     float *y;
     int64_t *ix;
     const float *go, *wy; /* the weight gradient's pooled inputs (kiln_onednn_conv2d_grad_weight_pool_inputs) */
@@ -459,6 +472,15 @@ static void buffers_of(const conv_call *c, void *data[4]) {
     data[3] = c->kind == KILN_ONEDNN_CONV_FWD && a->n_in > 2 && a->in[2].ndim >= 0 ? a->in[2].data : NULL;
 }
 
+/* The window p of the pooling a pass is tiled for (0: none): the forward
+ * of conv2d_relu_max_pool2d into a blocked output, which pools its own
+ * tiles (2), and the weight gradient under its backward (K_POOL). */
+static int64_t pooled_call(const conv_call *c) {
+    const int64_t *v = c->key.v;
+    if (c->kind == KILN_ONEDNN_CONV_FWD) return fwd_pool.on && fwd_pool.window == 2 && v[K_LY] ? 2 : 0;
+    return c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS ? v[K_POOL] : 0;
+}
+
 /* The default without timing (0: none): Kiln's Winograd where it measured
  * faster than oneDNN's direct convolution on an AVX2 CPU (docs/performance.md,
  * "Winograd for AVX2"), for a 3x3 stride-1 padding-1 convolution with
@@ -467,14 +489,28 @@ static void buffers_of(const conv_call *c, void *data[4]) {
  * prepared copy), the weight gradient from C * K / 256 2x2 tiles (its
  * per-call sums cost more than they save below: the tutorial CNN's conv3
  * at batch 1). F(4x4) from 16 of its tiles, F(2x2) below (fewer tiles than
- * chunks for the threads: conv3 at batch 1). On AVX-512 CPUs oneDNN's
- * kernels stay the default (the tuner can still pick these). */
+ * chunks for the threads: conv3 at batch 1). A pass tiled for a pooling
+ * (pooled_call) takes F(6x6) where its products are at most 0.8 of
+ * F(4x4)'s over the rows and columns the pooling reads: 64 planes a 6x6
+ * tile against 36 a 4x4 one, so a 7x7 output (the pooling reads 6x6) has
+ * 64 against 144 (the 28x28x1 tutorial CNN's conv3: 1.47 against 2.96 ms
+ * for its pooled forward at batch 128), 12x12 256 against 324 (0.51
+ * against 0.76 ms at 16 -> 32 channels); 14x14 (576 both: F(6x6) 1.15x
+ * slower) and 28x28 (0.91: the same time) stay F(4x4), whose transforms
+ * are cheaper and round less. On AVX-512 CPUs oneDNN's kernels stay the
+ * default (the tuner can still pick these). */
 static int wino_default(const conv_call *c) {
     const int64_t *v = c->key.v;
     if (!kiln_cpu_avx2_kernels_default() || !wino_geometry(v) || v[K_C] % 8 || v[K_O] % 8) return 0;
     int64_t tiles = v[K_N] * ((v[K_H] + 1) / 2) * ((v[K_W] + 1) / 2);
     if (c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && tiles * 256 < v[K_C] * v[K_O]) return 0;
-    return v[K_N] * ((v[K_H] + 3) / 4) * ((v[K_W] + 3) / 4) >= 16 ? ALG_WINO4 : ALG_WINO2;
+    int alg = v[K_N] * ((v[K_H] + 3) / 4) * ((v[K_W] + 3) / 4) >= 16 ? ALG_WINO4 : ALG_WINO2;
+    int64_t p = pooled_call(c);
+    if (alg == ALG_WINO4 && p) {
+        int64_t h = v[K_H] / p * p, w = v[K_W] / p * p;
+        if (5 * 64 * ((h + 5) / 6) * ((w + 5) / 6) <= 4 * 36 * ((h + 3) / 4) * ((w + 3) / 4)) alg = ALG_WINO6;
+    }
+    return alg;
 }
 
 static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, void *ctx,
@@ -588,7 +624,8 @@ static kiln_autotune_conv tune_config(const conv_call *c) {
         .groups = v[K_G],
         .bias = v[K_BIAS] != 0,
         .layout = layout_names[v[K_LX] == 16 ? 1 : v[K_LX] == 8 ? 2 : 0][v[K_LY] == 16 ? 1 : v[K_LY] == 8 ? 2 : 0],
-        .math = "f32",
+        /* a pass tiled for a pooling has its own choice (wino_default) */
+        .math = pooled_call(c) ? "f32-pooled" : "f32",
     };
     return cfg;
 }
@@ -633,8 +670,14 @@ static bool call_of(kiln_onednn_kind kind, const kiln_op_args *a, conv_call *c) 
     c->n_args = 3;
     if (kind == KILN_ONEDNN_CONV_BWD_DATA) /* (grad_out, weight) -> grad_input */
         return conv_key(kind, &a->out[0], &a->in[1], &a->in[0], NULL, a->attrs, &c->key);
-    /* (grad_out, input) -> grad_weight */
-    return conv_key(kind, &a->in[1], &a->out[0], &a->in[0], NULL, a->attrs, &c->key);
+    /* (grad_out, input) -> grad_weight; conv2d_relu_max_pool2d's backward
+     * passes its pooling window in attrs.kernel (ops.def): grad_out is zero
+     * where no window reads */
+    bool ok = conv_key(kind, &a->in[1], &a->out[0], &a->in[0], NULL, a->attrs, &c->key);
+    if (ok && a->attrs->kernel[0] >= 2 && a->attrs->kernel[0] == a->attrs->kernel[1] &&
+        c->key.v[K_OH] >= a->attrs->kernel[0] && c->key.v[K_OW] >= a->attrs->kernel[0])
+        c->key.v[K_POOL] = a->attrs->kernel[0];
+    return ok;
 }
 
 /* The pass's plan with the algorithm the autotuner picks (autotune.h:
@@ -850,8 +893,8 @@ void kiln_onednn_conv2d_relu_layout(const kiln_op_args *a, kiln_layout *out) {
     fwd_relu = false;
 }
 
-void kiln_onednn_conv2d_pool_mode(bool on, float *y, int64_t *ix) {
-    fwd_pool.on = on, fwd_pool.y = on ? y : NULL, fwd_pool.ix = on ? ix : NULL;
+void kiln_onednn_conv2d_pool_mode(bool on, int64_t window, float *y, int64_t *ix) {
+    fwd_pool.on = on, fwd_pool.window = on ? window : 0, fwd_pool.y = on ? y : NULL, fwd_pool.ix = on ? ix : NULL;
     if (!on) fwd_pool.go = fwd_pool.wy = NULL, fwd_pool.wix = NULL, fwd_pool.part = NULL;
 }
 void kiln_onednn_conv2d_grad_weight_pool_inputs(const float *go, const float *y, const int64_t *ix, double *part) {

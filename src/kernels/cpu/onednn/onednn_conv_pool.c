@@ -55,52 +55,52 @@ static kiln_status pool_run(const kiln_op_args *pool) {
 }
 
 bool kiln_onednn_conv2d_relu_max_pool2d_supports(const kiln_op_args *a) {
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;
     call_of(a, &c);
     bool ok = kiln_onednn_conv2d_supports(&c.s.conv) && (c.pooled || pool_supports(&c.s.pool));
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return ok;
 }
 
 /* y and the indices in the convolution's output layout. */
 void kiln_onednn_conv2d_relu_max_pool2d_layout(const kiln_op_args *a, kiln_layout *out) {
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;
     call_of(a, &c);
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     out[0] = out[1] = c.layout;
 }
 
 size_t kiln_onednn_conv2d_relu_max_pool2d_workspace(const kiln_op_args *a) {
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;
     call_of(a, &c);
     size_t conv = kiln_onednn_conv2d_workspace(&c.s.conv);
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return (c.pooled ? 0 : kiln_conv_pool_conv_bytes(a)) + conv;
 }
 
 /* The prepared weights are conv2d's: the same key, so one copy serves both. */
 void kiln_onednn_conv2d_relu_max_pool2d_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;
     call_of(a, &c);
     kiln_onednn_conv2d_prepare(&c.s.conv, p);
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
 }
 
 kiln_status kiln_onednn_conv2d_relu_max_pool2d_fill(const kiln_op_args *a, void *dst) {
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;
     call_of(a, &c);
     kiln_status st = kiln_onednn_conv2d_fill(&c.s.conv, dst);
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return st;
 }
 
 kiln_status kiln_onednn_conv2d_relu_max_pool2d(const kiln_op_args *a) {
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;
     call_of(a, &c);
     kiln_status st = KILN_OK;
@@ -108,12 +108,12 @@ kiln_status kiln_onednn_conv2d_relu_max_pool2d(const kiln_op_args *a) {
         st = KILN_RAISE(KILN_ERR_INTERNAL, NULL,
                         "kiln_conv2d_relu_max_pool2d: outputs in another layout than the kernel's layout fn gave");
     else if (c.pooled) {
-        kiln_onednn_conv2d_pool_mode(true, a->out[0].data, a->out[1].data);
+        kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], a->out[0].data, a->out[1].data);
         st = kiln_onednn_conv2d(&c.s.conv);
     } else {
         st = kiln_onednn_conv2d(&c.s.conv);
     }
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     if (st || c.pooled) return st;
     return pool_run(&c.s.pool);
 }
@@ -154,12 +154,12 @@ static void wgrad_call_of(const kiln_op_args *a, wgrad_call *c) {
 
 bool kiln_onednn_conv2d_relu_max_pool2d_grad_weight_supports(const kiln_op_args *a) {
     if (a->out[0].dtype != KILN_F32 || a->out[1].dtype != KILN_F32) return false;
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     wgrad_call c;
     wgrad_call_of(a, &c);
     bool ok = kiln_onednn_conv2d_grad_weight_supports(&c.s.wgrad) &&
               (c.pooled || kiln_fast_relu_max_pool2d_backward_sum_supports(&c.s.pool));
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return ok;
 }
 
@@ -169,11 +169,11 @@ void kiln_onednn_conv2d_relu_max_pool2d_grad_weight_layout(const kiln_op_args *a
 }
 
 size_t kiln_onednn_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_args *a) {
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     wgrad_call c;
     wgrad_call_of(a, &c);
     size_t conv = kiln_onednn_conv2d_grad_weight_workspace(&c.s.wgrad);
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     size_t part = kiln_conv_pool_align(part_bytes(a));
     if (c.pooled) return part + conv;
     size_t pool = kiln_fast_relu_max_pool2d_backward_sum_workspace(&c.s.pool);
@@ -181,7 +181,7 @@ size_t kiln_onednn_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_ar
 }
 
 kiln_status kiln_onednn_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a) {
-    kiln_onednn_conv2d_pool_mode(true, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     wgrad_call c;
     wgrad_call_of(a, &c);
     kiln_status st = KILN_OK;
@@ -189,13 +189,13 @@ kiln_status kiln_onednn_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a
         double *part = a->workspace;
         kiln_onednn_conv2d_grad_weight_pool_inputs(a->in[0].data, a->in[1].data, a->in[2].data, part);
         st = kiln_onednn_conv2d_grad_weight(&c.s.wgrad);
-        kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+        kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
         if (st == KILN_OK) kiln_fast_add_planes(part, a->in[3].shape[0], a->attrs->ints[0], &a->out[1]);
         return st;
     }
     st = kiln_fast_relu_max_pool2d_backward_sum(&c.s.pool);
     if (st == KILN_OK) st = kiln_onednn_conv2d_grad_weight(&c.s.wgrad);
-    kiln_onednn_conv2d_pool_mode(false, NULL, NULL);
+    kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return st;
 }
 

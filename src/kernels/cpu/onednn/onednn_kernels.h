@@ -53,10 +53,11 @@ kiln_status kiln_onednn_conv2d_relu_max_pool2d_fill(const kiln_op_args *a, void 
 /* Pool mode, for this thread's calls of the conv2d entry points until it
  * is turned off: the algorithm is the autotuner's default pick, never a
  * timed one (the fused op's workspace is sized before its run, and a pick
- * timed or cached in between could need more); with y and ix, a forward that
+ * timed or cached in between could need more), chosen for a forward whose
+ * output only a window x window pooling reads; with y and ix, a forward that
  * kiln_onednn_conv2d_pools accepts writes no output but the 2x2 pooling
  * of relu(y) into y and ix (onednn_winograd.h, pool_y). */
-void kiln_onednn_conv2d_pool_mode(bool on, float *y, int64_t *ix);
+void kiln_onednn_conv2d_pool_mode(bool on, int64_t window, float *y, int64_t *ix);
 /* In pool mode: whether the forward's algorithm pools its own output
  * (Kiln's Winograd into a blocked output, its tiles; the small-channel
  * forward into nChw8c, each image's planes in the workspace). */

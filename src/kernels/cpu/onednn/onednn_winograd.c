@@ -57,13 +57,13 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 bool kiln_wino_cpu_ok(void) { return kiln_cpu_gemm_avx2_ok(); }
 
 bool kiln_wino_shape_ok(const kiln_wino_shape *s) {
-    return (s->m == 0 || s->m == 2 || s->m == 4) && s->n >= 1 && s->c >= 8 && s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
+    return (s->m == 0 || s->m == 2 || s->m == 4 || s->m == 6) && (s->pool == 0 || (s->pool >= 2 && s->h >= s->pool && s->w >= s->pool)) && s->n >= 1 && s->c >= 8 && s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
            (s->xb == 0 || s->xb == 8 || s->xb == 16) && (s->yb == 0 || s->yb == 8 || s->yb == 16) &&
            (s->xb == 0 || s->c % s->xb == 0) && (s->yb == 0 || s->k % s->yb == 0);
 }
 
-/* The output tile's side (2 or 4) and the transformed tiles' planes (16, 36). */
-static int tile_of(const kiln_wino_shape *s) { return s->m == 4 ? 4 : 2; }
+/* The output tile's side (2, 4 or 6) and the transformed tiles' planes (16, 36, 64). */
+static int tile_of(const kiln_wino_shape *s) { return s->m == 4 || s->m == 6 ? s->m : 2; }
 static int planes_of(const kiln_wino_shape *s) { return (tile_of(s) + 2) * (tile_of(s) + 2); }
 
 /* The pass's channels: in (transformed as V) and out (the products' columns). */
@@ -74,9 +74,14 @@ static void pass_channels(kiln_wino_pass pass, const kiln_wino_shape *s, int64_t
     *cout = pass == KILN_WINO_BWD_DATA ? s->c : s->k;
 }
 
+/* The rows and columns the tiles cover: all of y's, or those the pooling
+ * reads (kiln_wino_shape.pool). */
+static int64_t grid_h(const kiln_wino_shape *s) { return s->pool ? s->h / s->pool * s->pool : s->h; }
+static int64_t grid_w(const kiln_wino_shape *s) { return s->pool ? s->w / s->pool * s->pool : s->w; }
+
 static int64_t tiles_of(const kiln_wino_shape *s) {
     int64_t m = tile_of(s);
-    return s->n * ((s->h + m - 1) / m) * ((s->w + m - 1) / m);
+    return s->n * ((grid_h(s) + m - 1) / m) * ((grid_w(s) + m - 1) / m);
 }
 
 /* Tiles per chunk: each thread takes an equal share of the tiles (within
@@ -534,6 +539,209 @@ AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bia
     }
 }
 
+/* ---- F(6x6, 3x3) ---------------------------------------------------------------------
+ *
+ * 8x8 input tiles, 6x6 output tiles, 64 planes (Lavin and Gray, 2016; the
+ * points 0, 1, -1, 1/2, -1/2, 2, -2 and infinity):
+ *   B^T = [1 0 -21/4 0 21/4 0 -1 0;  0 1 1 -17/4 -17/4 1 1 0;  0 -1 1 17/4 -17/4 -1 1 0;
+ *          0 1/2 1/4 -5/2 -5/4 2 1 0;  0 -1/2 1/4 5/2 -5/4 -2 1 0;  0 2 4 -5/2 -5 1/2 1 0;
+ *          0 -2 4 5/2 -5 -1/2 1 0;  0 -1 0 21/4 0 -21/4 0 1]
+ *   G   = [1 0 0; -2/9 -2/9 -2/9; -2/9 2/9 -2/9; 1/90 1/45 2/45; 1/90 -1/45 2/45;
+ *          32/45 16/45 8/45; 32/45 -16/45 8/45; 0 0 1]
+ *   A^T = [1 1 1 1 1 1 1 0; 0 1 -1 2 -2 1/2 -1/2 0; 0 1 1 4 4 1/4 1/4 0;
+ *          0 1 -1 8 -8 1/8 -1/8 0; 0 1 1 16 16 1/16 1/16 0; 0 1 -1 32 -32 1/32 -1/32 1]
+ * 64/36 = 1.78 multiply-adds per output and channel pair, but a 6x6 tile
+ * wastes more of a plane whose side is not a multiple of 6, and the
+ * constants (up to 32, fractions down to 1/90) round more than F(4x4)'s.
+ * It pays where a plane fits the tiles: the pooled forward of a 7x7
+ * convolution, whose 2x2 pooling reads only the top-left 6x6 (one tile
+ * against F(4x4)'s four, 64 products against 144; onednn_conv.c,
+ * wino_default). */
+
+AVX2 static inline void bt8(const v8 *d, int ds, v8 *o, int os) {
+    const v8 c525 = splat(5.25f), c425 = splat(4.25f), c025 = splat(0.25f), c125 = splat(1.25f),
+             c05 = splat(0.5f), c25 = splat(2.5f), two = splat(2.0f), four = splat(4.0f), five = splat(5.0f);
+    v8 d0 = d[0], d1 = d[ds], d2 = d[2 * ds], d3 = d[3 * ds], d4 = d[4 * ds], d5 = d[5 * ds], d6 = d[6 * ds],
+       d7 = d[7 * ds];
+    o[0] = d0 - d6 + c525 * (d4 - d2);
+    v8 a = d2 + d6 - c425 * d4, b = d1 + d5 - c425 * d3;
+    o[os] = a + b;
+    o[2 * os] = a - b;
+    a = c025 * d2 - c125 * d4 + d6, b = c05 * d1 - c25 * d3 + two * d5;
+    o[3 * os] = a + b;
+    o[4 * os] = a - b;
+    a = four * d2 - five * d4 + d6, b = two * d1 - c25 * d3 + c05 * d5;
+    o[5 * os] = a + b;
+    o[6 * os] = a - b;
+    o[7 * os] = d7 - d1 + c525 * (d3 - d5);
+}
+
+/* A^T: eight vectors to six. */
+AVX2 static inline void at8(const v8 *m, int ms, v8 *o, int os) {
+    const v8 two = splat(2.0f), four = splat(4.0f), eight = splat(8.0f), c16 = splat(16.0f), c32 = splat(32.0f),
+             h2 = splat(0.5f), h4 = splat(0.25f), h8 = splat(0.125f), h16 = splat(0.0625f), h32 = splat(0.03125f);
+    v8 m0 = m[0], m7 = m[7 * ms];
+    v8 a = m[ms] + m[2 * ms], b = m[ms] - m[2 * ms], c = m[3 * ms] + m[4 * ms], e = m[3 * ms] - m[4 * ms],
+       f = m[5 * ms] + m[6 * ms], h = m[5 * ms] - m[6 * ms];
+    o[0] = m0 + a + c + f;
+    o[os] = b + two * e + h2 * h;
+    o[2 * os] = a + four * c + h4 * f;
+    o[3 * os] = b + eight * e + h8 * h;
+    o[4 * os] = a + c16 * c + h16 * f;
+    o[5 * os] = b + c32 * e + h32 * h + m7;
+}
+
+/* A: six vectors to eight. */
+AVX2 static inline void a6(const v8 *e, int es, v8 *o, int os) {
+    const v8 two = splat(2.0f), four = splat(4.0f), eight = splat(8.0f), c16 = splat(16.0f), c32 = splat(32.0f),
+             h2 = splat(0.5f), h4 = splat(0.25f), h8 = splat(0.125f), h16 = splat(0.0625f), h32 = splat(0.03125f);
+    v8 e0 = e[0], e1 = e[es], e2 = e[2 * es], e3 = e[3 * es], e4 = e[4 * es], e5 = e[5 * es];
+    v8 ev = e0 + e2 + e4, od = e1 + e3 + e5;
+    o[0] = e0;
+    o[os] = ev + od;
+    o[2 * os] = ev - od;
+    ev = e0 + four * e2 + c16 * e4, od = two * e1 + eight * e3 + c32 * e5;
+    o[3 * os] = ev + od;
+    o[4 * os] = ev - od;
+    ev = e0 + h4 * e2 + h16 * e4, od = h2 * e1 + h8 * e3 + h32 * e5;
+    o[5 * os] = ev + od;
+    o[6 * os] = ev - od;
+    o[7 * os] = e5;
+}
+
+/* G: three vectors to eight. */
+AVX2 static inline void g3_8(const v8 *g, int gs, v8 *o, int os) {
+    const v8 c29 = splat(2.0f / 9.0f), c90 = splat(1.0f / 90.0f), c45 = splat(1.0f / 45.0f), two = splat(2.0f),
+             four = splat(4.0f), c32 = splat(32.0f), c16 = splat(16.0f), eight = splat(8.0f);
+    v8 g0 = g[0], g1 = g[gs], g2 = g[2 * gs];
+    o[0] = g0;
+    o[os] = -c29 * (g0 + g1 + g2);
+    o[2 * os] = -c29 * (g0 - g1 + g2);
+    o[3 * os] = c90 * (g0 + two * g1 + four * g2);
+    o[4 * os] = c90 * (g0 - two * g1 + four * g2);
+    o[5 * os] = c45 * (c32 * g0 + c16 * g1 + eight * g2);
+    o[6 * os] = c45 * (c32 * g0 - c16 * g1 + eight * g2);
+    o[7 * os] = g2;
+}
+
+/* G^T: eight vectors to three. */
+AVX2 static inline void gt8(const v8 *s, int ss, v8 *o, int os) {
+    const v8 c29 = splat(2.0f / 9.0f), c90 = splat(1.0f / 90.0f), c45 = splat(1.0f / 45.0f), two = splat(2.0f),
+             c32 = splat(32.0f), c16 = splat(16.0f), eight = splat(8.0f);
+    v8 s0 = s[0], s7 = s[7 * ss];
+    v8 p12 = s[ss] + s[2 * ss], m12 = s[2 * ss] - s[ss], p34 = s[3 * ss] + s[4 * ss], m34 = s[3 * ss] - s[4 * ss],
+       p56 = s[5 * ss] + s[6 * ss], m56 = s[5 * ss] - s[6 * ss];
+    o[0] = s0 - c29 * p12 + c90 * p34 + c45 * (c32 * p56);
+    o[os] = c29 * m12 + c45 * (m34 + c16 * m56);
+    o[2 * os] = c45 * (two * p34 + eight * p56) - c29 * p12 + s7;
+}
+
+/* U (64 x cin x cout) = G g G^T, as weights_transform. */
+AVX2 static void weights_transform6(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < cin; ci++)
+        for (int64_t co = 0; co < cout; co += 8) {
+            v8 g[3][3], t[8][3], r[8][8];
+            gather_filters(w, ci, co, cin, cout, flip, g);
+            for (int j = 0; j < 3; j++) g3_8(&g[0][j], 3, &t[0][j], 3);
+            for (int i = 0; i < 8; i++) g3_8(&t[i][0], 1, &r[i][0], 1);
+            for (int xi = 0; xi < 64; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / 8][xi % 8];
+        }
+}
+
+/* dW = G^T S G, the threads' S summed in thread order, as weights_grad_transform. */
+AVX2 static void weights_grad_transform6(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
+                                         int64_t k) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t co = 0; co < k; co += 8) {
+            v8 m[8][8], t[3][8], o[3][3];
+            for (int xi = 0; xi < 64; xi++) {
+                v8 acc = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
+                for (int64_t th = 1; th < threads; th++)
+                    acc += *(const v8u *)(s + (size_t)th * thread_stride + ((int64_t)xi * c + ci) * k + co);
+                m[xi / 8][xi % 8] = acc;
+            }
+            for (int j = 0; j < 8; j++) gt8(&m[0][j], 8, &t[0][j], 8);
+            for (int i = 0; i < 3; i++) gt8(&t[i][0], 1, &o[i][0], 1);
+            for (int e = 0; e < 8; e++) {
+                float *out = dw + ((co + e) * c + ci) * 9;
+                for (int tap = 0; tap < 9; tap++) out[tap] = o[tap / 3][tap % 3][e];
+            }
+        }
+}
+
+/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 8x8 input tile at (h0, w0),
+ * a column then a row at a time as input_tile4. */
+AVX2 static void input_tile6(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
+    v8 t[8][8], d[8];
+    const v8 zero = {0};
+    int64_t rs = x->w * x->b, cs = x->b;
+    bool inside = h0 >= 0 && w0 >= 0 && h0 + 8 <= x->h && w0 + 8 <= x->w;
+    for (int q = 0; q < 8; q++) {
+        int64_t w = w0 + q;
+        if (inside) {
+            const float *p = base + h0 * rs + w * cs;
+            for (int a = 0; a < 8; a++) d[a] = *(const v8u *)(p + a * rs);
+        } else {
+            for (int a = 0; a < 8; a++) {
+                int64_t h = h0 + a;
+                d[a] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
+            }
+        }
+        bt8(d, 1, &t[0][q], 8);
+    }
+    for (int a = 0; a < 8; a++) {
+        v8 r[8];
+        bt8(t[a], 1, r, 1);
+        for (int q = 0; q < 8; q++) *(v8u *)(v + (size_t)(a * 8 + q) * xi_stride) = r[q];
+    }
+}
+
+/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the 6x6 output-gradient tile e at
+ * (h0, w0), as grad_tile4. */
+AVX2 static void grad_tile6(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
+    v8 u[8][6], e[6];
+    const v8 zero = {0};
+    for (int b = 0; b < 6; b++) {
+        for (int a = 0; a < 6; a++)
+            e[a] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
+        a6(e, 1, &u[0][b], 6);
+    }
+    for (int i = 0; i < 8; i++) {
+        v8 r[8];
+        a6(u[i], 1, r, 1);
+        for (int q = 0; q < 8; q++) *(v8u *)(z + (size_t)(i * 8 + q) * xi_stride) = r[q];
+    }
+}
+
+/* A^T m of the 8x8 tile m (planes xi_stride apart): s[a][q], row a. */
+AVX2 static inline void tile6_at_m(const float *m, size_t xi_stride, v8 s[6][8]) {
+    v8 c[8];
+    for (int q = 0; q < 8; q++) {
+        for (int a = 0; a < 8; a++) c[a] = *(const v8u *)(m + (size_t)(a * 8 + q) * xi_stride);
+        at8(c, 1, &s[0][q], 8);
+    }
+}
+
+/* y's 6x6 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
+AVX2 static void output_tile6(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                              int64_t h0, int64_t w0) {
+    v8 s[6][8];
+    tile6_at_m(m, xi_stride, s);
+    const v8 zero = {0};
+    v8 bv = bias ? *(const v8u *)bias : zero;
+    for (int a = 0; a < 6 && h0 + a < y->h; a++) {
+        v8 o[6];
+        at8(s[a], 1, o, 1);
+        for (int b = 0; b < 6 && w0 + b < y->w; b++) {
+            v8 r = o[b] + bv;
+            if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
+            *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
+        }
+    }
+}
+
 /* ---- pooled outputs -------------------------------------------------------------------- */
 
 /* relu_max_pool2d's 2x2 window over a (0, 0), b (0, 1), c (1, 0) and d
@@ -597,6 +805,28 @@ AVX2 static void output_tile4_pool(const float *m, size_t xi_stride, const float
     }
 }
 
+/* The nine windows of y's 6x6 tile at (h0, w0), as output_tile4_pool. */
+AVX2 static void output_tile6_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n,
+                                   int64_t k0, int64_t h0, int64_t w0) {
+    if (h0 / 2 >= p->oh || w0 / 2 >= p->ow) return;
+    v8 s[6][8];
+    tile6_at_m(m, xi_stride, s);
+    const v8 zero = {0};
+    v8 bv = bias ? *(const v8u *)bias : zero;
+    int64_t base = pooled_base(p, n, k0);
+    for (int i = 0; i < 3 && h0 / 2 + i < p->oh; i++) {
+        v8 r0[6], r1[6];
+        at8(s[2 * i], 1, r0, 1);
+        at8(s[2 * i + 1], 1, r1, 1);
+        for (int b = 0; b < 6; b++) r0[b] += bv, r1[b] += bv;
+        for (int j = 0; j < 3 && w0 / 2 + j < p->ow; j++) {
+            int64_t at = base + ((h0 / 2 + i) * p->ow + w0 / 2 + j) * p->b;
+            pool_store(r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1], (h0 + 2 * i) * p->y_w + w0 + 2 * j,
+                       p->y_w, p->y + at, p->ix + at);
+        }
+    }
+}
+
 /* ---- the passes ---------------------------------------------------------------------- */
 
 typedef struct tile_pos {
@@ -604,7 +834,7 @@ typedef struct tile_pos {
 } tile_pos;
 
 static tile_pos tile_at(const kiln_wino_shape *s, int64_t t) {
-    int64_t m = tile_of(s), th = (s->h + m - 1) / m, tw = (s->w + m - 1) / m;
+    int64_t m = tile_of(s), th = (grid_h(s) + m - 1) / m, tw = (grid_w(s) + m - 1) / m;
     tile_pos p = {t / (th * tw), (t / tw) % th * m, t % tw * m};
     return p;
 }
@@ -635,8 +865,9 @@ static void input_chunk(const kiln_wino_shape *s, const act *in, int64_t t0, int
         tile_pos tp = tile_at(s, t0 + p);
         for (int64_t c0 = 0; c0 < cin; c0 += 8) {
             const float *base = act_base(in, tp.n, c0);
-            if (s->m == 4) input_tile4(in, base, tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
-            else input_tile(in, base, tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
+            (s->m == 6   ? input_tile6
+             : s->m == 4 ? input_tile4
+                         : input_tile)(in, base, tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
         }
     }
 }
@@ -665,15 +896,17 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
                 tile_pos tp = tile_at(s, t0 + p);
                 if (pool) {
                     for (int64_t k0 = 0; k0 < cout; k0 += 8)
-                        (s->m == 4 ? output_tile4_pool : output_tile_pool)(m + p * cout + k0, (size_t)(chunk * cout),
-                                                                           bias ? bias + k0 : NULL, pool, tp.n, k0,
-                                                                           tp.h0, tp.w0);
+                        (s->m == 6   ? output_tile6_pool
+                         : s->m == 4 ? output_tile4_pool
+                                     : output_tile_pool)(m + p * cout + k0, (size_t)(chunk * cout),
+                                                         bias ? bias + k0 : NULL, pool, tp.n, k0, tp.h0, tp.w0);
                     continue;
                 }
                 for (int64_t k0 = 0; k0 < cout; k0 += 8)
-                    (s->m == 4 ? output_tile4 : output_tile)(m + p * cout + k0, (size_t)(chunk * cout),
-                                                             bias ? bias + k0 : NULL, relu, out,
-                                                             act_base(out, tp.n, k0), tp.h0, tp.w0);
+                    (s->m == 6   ? output_tile6
+                     : s->m == 4 ? output_tile4
+                                 : output_tile)(m + p * cout + k0, (size_t)(chunk * cout), bias ? bias + k0 : NULL,
+                                                relu, out, act_base(out, tp.n, k0), tp.h0, tp.w0);
             }
         }
     }
@@ -702,8 +935,10 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(s, t0 + p);
                 for (int64_t k0 = 0; k0 < k; k0 += 8)
-                    (s->m == 4 ? grad_tile4 : grad_tile)(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0,
-                                                         (size_t)(chunk * k));
+                    (s->m == 6   ? grad_tile6
+                     : s->m == 4 ? grad_tile4
+                                 : grad_tile)(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0,
+                                              (size_t)(chunk * k));
             }
             for (int xi = 0; xi < l->planes; xi++)
                 kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
@@ -711,7 +946,9 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
         }
     }
     /* the sums of the threads that ran, in thread order */
-    (s->m == 4 ? weights_grad_transform4 : weights_grad_transform)(sums, team, s_stride, dw, c, k);
+    (s->m == 6   ? weights_grad_transform6
+     : s->m == 4 ? weights_grad_transform4
+                 : weights_grad_transform)(sums, team, s_stride, dw, c, k);
     return KILN_OK;
 }
 
@@ -727,10 +964,15 @@ size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
     return (size_t)(planes_of(s) * s->c * s->k);
 }
 
+typedef void (*filters_fn)(const float *w, float *u, int64_t cin, int64_t cout, bool flip);
+static filters_fn filters_transform(const kiln_wino_shape *s) {
+    return s->m == 6 ? weights_transform6 : s->m == 4 ? weights_transform4 : weights_transform;
+}
+
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {
     int64_t cin, cout;
     pass_channels(pass, s, &cin, &cout);
-    (s->m == 4 ? weights_transform4 : weights_transform)(w, u, cin, cout, pass == KILN_WINO_BWD_DATA);
+    filters_transform(s)(w, u, cin, cout, pass == KILN_WINO_BWD_DATA);
 }
 
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
@@ -745,6 +987,10 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
                           "Winograd convolution: pooling needs the forward, a blocked output, no ReLU post-op, "
                           "indices and a 2x2 output at least");
+    if (s->pool && pass != KILN_WINO_BWD_WEIGHTS && !(pass == KILN_WINO_FWD && b->pool_y && s->pool == 2))
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
+                          "Winograd convolution: a pooled shape is the weight gradient's or a forward that pools "
+                          "its 2x2 windows (pool_y), else rows of y would not be written");
     char *ws = workspace;
     act x = {b->x, s->c, s->h, s->w, s->xb ? s->xb : 8}, y = {b->y, s->k, s->h, s->w, s->yb ? s->yb : 8};
     if (!s->xb) x.p = (float *)(ws + l.xcopy);
@@ -759,12 +1005,15 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
     } else {
         const float *u = b->u;
         if (!u) {
-            (s->m == 4 ? weights_transform4 : weights_transform)(b->w, (float *)(ws + l.u), l.cin, l.cout,
-                                                                 pass == KILN_WINO_BWD_DATA);
+            filters_transform(s)(b->w, (float *)(ws + l.u), l.cin, l.cout, pass == KILN_WINO_BWD_DATA);
             u = (const float *)(ws + l.u);
         }
         pooled pool = {b->pool_y, b->pool_ix, s->k, s->h / 2, s->w / 2, s->yb, s->w};
-        st = pass == KILN_WINO_FWD ? forward_tiles(s, &l, &x, u, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws)
+        /* pooled, the tiles cover only the rows and columns the 2x2 windows
+         * read (7x7: the top-left 6x6); x and y keep their sizes in x, y */
+        kiln_wino_shape grid = *s;
+        if (b->pool_y) grid.pool = 2;
+        st = pass == KILN_WINO_FWD ? forward_tiles(&grid, &l, &x, u, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws)
                                    : forward_tiles(s, &l, &y, u, NULL, false, &x, NULL, ws);
     }
     if (st) return st;

@@ -1,6 +1,6 @@
-/* Kiln's Winograd F(2x2, 3x3) and F(4x4, 3x3) convolutions for AVX2 CPUs
- * (onednn_winograd.c): candidates of the oneDNN convolution provider
- * (onednn_conv.c, "winograd_2x2" and "winograd_4x4"), for 3x3 stride-1
+/* Kiln's Winograd F(2x2, 3x3), F(4x4, 3x3) and F(6x6, 3x3) convolutions for
+ * AVX2 CPUs (onednn_winograd.c): candidates of the oneDNN convolution provider
+ * (onednn_conv.c, "winograd_2x2", "winograd_4x4", "winograd_6x6"), for 3x3 stride-1
  * padding-1 ungrouped f32 convolutions with channel counts divisible by 8. All calls block
  * the host until their results are written; the caller owns every
  * buffer. */
@@ -18,10 +18,17 @@ typedef enum kiln_wino_pass { KILN_WINO_FWD, KILN_WINO_BWD_DATA, KILN_WINO_BWD_W
 /* x (n, c, h, w) -> y (n, k, h, w) in forward terms, whichever pass; xb
  * and yb: the activations' channel blocks (8: nChw8c, 16: nChw16c, 0:
  * plain NCHW); m: the output tile, 2 for F(2x2, 3x3) (16 planes; 0 reads
- * as 2) or 4 for F(4x4, 3x3) (36 planes). */
+ * as 2), 4 for F(4x4, 3x3) (36 planes) or 6 for F(6x6, 3x3) (64 planes).
+ * pool: 0, or the window p of a p x p pooling at stride p (floor) that is
+ * all that reads y in the weight gradient's pass: y (grad_out) is zero
+ * outside its first h / p * p rows and w / p * p columns, and the tiles
+ * cover only those (conv2d_relu_max_pool2d's backward). The pooled
+ * forward (pool_y) tiles the rows and columns its 2x2 windows read
+ * whatever pool says; the input gradient takes none. */
 typedef struct kiln_wino_shape {
     int64_t n, c, h, w, k;
     int xb, yb, m;
+    int pool;
 } kiln_wino_shape;
 
 /* The pass's tensors in forward names: forward reads x, w and bias (or
