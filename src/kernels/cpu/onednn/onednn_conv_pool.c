@@ -10,12 +10,19 @@
  * pool_y): the full output is never written. Elsewhere the convolution
  * writes into the workspace and the pooling kernels read it there.
  *
- * Bits: the convolution is planned as conv2d's would be (the same key,
- * algorithm and prepared weights), without timing (pool mode,
- * onednn_kernels.h); the pooled Winograd tiles compare as the pooling
- * kernels do. So y and the indices equal conv2d then relu_max_pool2d on
- * this path, and the backward (relu_max_pool2d_backward, then conv2d's
- * gradients) is theirs. */
+ * Bits: the convolution is planned as conv2d's would be (the same key and
+ * prepared weights), without timing (pool mode, onednn_kernels.h); the
+ * pooled Winograd tiles compare as the pooling kernels do. So y and the
+ * indices equal conv2d then relu_max_pool2d on this path, and the backward
+ * (relu_max_pool2d_backward, then conv2d's gradients) is theirs, with two
+ * exceptions that tile only what a 2x2 pooling reads: a pooled Winograd
+ * forward picks its algorithm for those rows and columns (F(6x6) for a
+ * 7x7 output, whose windows read 6x6, where conv2d takes F(4x4) for all
+ * 7x7), and the weight gradient of the backward is told the pooling
+ * window (conv2d_grad_weight's attrs.kernel) and skips the rows and
+ * columns no window reads. There the rounding differs from the two ops'
+ * (tests/kernels/test_conv_pool_fused.c holds them to the Winograd
+ * kernels' float64 bound, and the indices and x's gradient to the bit). */
 #ifdef KILN_WITH_ONEDNN
 #include "base/error.h"
 #include "kernels/conv_pool.h"
