@@ -1,6 +1,6 @@
-/* Winograd F(2x2, 3x3) and F(4x4, 3x3) convolutions for AVX2 CPUs (the
- * first described here; F(4x4) is the same with 6x6 tiles and 36 planes,
- * its transforms below): the forward (with bias
+/* Winograd F(2x2, 3x3), F(4x4, 3x3) and F(6x6, 3x3) convolutions for AVX2
+ * CPUs (the first described here; F(4x4) and F(6x6) are the same with 6x6
+ * and 8x8 tiles, 36 and 64 planes, their transforms below): the forward (with bias
  * and fused ReLU), the input gradient and the weight gradient of a 3x3,
  * stride-1, padding-1, ungrouped f32 convolution, on activations in
  * Kiln's blocked layouts (nChw8c, nChw16c) or plain NCHW. oneDNN has
@@ -432,113 +432,6 @@ AVX2 static inline void gt6(const v8 *s, int ss, v8 *o, int os) {
     o[2 * os] = s6 * (s3 + s4 - s1 - s2) + s5;
 }
 
-/* U (36 x cin x cout) = G g G^T, as weights_transform. */
-AVX2 static void weights_transform4(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
-#pragma omp parallel for schedule(static)
-    for (int64_t ci = 0; ci < cin; ci++)
-        for (int64_t co = 0; co < cout; co += 8) {
-            v8 g[3][3], t[6][3], r[6][6];
-            gather_filters(w, ci, co, cin, cout, flip, g);
-            for (int j = 0; j < 3; j++) g3(&g[0][j], 3, &t[0][j], 3);
-            for (int i = 0; i < 6; i++) g3(&t[i][0], 1, &r[i][0], 1);
-            for (int xi = 0; xi < 36; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / 6][xi % 6];
-        }
-}
-
-/* dW = G^T S G, the threads' S summed in thread order, as weights_grad_transform. */
-AVX2 static void weights_grad_transform4(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
-                                         int64_t k) {
-#pragma omp parallel for schedule(static)
-    for (int64_t ci = 0; ci < c; ci++)
-        for (int64_t co = 0; co < k; co += 8) {
-            v8 m[6][6], t[3][6], o[3][3];
-            for (int xi = 0; xi < 36; xi++) {
-                v8 acc = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
-                for (int64_t th = 1; th < threads; th++)
-                    acc += *(const v8u *)(s + (size_t)th * thread_stride + ((int64_t)xi * c + ci) * k + co);
-                m[xi / 6][xi % 6] = acc;
-            }
-            for (int j = 0; j < 6; j++) gt6(&m[0][j], 6, &t[0][j], 6);
-            for (int i = 0; i < 3; i++) gt6(&t[i][0], 1, &o[i][0], 1);
-            for (int e = 0; e < 8; e++) {
-                float *out = dw + ((co + e) * c + ci) * 9;
-                for (int tap = 0; tap < 9; tap++) out[tap] = o[tap / 3][tap % 3][e];
-            }
-        }
-}
-
-/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 6x6 input tile at (h0, w0):
- * a column of d at a time through B^T (six loads, six results kept), then a
- * row at a time through B into the planes, so few values leave registers. */
-AVX2 static void input_tile4(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
-    v8 t[6][6], d[6];
-    const v8 zero = {0};
-    int64_t rs = x->w * x->b, cs = x->b;
-    bool inside = h0 >= 0 && w0 >= 0 && h0 + 6 <= x->h && w0 + 6 <= x->w;
-    for (int q = 0; q < 6; q++) {
-        int64_t w = w0 + q;
-        if (inside) {
-            const float *p = base + h0 * rs + w * cs;
-            for (int a = 0; a < 6; a++) d[a] = *(const v8u *)(p + a * rs);
-        } else {
-            for (int a = 0; a < 6; a++) {
-                int64_t h = h0 + a;
-                d[a] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
-            }
-        }
-        bt6(d, 1, &t[0][q], 6);
-    }
-    for (int a = 0; a < 6; a++) {
-        v8 r[6];
-        bt6(t[a], 1, r, 1);
-        for (int q = 0; q < 6; q++) *(v8u *)(v + (size_t)(a * 6 + q) * xi_stride) = r[q];
-    }
-}
-
-/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the 4x4 output-gradient tile e at
- * (h0, w0), a column then a row at a time as input_tile4. */
-AVX2 static void grad_tile4(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
-    v8 u[6][4], e[4];
-    const v8 zero = {0};
-    for (int b = 0; b < 4; b++) {
-        for (int a = 0; a < 4; a++)
-            e[a] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
-        a4(e, 1, &u[0][b], 4);
-    }
-    for (int i = 0; i < 6; i++) {
-        v8 r[6];
-        a4(u[i], 1, r, 1);
-        for (int q = 0; q < 6; q++) *(v8u *)(z + (size_t)(i * 6 + q) * xi_stride) = r[q];
-    }
-}
-
-/* A^T m of the 6x6 tile m (planes xi_stride apart): s[a][q], row a. */
-AVX2 static inline void tile4_at_m(const float *m, size_t xi_stride, v8 s[4][6]) {
-    v8 c[6];
-    for (int q = 0; q < 6; q++) {
-        for (int a = 0; a < 6; a++) c[a] = *(const v8u *)(m + (size_t)(a * 6 + q) * xi_stride);
-        at6(c, 1, &s[0][q], 6);
-    }
-}
-
-/* y's 4x4 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
-AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
-                              int64_t h0, int64_t w0) {
-    v8 s[4][6];
-    tile4_at_m(m, xi_stride, s);
-    const v8 zero = {0};
-    v8 bv = bias ? *(const v8u *)bias : zero;
-    for (int a = 0; a < 4 && h0 + a < y->h; a++) {
-        v8 o[4];
-        at6(s[a], 1, o, 1);
-        for (int b = 0; b < 4 && w0 + b < y->w; b++) {
-            v8 r = o[b] + bv;
-            if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
-            *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
-        }
-    }
-}
-
 /* ---- F(6x6, 3x3) ---------------------------------------------------------------------
  *
  * 8x8 input tiles, 6x6 output tiles, 64 planes (Lavin and Gray, 2016; the
@@ -636,110 +529,164 @@ AVX2 static inline void gt8(const v8 *s, int ss, v8 *o, int os) {
     o[2 * os] = c45 * (two * p34 + eight * p56) - c29 * p12 + s7;
 }
 
-/* U (64 x cin x cout) = G g G^T, as weights_transform. */
-AVX2 static void weights_transform6(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
-#pragma omp parallel for schedule(static)
-    for (int64_t ci = 0; ci < cin; ci++)
-        for (int64_t co = 0; co < cout; co += 8) {
-            v8 g[3][3], t[8][3], r[8][8];
-            gather_filters(w, ci, co, cin, cout, flip, g);
-            for (int j = 0; j < 3; j++) g3_8(&g[0][j], 3, &t[0][j], 3);
-            for (int i = 0; i < 8; i++) g3_8(&t[i][0], 1, &r[i][0], 1);
-            for (int xi = 0; xi < 64; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / 8][xi % 8];
-        }
+/* ---- F(4x4) and F(6x6): the passes over a tile ----------------------------------------
+ *
+ * One body for both sizes: an output tile of M = 4 or 6, an input tile of
+ * T = M + 2 (T * T planes), through the size's matrices (bt: B^T, T to T;
+ * at: A^T, T to M; a: A, M to T; g: G, 3 to T; gt: G^T, T to 3). Each
+ * body is inlined into its size's functions below with M, T and the
+ * matrices constant, so the loops unroll and the transforms inline as if
+ * written twice. The arrays are sized for the larger tile. */
+typedef void (*wino_tx)(const v8 *d, int ds, v8 *o, int os);
+#define TILE_BODY AVX2 static inline __attribute__((always_inline))
+
+/* U[xi][ci][co..co+7] = (G g G^T)[xi] for the filters from ci to co..co+7. */
+TILE_BODY void filters_tile(int T, wino_tx g, const float *w, float *u, int64_t ci, int64_t co, int64_t cin,
+                            int64_t cout, bool flip) {
+    v8 f[3][3], t[8][3], r[8][8];
+    gather_filters(w, ci, co, cin, cout, flip, f);
+    for (int j = 0; j < 3; j++) g(&f[0][j], 3, &t[0][j], 3);
+    for (int i = 0; i < T; i++) g(&t[i][0], 1, &r[i][0], 1);
+    for (int xi = 0; xi < T * T; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / T][xi % T];
 }
 
-/* dW = G^T S G, the threads' S summed in thread order, as weights_grad_transform. */
-AVX2 static void weights_grad_transform6(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
-                                         int64_t k) {
-#pragma omp parallel for schedule(static)
-    for (int64_t ci = 0; ci < c; ci++)
-        for (int64_t co = 0; co < k; co += 8) {
-            v8 m[8][8], t[3][8], o[3][3];
-            for (int xi = 0; xi < 64; xi++) {
-                v8 acc = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
-                for (int64_t th = 1; th < threads; th++)
-                    acc += *(const v8u *)(s + (size_t)th * thread_stride + ((int64_t)xi * c + ci) * k + co);
-                m[xi / 8][xi % 8] = acc;
-            }
-            for (int j = 0; j < 8; j++) gt8(&m[0][j], 8, &t[0][j], 8);
-            for (int i = 0; i < 3; i++) gt8(&t[i][0], 1, &o[i][0], 1);
-            for (int e = 0; e < 8; e++) {
-                float *out = dw + ((co + e) * c + ci) * 9;
-                for (int tap = 0; tap < 9; tap++) out[tap] = o[tap / 3][tap % 3][e];
-            }
-        }
+/* dW[co..co+7][ci] = G^T S G, S the threads' sums added in thread order. */
+TILE_BODY void filters_grad_tile(int T, wino_tx gt, const float *s, int64_t threads, size_t thread_stride, float *dw,
+                                 int64_t ci, int64_t co, int64_t c, int64_t k) {
+    v8 m[8][8], t[3][8], o[3][3];
+    for (int xi = 0; xi < T * T; xi++) {
+        v8 acc = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
+        for (int64_t th = 1; th < threads; th++)
+            acc += *(const v8u *)(s + (size_t)th * thread_stride + ((int64_t)xi * c + ci) * k + co);
+        m[xi / T][xi % T] = acc;
+    }
+    for (int j = 0; j < T; j++) gt(&m[0][j], 8, &t[0][j], 8);
+    for (int i = 0; i < 3; i++) gt(&t[i][0], 1, &o[i][0], 1);
+    for (int e = 0; e < 8; e++) {
+        float *out = dw + ((co + e) * c + ci) * 9;
+        for (int tap = 0; tap < 9; tap++) out[tap] = o[tap / 3][tap % 3][e];
+    }
 }
 
-/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 8x8 input tile at (h0, w0),
- * a column then a row at a time as input_tile4. */
-AVX2 static void input_tile6(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
+/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the T x T input tile at (h0, w0):
+ * a column of d at a time through B^T (T loads, T results kept), then a row
+ * at a time through B into the planes, so few values leave registers. */
+TILE_BODY void input_tile_n(int T, wino_tx bt, const act *x, const float *base, int64_t h0, int64_t w0, float *v,
+                            size_t xi_stride) {
     v8 t[8][8], d[8];
     const v8 zero = {0};
     int64_t rs = x->w * x->b, cs = x->b;
-    bool inside = h0 >= 0 && w0 >= 0 && h0 + 8 <= x->h && w0 + 8 <= x->w;
-    for (int q = 0; q < 8; q++) {
+    bool inside = h0 >= 0 && w0 >= 0 && h0 + T <= x->h && w0 + T <= x->w;
+    for (int q = 0; q < T; q++) {
         int64_t w = w0 + q;
         if (inside) {
             const float *p = base + h0 * rs + w * cs;
-            for (int a = 0; a < 8; a++) d[a] = *(const v8u *)(p + a * rs);
+            for (int a = 0; a < T; a++) d[a] = *(const v8u *)(p + a * rs);
         } else {
-            for (int a = 0; a < 8; a++) {
+            for (int a = 0; a < T; a++) {
                 int64_t h = h0 + a;
                 d[a] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
             }
         }
-        bt8(d, 1, &t[0][q], 8);
+        bt(d, 1, &t[0][q], 8);
     }
-    for (int a = 0; a < 8; a++) {
+    for (int a = 0; a < T; a++) {
         v8 r[8];
-        bt8(t[a], 1, r, 1);
-        for (int q = 0; q < 8; q++) *(v8u *)(v + (size_t)(a * 8 + q) * xi_stride) = r[q];
+        bt(t[a], 1, r, 1);
+        for (int q = 0; q < T; q++) *(v8u *)(v + (size_t)(a * T + q) * xi_stride) = r[q];
     }
 }
 
-/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the 6x6 output-gradient tile e at
- * (h0, w0), as grad_tile4. */
-AVX2 static void grad_tile6(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
+/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the M x M output-gradient tile e
+ * at (h0, w0), a column then a row at a time as input_tile_n. */
+TILE_BODY void grad_tile_n(int M, wino_tx a_, const act *y, const float *base, int64_t h0, int64_t w0, float *z,
+                           size_t xi_stride) {
+    const int T = M + 2;
     v8 u[8][6], e[6];
     const v8 zero = {0};
-    for (int b = 0; b < 6; b++) {
-        for (int a = 0; a < 6; a++)
+    for (int b = 0; b < M; b++) {
+        for (int a = 0; a < M; a++)
             e[a] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
-        a6(e, 1, &u[0][b], 6);
+        a_(e, 1, &u[0][b], 6);
     }
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < T; i++) {
         v8 r[8];
-        a6(u[i], 1, r, 1);
-        for (int q = 0; q < 8; q++) *(v8u *)(z + (size_t)(i * 8 + q) * xi_stride) = r[q];
+        a_(u[i], 1, r, 1);
+        for (int q = 0; q < T; q++) *(v8u *)(z + (size_t)(i * T + q) * xi_stride) = r[q];
     }
 }
 
-/* A^T m of the 8x8 tile m (planes xi_stride apart): s[a][q], row a. */
-AVX2 static inline void tile6_at_m(const float *m, size_t xi_stride, v8 s[6][8]) {
+/* A^T m of the T x T tile m (planes xi_stride apart): s[a][q], row a. */
+TILE_BODY void tile_at_m(int M, wino_tx at, const float *m, size_t xi_stride, v8 s[6][8]) {
+    const int T = M + 2;
     v8 c[8];
-    for (int q = 0; q < 8; q++) {
-        for (int a = 0; a < 8; a++) c[a] = *(const v8u *)(m + (size_t)(a * 8 + q) * xi_stride);
-        at8(c, 1, &s[0][q], 8);
+    for (int q = 0; q < T; q++) {
+        for (int a = 0; a < T; a++) c[a] = *(const v8u *)(m + (size_t)(a * T + q) * xi_stride);
+        at(c, 1, &s[0][q], 8);
     }
 }
 
-/* y's 6x6 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
-AVX2 static void output_tile6(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
-                              int64_t h0, int64_t w0) {
+/* y's M x M tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
+TILE_BODY void output_tile_n(int M, wino_tx at, const float *m, size_t xi_stride, const float *bias, bool relu,
+                             const act *y, float *base, int64_t h0, int64_t w0) {
     v8 s[6][8];
-    tile6_at_m(m, xi_stride, s);
+    tile_at_m(M, at, m, xi_stride, s);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
-    for (int a = 0; a < 6 && h0 + a < y->h; a++) {
+    for (int a = 0; a < M && h0 + a < y->h; a++) {
         v8 o[6];
-        at8(s[a], 1, o, 1);
-        for (int b = 0; b < 6 && w0 + b < y->w; b++) {
+        at(s[a], 1, o, 1);
+        for (int b = 0; b < M && w0 + b < y->w; b++) {
             v8 r = o[b] + bv;
             if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
             *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
         }
     }
+}
+
+/* Each size's functions: the filters' transforms (OpenMP over the input
+ * channels, as weights_transform and weights_grad_transform) and the tiles'. */
+AVX2 static void weights_transform4(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < cin; ci++)
+        for (int64_t co = 0; co < cout; co += 8) filters_tile(6, g3, w, u, ci, co, cin, cout, flip);
+}
+AVX2 static void weights_transform6(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < cin; ci++)
+        for (int64_t co = 0; co < cout; co += 8) filters_tile(8, g3_8, w, u, ci, co, cin, cout, flip);
+}
+AVX2 static void weights_grad_transform4(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
+                                         int64_t k) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t co = 0; co < k; co += 8) filters_grad_tile(6, gt6, s, threads, thread_stride, dw, ci, co, c, k);
+}
+AVX2 static void weights_grad_transform6(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
+                                         int64_t k) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t co = 0; co < k; co += 8) filters_grad_tile(8, gt8, s, threads, thread_stride, dw, ci, co, c, k);
+}
+AVX2 static void input_tile4(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
+    input_tile_n(6, bt6, x, base, h0, w0, v, xi_stride);
+}
+AVX2 static void input_tile6(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
+    input_tile_n(8, bt8, x, base, h0, w0, v, xi_stride);
+}
+AVX2 static void grad_tile4(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
+    grad_tile_n(4, a4, y, base, h0, w0, z, xi_stride);
+}
+AVX2 static void grad_tile6(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
+    grad_tile_n(6, a6, y, base, h0, w0, z, xi_stride);
+}
+AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                              int64_t h0, int64_t w0) {
+    output_tile_n(4, at6, m, xi_stride, bias, relu, y, base, h0, w0);
+}
+AVX2 static void output_tile6(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                              int64_t h0, int64_t w0) {
+    output_tile_n(6, at8, m, xi_stride, bias, relu, y, base, h0, w0);
 }
 
 /* ---- pooled outputs -------------------------------------------------------------------- */
@@ -782,49 +729,35 @@ AVX2 static void output_tile_pool(const float *m, size_t xi_stride, const float 
     pool_store(r[0][0], r[0][1], r[1][0], r[1][1], h0 * p->y_w + w0, p->y_w, p->y + at, p->ix + at);
 }
 
-/* The four windows of y's 4x4 tile at (h0, w0), as output_tile_pool: a
- * pair of rows at a time. */
-AVX2 static void output_tile4_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n,
-                                   int64_t k0, int64_t h0, int64_t w0) {
+/* The (M / 2)^2 windows of y's M x M tile at (h0, w0) (M 4 or 6), as
+ * output_tile_pool: a pair of rows at a time. */
+TILE_BODY void output_tile_pool_n(int M, wino_tx at_, const float *m, size_t xi_stride, const float *bias,
+                                  const pooled *p, int64_t n, int64_t k0, int64_t h0, int64_t w0) {
     if (h0 / 2 >= p->oh || w0 / 2 >= p->ow) return;
-    v8 s[4][6];
-    tile4_at_m(m, xi_stride, s);
+    v8 s[6][8];
+    tile_at_m(M, at_, m, xi_stride, s);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
     int64_t base = pooled_base(p, n, k0);
-    for (int i = 0; i < 2 && h0 / 2 + i < p->oh; i++) {
-        v8 r0[4], r1[4];
-        at6(s[2 * i], 1, r0, 1);
-        at6(s[2 * i + 1], 1, r1, 1);
-        for (int b = 0; b < 4; b++) r0[b] += bv, r1[b] += bv;
-        for (int j = 0; j < 2 && w0 / 2 + j < p->ow; j++) {
+    for (int i = 0; i < M / 2 && h0 / 2 + i < p->oh; i++) {
+        v8 r0[6], r1[6];
+        at_(s[2 * i], 1, r0, 1);
+        at_(s[2 * i + 1], 1, r1, 1);
+        for (int b = 0; b < M; b++) r0[b] += bv, r1[b] += bv;
+        for (int j = 0; j < M / 2 && w0 / 2 + j < p->ow; j++) {
             int64_t at = base + ((h0 / 2 + i) * p->ow + w0 / 2 + j) * p->b;
             pool_store(r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1], (h0 + 2 * i) * p->y_w + w0 + 2 * j,
                        p->y_w, p->y + at, p->ix + at);
         }
     }
 }
-
-/* The nine windows of y's 6x6 tile at (h0, w0), as output_tile4_pool. */
+AVX2 static void output_tile4_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n,
+                                   int64_t k0, int64_t h0, int64_t w0) {
+    output_tile_pool_n(4, at6, m, xi_stride, bias, p, n, k0, h0, w0);
+}
 AVX2 static void output_tile6_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n,
                                    int64_t k0, int64_t h0, int64_t w0) {
-    if (h0 / 2 >= p->oh || w0 / 2 >= p->ow) return;
-    v8 s[6][8];
-    tile6_at_m(m, xi_stride, s);
-    const v8 zero = {0};
-    v8 bv = bias ? *(const v8u *)bias : zero;
-    int64_t base = pooled_base(p, n, k0);
-    for (int i = 0; i < 3 && h0 / 2 + i < p->oh; i++) {
-        v8 r0[6], r1[6];
-        at8(s[2 * i], 1, r0, 1);
-        at8(s[2 * i + 1], 1, r1, 1);
-        for (int b = 0; b < 6; b++) r0[b] += bv, r1[b] += bv;
-        for (int j = 0; j < 3 && w0 / 2 + j < p->ow; j++) {
-            int64_t at = base + ((h0 / 2 + i) * p->ow + w0 / 2 + j) * p->b;
-            pool_store(r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1], (h0 + 2 * i) * p->y_w + w0 + 2 * j,
-                       p->y_w, p->y + at, p->ix + at);
-        }
-    }
+    output_tile_pool_n(6, at8, m, xi_stride, bias, p, n, k0, h0, w0);
 }
 
 /* ---- the passes ---------------------------------------------------------------------- */
