@@ -88,7 +88,9 @@ size_t kiln_onednn_conv2d_relu_max_pool2d_workspace(const kiln_op_args *a) {
     return (c.pooled ? 0 : kiln_conv_pool_conv_bytes(a)) + conv;
 }
 
-/* The prepared weights are conv2d's: the same key, so one copy serves both. */
+/* The prepared weights are conv2d's, keyed by the pass and algorithm: one
+ * copy serves both ops where they pick the same algorithm (not where the
+ * fused op takes F(6x6) for its pooled rows and conv2d F(4x4)). */
 void kiln_onednn_conv2d_relu_max_pool2d_prepare(const kiln_op_args *a, kiln_op_prepare *p) {
     kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;

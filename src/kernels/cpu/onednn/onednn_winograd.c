@@ -57,7 +57,9 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 bool kiln_wino_cpu_ok(void) { return kiln_cpu_gemm_avx2_ok(); }
 
 bool kiln_wino_shape_ok(const kiln_wino_shape *s) {
-    return (s->m == 0 || s->m == 2 || s->m == 4 || s->m == 6) && (s->pool == 0 || (s->pool >= 2 && s->h >= s->pool && s->w >= s->pool)) && s->n >= 1 && s->c >= 8 && s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
+    return (s->m == 0 || s->m == 2 || s->m == 4 || s->m == 6) &&
+           (s->pool == 0 || (s->pool >= 2 && s->h >= s->pool && s->w >= s->pool)) && s->n >= 1 && s->c >= 8 &&
+           s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
            (s->xb == 0 || s->xb == 8 || s->xb == 16) && (s->yb == 0 || s->yb == 8 || s->yb == 16) &&
            (s->xb == 0 || s->c % s->xb == 0) && (s->yb == 0 || s->k % s->yb == 0);
 }
