@@ -5,7 +5,7 @@
  * the sum op (backward_conv2d sums grad_out, which the fast sum does on
  * either layout; CONV2D_GRAD_WEIGHT has one output).
  *
- * Six algorithms, chosen per configuration by the autotuner
+ * Seven algorithms, chosen per configuration by the autotuner
  * (kernels/autotune.h) through the provider at the end of this file:
  *   - "direct": oneDNN's direct convolution in the layouts it prefers
  *     (nChw16c activations when the channels allow, blocked weights).
@@ -22,8 +22,8 @@
  *     skips it. Its numerics differ from the direct algorithm beyond f32
  *     rounding (tests/kernels/test_onednn_conv_algorithms.c holds it to its
  *     own tolerance).
- *   - "winograd_2x2", "winograd_4x4": Kiln's F(2x2, 3x3) and F(4x4, 3x3)
- *     for AVX2 (onednn_winograd.c);
+ *   - "winograd_2x2", "winograd_4x4", "winograd_6x6": Kiln's F(2x2, 3x3),
+ *     F(4x4, 3x3) and F(6x6, 3x3) for AVX2 (onednn_winograd.c);
  *   - "small_c": Kiln's kernels for 1-4 input channels (onednn_smallc.c).
  *     These two are the defaults where they apply on AVX2 CPUs without
  *     AVX-512 (deterministic mode keeps "direct"). */
@@ -39,51 +39,12 @@
 
 #include "kernels/autotune.h"
 #include "kernels/cpu/fast/gemm_avx2.h"
+#include "kernels/cpu/onednn/onednn_conv_key.h"
 #include "kernels/cpu/onednn/onednn_internal.h"
 #include "kernels/cpu/onednn/onednn_smallc.h"
 #include "kernels/cpu/onednn/onednn_winograd.h"
 #include "kernels/nn_geometry.h"
 #include "kiln/runtime.h"
-
-/* Key layout: the problem in forward terms, whichever pass it is. */
-enum {
-    K_N,
-    K_C,
-    K_H,
-    K_W,
-    K_O,
-    K_KH,
-    K_KW,
-    K_OH,
-    K_OW,
-    K_SH,
-    K_SW,
-    K_PH,
-    K_PW,
-    K_DH,
-    K_DW,
-    K_G,
-    K_BIAS,
-    K_ALG,         /* conv_alg */
-    K_CONV_KIND,   /* reorder keys: the convolution's kind */
-    K_REORDER_POS, /* reorder keys: the argument position (0, 1: inputs, 2: output) */
-    K_LX,          /* x's layout: its channel block (kernels/kernels.h): 0 NCHW, 16 nChw16c, 8 nChw8c */
-    K_LY,          /* y's layout */
-    K_RELU,        /* forward: ReLU fused as a post-op (conv2d_relu) */
-    K_POOL,        /* weight gradient: the pooling window whose backward made grad_out (kiln_wino_shape.pool) */
-    K_COUNT
-};
-
-typedef enum conv_alg {
-    ALG_DIRECT = 0,
-    ALG_DIRECT_PLAIN,
-    ALG_WINOGRAD,
-    ALG_WINO2,
-    ALG_SMALLC,
-    ALG_WINO4,
-    ALG_WINO6,
-    ALG_COUNT
-} conv_alg;
 
 static const char *const alg_names[ALG_COUNT] = {"direct",  "direct_plain", "winograd",    "winograd_2x2",
                                                  "small_c", "winograd_4x4", "winograd_6x6"};
@@ -124,172 +85,6 @@ static bool conv_key(kiln_onednn_kind kind, const kiln_strided *x, const kiln_st
     v[K_DH] = g.dilation[0], v[K_DW] = g.dilation[1], v[K_G] = g.groups, v[K_BIAS] = bias != NULL;
     v[K_LX] = kiln_layout_block(x->layout), v[K_LY] = kiln_layout_block(y->layout);
     return y->shape[0] == x->shape[0] && y->shape[1] == w->shape[0];
-}
-
-typedef struct conv_mds {
-    dnnl_memory_desc_t src, wei, bias, dst;
-    dnnl_dims_t strides, dilates, pad_l, pad_r;
-} conv_mds;
-
-/* The descriptors: any_layout leaves src, weights and dst to oneDNN;
- * otherwise they are the user's tensors (user_layouts: the activations'
- * layouts from the key, else plain NCHW). */
-static kiln_status conv_mds_of_user(const int64_t *v, bool any_layout, bool user_layouts, conv_mds *m) {
-    dnnl_dims_t src = {v[K_N], v[K_C], v[K_H], v[K_W]}, dst = {v[K_N], v[K_O], v[K_OH], v[K_OW]};
-    dnnl_format_tag_t act = any_layout ? dnnl_format_tag_any : dnnl_nchw;
-    dnnl_format_tag_t src_tag = act, dst_tag = act;
-    if (!any_layout && user_layouts) {
-        if (v[K_LX]) src_tag = v[K_LX] == 8 ? dnnl_nChw8c : dnnl_nChw16c;
-        if (v[K_LY]) dst_tag = v[K_LY] == 8 ? dnnl_nChw8c : dnnl_nChw16c;
-    }
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->src, 4, src, dnnl_f32, src_tag));
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->dst, 4, dst, dnnl_f32, dst_tag));
-    int64_t G = v[K_G];
-    if (G > 1) {
-        dnnl_dims_t wei = {G, v[K_O] / G, v[K_C] / G, v[K_KH], v[K_KW]};
-        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 5, wei, dnnl_f32,
-                                                     any_layout ? dnnl_format_tag_any : dnnl_goihw));
-    } else {
-        dnnl_dims_t wei = {v[K_O], v[K_C], v[K_KH], v[K_KW]};
-        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 4, wei, dnnl_f32,
-                                                     any_layout ? dnnl_format_tag_any : dnnl_oihw));
-    }
-    dnnl_dims_t bias = {v[K_O]};
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->bias, 1, bias, dnnl_f32, dnnl_a));
-    /* oneDNN counts dilation from 0; PyTorch pads symmetrically and floors
-     * the output size, which oneDNN's consistency check accepts with
-     * pad_r = pad_l. */
-    m->strides[0] = v[K_SH], m->strides[1] = v[K_SW];
-    m->dilates[0] = v[K_DH] - 1, m->dilates[1] = v[K_DW] - 1;
-    m->pad_l[0] = m->pad_r[0] = v[K_PH];
-    m->pad_l[1] = m->pad_r[1] = v[K_PW];
-    return KILN_OK;
-}
-
-static kiln_status conv_mds_of(const int64_t *v, bool any_layout, conv_mds *m) {
-    return conv_mds_of_user(v, any_layout, false, m);
-}
-
-static dnnl_alg_kind_t dnnl_alg_of(int64_t alg) {
-    return alg == ALG_WINOGRAD ? dnnl_convolution_winograd : dnnl_convolution_direct;
-}
-
-/* attr with a ReLU post-op appended (a new attr the caller destroys). */
-static kiln_status relu_attr(const_dnnl_primitive_attr_t attr, dnnl_primitive_attr_t *out) {
-    *out = NULL;
-    dnnl_post_ops_t po = NULL;
-    dnnl_status_t st = attr ? dnnl_primitive_attr_clone(out, attr) : dnnl_primitive_attr_create(out);
-    if (st == dnnl_success) st = dnnl_post_ops_create(&po);
-    if (st == dnnl_success) st = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f);
-    if (st == dnnl_success) st = dnnl_primitive_attr_set_post_ops(*out, po);
-    if (po) dnnl_post_ops_destroy(po);
-    if (st != dnnl_success && *out) dnnl_primitive_attr_destroy(*out), *out = NULL;
-    KILN_DNNL_CHECK(st);
-    return KILN_OK;
-}
-
-static kiln_status conv_forward_pd(const int64_t *v, const_dnnl_primitive_attr_t attr, dnnl_engine_t engine,
-                                   dnnl_primitive_desc_t *pd) {
-    conv_mds m;
-    KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT_PLAIN, &m));
-    dnnl_convolution_desc_t d;
-    KILN_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(
-        &d, dnnl_forward_training, dnnl_alg_of(v[K_ALG]), &m.src, &m.wei, v[K_BIAS] ? &m.bias : NULL, &m.dst,
-        m.strides, m.dilates, m.pad_l, m.pad_r));
-    dnnl_primitive_attr_t with_relu = NULL;
-    if (v[K_RELU]) KILN_TRY(relu_attr(attr, &with_relu));
-    dnnl_status_t st = dnnl_primitive_desc_create(pd, &d, with_relu ? with_relu : attr, engine, NULL);
-    if (with_relu) dnnl_primitive_attr_destroy(with_relu);
-    KILN_DNNL_CHECK(st);
-    return KILN_OK;
-}
-
-/* The backward passes: a forward primitive descriptor is oneDNN's hint. */
-static kiln_status conv_backward_pd(kiln_onednn_kind kind, const int64_t *v, const_dnnl_primitive_attr_t attr,
-                                    dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
-    conv_mds m;
-    KILN_TRY(conv_mds_of(v, v[K_ALG] != ALG_DIRECT_PLAIN, &m));
-    dnnl_primitive_desc_t hint = NULL;
-    int64_t fv[K_COUNT];
-    memcpy(fv, v, sizeof fv);
-    fv[K_RELU] = 0;
-    KILN_TRY(conv_forward_pd(fv, NULL, engine, &hint));
-    dnnl_convolution_desc_t d;
-    dnnl_status_t st;
-    if (kind == KILN_ONEDNN_CONV_BWD_DATA)
-        st = dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_alg_of(v[K_ALG]), &m.src, &m.wei,
-                                                              &m.dst, m.strides, m.dilates, m.pad_l, m.pad_r);
-    else
-        st = dnnl_dilated_convolution_backward_weights_desc_init(
-            &d, dnnl_alg_of(v[K_ALG]), &m.src, &m.wei, NULL, &m.dst, m.strides, m.dilates, m.pad_l, m.pad_r);
-    if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &d, attr, engine, hint);
-    dnnl_primitive_desc_destroy(hint);
-    KILN_DNNL_CHECK(st);
-    return KILN_OK;
-}
-
-static kiln_status conv_pd(kiln_onednn_kind kind, const int64_t *v, const_dnnl_primitive_attr_t attr,
-                           dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
-    return kind == KILN_ONEDNN_CONV_FWD ? conv_forward_pd(v, attr, engine, pd)
-                                        : conv_backward_pd(kind, v, attr, engine, pd);
-}
-
-static kiln_status build_conv(const kiln_onednn_key *key, const_dnnl_primitive_attr_t attr,
-                              dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
-    return conv_pd((kiln_onednn_kind)key->kind, key->v, attr, engine, pd);
-}
-
-/* Execution arguments, in the order of the op's buffers: position 0 and 1
- * are the op's inputs, 2 its output, 3 the forward bias. */
-static const int fwd_args[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-static const int bwd_data_args[] = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
-static const int bwd_weights_args[] = {DNNL_ARG_DIFF_DST, DNNL_ARG_SRC, DNNL_ARG_DIFF_WEIGHTS};
-
-static const int *args_of(kiln_onednn_kind kind) {
-    return kind == KILN_ONEDNN_CONV_FWD        ? fwd_args
-           : kind == KILN_ONEDNN_CONV_BWD_DATA ? bwd_data_args
-                                               : bwd_weights_args;
-}
-
-/* The descriptor of the user's tensor at argument position `pos` of a
- * pass (NCHW or nChw16c activations, OIHW weights). */
-static kiln_status plain_md(kiln_onednn_kind kind, const int64_t *v, int pos, dnnl_memory_desc_t *md) {
-    conv_mds m;
-    KILN_TRY(conv_mds_of_user(v, false, true, &m));
-    static const char which[3][3] = {
-        {'s', 'w', 'd'}, /* forward: src, weights -> dst */
-        {'d', 'w', 's'}, /* backward data: diff_dst, weights -> diff_src */
-        {'d', 's', 'w'}, /* backward weights: diff_dst, src -> diff_weights */
-    };
-    char c = which[kind - KILN_ONEDNN_CONV_FWD][pos];
-    *md = c == 's' ? m.src : c == 'w' ? m.wei : m.dst;
-    return KILN_OK;
-}
-
-/* A reorder between the plain tensor at position v[K_REORDER_POS] and the
- * layout the blocked convolution chose for it: plain -> blocked for the
- * inputs, blocked -> plain for the output. */
-static kiln_status build_reorder(const kiln_onednn_key *key, const_dnnl_primitive_attr_t attr,
-                                 dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
-    kiln_onednn_kind kind = (kiln_onednn_kind)key->v[K_CONV_KIND];
-    int pos = (int)key->v[K_REORDER_POS];
-    dnnl_primitive_desc_t cpd = NULL;
-    KILN_TRY(conv_pd(kind, key->v, NULL, engine, &cpd));
-    const dnnl_memory_desc_t *blocked =
-        dnnl_primitive_desc_query_md(cpd, dnnl_query_exec_arg_md, args_of(kind)[pos]);
-    dnnl_memory_desc_t plain, chosen;
-    kiln_status st = plain_md(kind, key->v, pos, &plain);
-    if (!st && !blocked)
-        st = KILN_RAISE(KILN_ERR_INTERNAL, NULL, "oneDNN: the convolution has no argument %d", pos);
-    if (!st) chosen = *blocked;
-    dnnl_status_t ds = dnnl_success;
-    if (!st)
-        ds = pos < 2 ? dnnl_reorder_primitive_desc_create(pd, &plain, engine, &chosen, engine, attr)
-                     : dnnl_reorder_primitive_desc_create(pd, &chosen, engine, &plain, engine, attr);
-    dnnl_primitive_desc_destroy(cpd);
-    KILN_TRY(st);
-    KILN_DNNL_CHECK(ds);
-    return KILN_OK;
 }
 
 static const int reorder_args[] = {DNNL_ARG_FROM, DNNL_ARG_TO};
@@ -369,19 +164,19 @@ static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key,
         plan->workspace = kiln_smallc_workspace(plan->sc_pass, &plan->sc_shape);
         return KILN_OK;
     }
-    KILN_TRY(kiln_onednn_get(key, build_conv, n_args, args_of(kind), &plan->conv));
+    KILN_TRY(kiln_onednn_get(key, kiln_onednn_conv_build, n_args, kiln_onednn_conv_args(kind), &plan->conv));
     size_t at = align_up(plan->conv->scratch_bytes), reorder_scratch = 0;
     for (int pos = 0; pos < 3; pos++) {
         dnnl_memory_desc_t plain;
         const dnnl_memory_desc_t *chosen = NULL;
-        KILN_TRY(plain_md(kind, key->v, pos, &plain));
+        KILN_TRY(kiln_onednn_conv_plain_md(kind, key->v, pos, &plain));
         KILN_DNNL_CHECK(dnnl_memory_get_memory_desc(plan->conv->mem[pos], &chosen));
         if (dnnl_memory_desc_equal(&plain, chosen)) continue; /* oneDNN reads the plain tensor itself */
         kiln_onednn_key rk = *key;
         rk.kind = KILN_ONEDNN_CONV_REORDER;
         rk.v[K_CONV_KIND] = kind;
         rk.v[K_REORDER_POS] = pos;
-        KILN_TRY(kiln_onednn_get(&rk, build_reorder, 2, reorder_args, &plan->reorder[pos]));
+        KILN_TRY(kiln_onednn_get(&rk, kiln_onednn_conv_build_reorder, 2, reorder_args, &plan->reorder[pos]));
         plan->offset[pos] = at;
         at += align_up(dnnl_memory_desc_get_size(chosen));
         if (plan->reorder[pos]->scratch_bytes > reorder_scratch)
