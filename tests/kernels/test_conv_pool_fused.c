@@ -28,6 +28,7 @@
 #include "test_util.h"
 
 #include "kiln/kiln.h"
+#include "kernels/cpu/onednn/onednn_kernels.h"
 #include "ops/op_registry.h"
 
 typedef struct result {
@@ -141,9 +142,10 @@ static void close_to(const char *what, const char *name, const float *a, const f
  *   - CLOSE_GRADS: the weight gradient is tiled for the pooling (only the
  *     rows and columns its windows read, where that drops tiles or picks
  *     F(6x6); kiln_wino_shape.pool), so it differs in rounding;
- *   - CLOSE_ALL: also the forward, F(6x6) over the pooled rows and columns
- *     where conv2d takes F(4x4) over all (onednn_conv.c, wino_default); the
- *     indices must still match. */
+ *   - CLOSE_ALL: also the forward, tiled otherwise over the pooled rows and
+ *     columns than conv2d over all: F(6x6) where conv2d takes F(4x4), or the
+ *     mixed tiling cutting an odd side's pooled part otherwise
+ *     (onednn_conv.c, wino_default); the indices must still match. */
 enum { EXACT, CLOSE_GRADS, CLOSE_ALL };
 static int compare_mode = EXACT;
 
@@ -175,9 +177,9 @@ static void check_case(const char *what, int64_t n, int64_t c, int64_t h, int64_
         CHECK_MSG(f.ny == u.ny && f.ny > 0, "%s: y has %lld and %lld elements", tag, (long long)f.ny, (long long)u.ny);
         if (f.ny == u.ny) {
             compare_f32(tag, "y", f.y, u.y, f.ny, compare_mode != CLOSE_ALL);
-            if (compare_mode == CLOSE_ALL) /* F(6x6) ran: other roundings than conv2d's F(4x4) */
+            if (compare_mode == CLOSE_ALL) /* other tiles ran: other roundings than conv2d's */
                 CHECK_MSG(memcmp(f.y, u.y, (size_t)f.ny * sizeof(float)) != 0,
-                          "%s: y has the two ops' bits: the fused op did not take F(6x6)", tag);
+                          "%s: y has the two ops' bits: the fused op did not tile for its pooling", tag);
             same_bits(tag, "the indices", f.ix, u.ix, f.ny, sizeof(int64_t));
         }
         /* x's gradient is the input gradient's, from the same pooled
@@ -229,8 +231,14 @@ int main(void) {
     /* Winograd pooling its tiles */
     compare_mode = CLOSE_GRADS; /* 7x9: the pooling reads 6x8, fewer tiles for the weight gradient */
     check_case("F(2x2) 8->8 7x9 bias", 1, 8, 7, 9, 8, 1, 2, true, false);
-    compare_mode = EXACT; /* 14x10 read of 14x11: the same 4x4 tiles */
+    compare_mode = EXACT; /* 14x10 read of 14x11: the same 4x4 tiles (forced: the default is the mixed tiling) */
+    CHECK_OK(kiln_onednn_conv_force_algorithm("winograd_4x4"));
     check_case("F(4x4) 8->16 14x11", 2, 8, 14, 11, 16, 1, 2, false, false);
+    CHECK_OK(kiln_onednn_conv_force_algorithm(NULL));
+    /* the mixed tiling: 14 = 4 + 4 + 6 both ways, the same regions pooled or not */
+    check_case("F(4x4) with F(6x6) 16->32 14x14 bias (the 28x28x1 CNN's conv2)", 2, 16, 14, 14, 32, 1, 2, true, false);
+    compare_mode = CLOSE_ALL; /* 14x10 read of 14x11: columns 4 + 6 against conv2d's 6 + 6 */
+    check_case("F(4x4) with F(6x6) 8->16 14x11", 2, 8, 14, 11, 16, 1, 2, false, false);
     compare_mode = CLOSE_ALL; /* 12x10 read of 13x10: F(6x6), 4 tiles against F(4x4)'s 9 */
     check_case("F(6x6) 16->32 13x10 bias", 2, 16, 13, 10, 32, 1, 2, true, false);
     check_case("F(6x6) 64->128 7x7 bias (the 28x28x1 CNN's conv3)", 4, 64, 7, 7, 128, 1, 2, true, false);
@@ -245,7 +253,9 @@ int main(void) {
     uint64_t runs = kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D);
     CHECK_MSG(runs > 0, "the fused op's fast kernel never ran");
     kiln_set_cpu_layouts(false);
+    compare_mode = CLOSE_GRADS; /* the weight gradient's mixed tiling, 14x11 as above (an NCHW y is not pooled by tiles) */
     check_case("NCHW 8->16 14x11 bias", 2, 8, 14, 11, 16, 1, 2, true, false);
+    compare_mode = EXACT;
     kiln_set_cpu_layouts(true);
     CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > runs, "the fast kernel did not run on NCHW");
     check_timed_mode();
@@ -265,7 +275,9 @@ int main(void) {
             check_case("first layer, strided 8->8 s2 9x9 bias", 2, 8, 9, 9, 8, 2, 2, true, false);
         } else {
             check_case("first layer, small-channel 1->16 9x15", 2, 1, 9, 15, 16, 1, 2, false, false);
+            compare_mode = CLOSE_ALL; /* the mixed tiling over 14x10 against 14x11 */
             check_case("first layer, Winograd 8->16 14x11 bias", 2, 8, 14, 11, 16, 1, 2, true, false);
+            compare_mode = EXACT;
         }
         kiln_release(top_w);
         top_w = NULL;

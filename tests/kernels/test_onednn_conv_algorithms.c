@@ -9,7 +9,8 @@
  *   - direct, direct_plain: 1e-5 (the op harness's f32 threshold);
  *   - small_c (Kiln's, AVX2, 1-4 input channels; forward and weight
  *     gradient only): 1e-5, tests/kernels/test_smallc_conv.c has the rest;
- *   - winograd (oneDNN's), winograd_2x2 and winograd_4x4 (Kiln's, AVX2): 2e-5. F(4x4, 3x3) transforms the tiles with matrices
+ *   - winograd (oneDNN's), winograd_2x2, winograd_4x4, winograd_6x6 and
+ *     winograd_4x4_6x6 (Kiln's, AVX2): 2e-5. F(4x4, 3x3) transforms the tiles with matrices
  *     whose entries reach 8 (and fractions down to 1/24 in the inverse),
  *     so rounding in the transformed domain is amplified: measured
  *     3.7e-7..1.1e-6 on these shapes on the 2-core Cascade Lake (2-4x the
@@ -276,6 +277,8 @@ int main(void) {
     check_algorithm("winograd", 2e-5);
     check_algorithm("winograd_2x2", 2e-5); /* Kiln's, AVX2: tests/kernels/test_winograd_conv.c */
     check_algorithm("winograd_4x4", 2e-5);
+    check_algorithm("winograd_6x6", 2e-5);
+    check_algorithm("winograd_4x4_6x6", 2e-5); /* F(4x4) and F(6x6) tiles together */
     check_algorithm("small_c", 1e-5);      /* Kiln's, AVX2: tests/kernels/test_smallc_conv.c */
     check_wiring(cache);
     kiln_shutdown();

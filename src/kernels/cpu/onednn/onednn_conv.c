@@ -22,8 +22,9 @@
  *     skips it. Its numerics differ from the direct algorithm beyond f32
  *     rounding (tests/kernels/test_onednn_conv_algorithms.c holds it to its
  *     own tolerance).
- *   - "winograd_2x2", "winograd_4x4", "winograd_6x6": Kiln's F(2x2, 3x3),
- *     F(4x4, 3x3) and F(6x6, 3x3) for AVX2 (onednn_winograd.c);
+ *   - "winograd_2x2", "winograd_4x4", "winograd_6x6", "winograd_4x4_6x6":
+ *     Kiln's F(2x2, 3x3), F(4x4, 3x3), F(6x6, 3x3) and the two together
+ *     (each side cut into 4s then 6s) for AVX2 (onednn_winograd.c);
  *   - "small_c": Kiln's kernels for 1-4 input channels (onednn_smallc.c).
  *     These two are the defaults where they apply on AVX2 CPUs without
  *     AVX-512 (deterministic mode keeps "direct"). */
@@ -46,8 +47,8 @@
 #include "kernels/nn_geometry.h"
 #include "kiln/runtime.h"
 
-static const char *const alg_names[ALG_COUNT] = {"direct",  "direct_plain", "winograd",    "winograd_2x2",
-                                                 "small_c", "winograd_4x4", "winograd_6x6"};
+static const char *const alg_names[ALG_COUNT] = {"direct",       "direct_plain", "winograd",        "winograd_2x2",
+                                                 "small_c",      "winograd_4x4", "winograd_6x6",    "winograd_4x4_6x6"};
 
 /* x (N, C, H, W), w (O, C/G, kH, kW), y (N, O, OH, OW): the forward names
  * of the three tensors, whichever pass's inputs and outputs they are. */
@@ -121,9 +122,9 @@ static bool wino_geometry(const int64_t *v) {
 
 static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, conv_plan *plan) {
     const int64_t *v = key->v;
-    kiln_wino_shape s = {v[K_N],        v[K_C],        v[K_H], v[K_W], v[K_O],
-                         (int)v[K_LX], (int)v[K_LY], v[K_ALG] == ALG_WINO6 ? 6 : v[K_ALG] == ALG_WINO4 ? 4 : 2,
-                         kind == KILN_ONEDNN_CONV_BWD_WEIGHTS ? (int)v[K_POOL] : 0};
+    int m = v[K_ALG] == ALG_WINO46 ? 46 : v[K_ALG] == ALG_WINO6 ? 6 : v[K_ALG] == ALG_WINO4 ? 4 : 2;
+    kiln_wino_shape s = {v[K_N],        v[K_C],        v[K_H], v[K_W], v[K_O], (int)v[K_LX],
+                         (int)v[K_LY], m, kind == KILN_ONEDNN_CONV_BWD_WEIGHTS ? (int)v[K_POOL] : 0};
     if (!kiln_wino_cpu_ok())
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "Winograd: the CPU has no AVX2 and FMA");
     if (!wino_geometry(v) || !kiln_wino_shape_ok(&s))
@@ -151,7 +152,8 @@ static bool smallc_shape(kiln_onednn_kind kind, const int64_t *v, kiln_smallc_sh
 static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, int n_args,
                               conv_plan *plan) {
     memset(plan, 0, sizeof *plan);
-    if (key->v[K_ALG] == ALG_WINO2 || key->v[K_ALG] == ALG_WINO4 || key->v[K_ALG] == ALG_WINO6)
+    if (key->v[K_ALG] == ALG_WINO2 || key->v[K_ALG] == ALG_WINO4 || key->v[K_ALG] == ALG_WINO6 ||
+        key->v[K_ALG] == ALG_WINO46)
         return wino_plan_build(kind, key, plan);
     if (key->v[K_ALG] == ALG_SMALLC) {
         if (!smallc_shape(kind, key->v, &plan->sc_shape))
@@ -292,7 +294,10 @@ static int64_t pooled_call(const conv_call *c) {
  * for its pooled forward at batch 128), 12x12 256 against 324 (0.51
  * against 0.76 ms at 16 -> 32 channels); 14x14 (576 both: F(6x6) 1.15x
  * slower) and 28x28 (0.91: the same time) stay F(4x4), whose transforms
- * are cheaper and round less. On AVX-512 CPUs oneDNN's kernels stay the
+ * are cheaper and round less. Any other pass takes the mixed tiling (4s
+ * then 6s on each side) where its products are at most 0.8 of F(4x4)'s:
+ * a 14x14 plane (400 against 576: the 28x28x1 CNN's conv2, every pass),
+ * not 16x16 or 32x32 (0.84). On AVX-512 CPUs oneDNN's kernels stay the
  * default (the tuner can still pick these). */
 static int wino_default(const conv_call *c) {
     const int64_t *v = c->key.v;
@@ -301,11 +306,13 @@ static int wino_default(const conv_call *c) {
     if (c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && tiles * 256 < v[K_C] * v[K_O]) return 0;
     int alg = v[K_N] * ((v[K_H] + 3) / 4) * ((v[K_W] + 3) / 4) >= 16 ? ALG_WINO4 : ALG_WINO2;
     int64_t p = pooled_call(c);
-    if (alg == ALG_WINO4 && p) {
-        int64_t h = v[K_H] / p * p, w = v[K_W] / p * p;
-        if (5 * 64 * ((h + 5) / 6) * ((w + 5) / 6) <= 4 * 36 * ((h + 3) / 4) * ((w + 3) / 4)) alg = ALG_WINO6;
-    }
-    return alg;
+    if (alg != ALG_WINO4) return alg;
+    kiln_wino_shape s = {1, v[K_C], v[K_H], v[K_W], v[K_O], 8, 8, 4, (int)p};
+    int64_t f4 = kiln_wino_products(&s);
+    s.m = 6;
+    if (p && 5 * kiln_wino_products(&s) <= 4 * f4) return ALG_WINO6;
+    s.m = 46;
+    return 5 * kiln_wino_products(&s) <= 4 * f4 ? ALG_WINO46 : ALG_WINO4;
 }
 
 static kiln_status onednn_candidates(void *self, const kiln_autotune_conv *cfg, void *ctx,
@@ -442,7 +449,9 @@ kiln_status kiln_onednn_conv_force_algorithm(const char *name) {
             atomic_store(&forced_alg, i);
             return KILN_OK;
         }
-    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "use direct, direct_plain, winograd, winograd_2x2, winograd_4x4 or small_c",
+    return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT,
+                      "use direct, direct_plain, winograd, winograd_2x2, winograd_4x4, winograd_6x6, "
+                      "winograd_4x4_6x6 or small_c",
                       "oneDNN convolution: no algorithm '%s'", name);
 }
 

@@ -42,6 +42,7 @@ typedef enum conv_alg {
     ALG_SMALLC,
     ALG_WINO4,
     ALG_WINO6,
+    ALG_WINO46,
     ALG_COUNT
 } conv_alg;
 

@@ -57,16 +57,15 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 bool kiln_wino_cpu_ok(void) { return kiln_cpu_gemm_avx2_ok(); }
 
 bool kiln_wino_shape_ok(const kiln_wino_shape *s) {
-    return (s->m == 0 || s->m == 2 || s->m == 4 || s->m == 6) &&
+    return (s->m == 0 || s->m == 2 || s->m == 4 || s->m == 6 || s->m == 46) &&
            (s->pool == 0 || (s->pool >= 2 && s->h >= s->pool && s->w >= s->pool)) && s->n >= 1 && s->c >= 8 &&
            s->k >= 8 && s->c % 8 == 0 && s->k % 8 == 0 && s->h >= 2 && s->w >= 2 &&
            (s->xb == 0 || s->xb == 8 || s->xb == 16) && (s->yb == 0 || s->yb == 8 || s->yb == 16) &&
            (s->xb == 0 || s->c % s->xb == 0) && (s->yb == 0 || s->k % s->yb == 0);
 }
 
-/* The output tile's side (2, 4 or 6) and the transformed tiles' planes (16, 36, 64). */
+/* The square tiles' side (2, 4 or 6; m 0 reads as 2). */
 static int tile_of(const kiln_wino_shape *s) { return s->m == 4 || s->m == 6 ? s->m : 2; }
-static int planes_of(const kiln_wino_shape *s) { return (tile_of(s) + 2) * (tile_of(s) + 2); }
 
 /* The pass's channels: in (transformed as V) and out (the products' columns). */
 static void pass_channels(kiln_wino_pass pass, const kiln_wino_shape *s, int64_t *cin, int64_t *cout) {
@@ -81,9 +80,75 @@ static void pass_channels(kiln_wino_pass pass, const kiln_wino_shape *s, int64_t
 static int64_t grid_h(const kiln_wino_shape *s) { return s->pool ? s->h / s->pool * s->pool : s->h; }
 static int64_t grid_w(const kiln_wino_shape *s) { return s->pool ? s->w / s->pool * s->pool : s->w; }
 
-static int64_t tiles_of(const kiln_wino_shape *s) {
-    int64_t m = tile_of(s);
-    return s->n * ((grid_h(s) + m - 1) / m) * ((grid_w(s) + m - 1) / m);
+/* ---- F(4x4) and F(6x6) together ------------------------------------------------------
+ *
+ * A side that is not a multiple of 4 wastes F(4x4)'s products: 14 takes
+ * four tiles of 4 (16), 6 x 4 = 24 transformed points. The mixed tiling
+ * (m 46) cuts each side into a run of 4-tiles then a run of 6-tiles, as
+ * many of each as cover it with the fewest points (6 a 4-tile, 8 a
+ * 6-tile; fewer 6-tiles on a tie): 14 = 4 + 4 + 6, 20 points, so a 14x14
+ * plane takes 400 products an image and channel pair against 576. The
+ * plane is then up to four regions, each tiled with one tile: 4x4 rows
+ * and columns of 4-tiles, 4x6 (F(4x4)'s rows, F(6x6)'s columns), 6x4 and
+ * 6x6, each a pass of its own over its region with its own filters
+ * (kiln_wino_weights holds all four: 36 + 48 + 48 + 64 planes). Every tile
+ * starts on an even row and column and has an even side, so a pooling
+ * pools within tiles as before. Each output is one tile's, so the
+ * forward and the input gradient keep their bits for any thread count;
+ * the weight gradient adds the regions' gradients in region order. */
+
+/* A region of the output tiled with mr x mc tiles: th tiles down from row
+ * r0 and tw across from column c0 in each image (the last ones may reach
+ * past the plane: their outputs there are not written, their inputs are
+ * zeros). */
+typedef struct tile_grid {
+    int mr, mc;
+    int64_t r0, c0, th, tw;
+} tile_grid;
+
+static int grid_planes(const tile_grid *g) { return (g->mr + 2) * (g->mc + 2); }
+static int64_t grid_tiles(const kiln_wino_shape *s, const tile_grid *g) { return s->n * g->th * g->tw; }
+
+/* The side `len` as *n4 tiles of 4 then *n6 of 6 (the fewest points). */
+static void split_side(int64_t len, int64_t *n4, int64_t *n6) {
+    int64_t best = -1;
+    *n4 = *n6 = 0;
+    for (int64_t b = 0; b <= (len + 5) / 6; b++) {
+        int64_t a = len > 6 * b ? (len - 6 * b + 3) / 4 : 0;
+        if (best < 0 || 6 * a + 8 * b < best) best = 6 * a + 8 * b, *n4 = a, *n6 = b;
+    }
+}
+
+/* The regions of the pass, in order: one for a square tile; for the mixed
+ * tiling those of 4x4, 4x6, 6x4 and 6x6 tiles that are not empty. */
+static int grids_of(const kiln_wino_shape *s, tile_grid g[4]) {
+    int64_t h = grid_h(s), w = grid_w(s);
+    if (s->m != 46) {
+        int m = tile_of(s);
+        g[0] = (tile_grid){m, m, 0, 0, (h + m - 1) / m, (w + m - 1) / m};
+        return 1;
+    }
+    int64_t r4, r6, c4, c6, n = 0;
+    split_side(h, &r4, &r6);
+    split_side(w, &c4, &c6);
+    const int64_t rows[2][3] = {{4, 0, r4}, {6, 4 * r4, r6}}, cols[2][3] = {{4, 0, c4}, {6, 4 * c4, c6}};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            if (rows[i][2] && cols[j][2])
+                g[n++] = (tile_grid){(int)rows[i][0], (int)cols[j][0], rows[i][1], cols[j][1], rows[i][2], cols[j][2]};
+    return (int)n;
+}
+
+/* Where a tile's transformed filters start in kiln_wino_weights' planes:
+ * the mixed tiling's four tiles one after another (4x4, 4x6, 6x4, 6x6),
+ * whichever regions a shape has, so the copy does not depend on the plane. */
+static int filters_plane(const kiln_wino_shape *s, const tile_grid *g) {
+    if (s->m != 46) return 0;
+    return g->mr == 4 ? (g->mc == 4 ? 0 : 36) : (g->mc == 4 ? 84 : 132);
+}
+static int filters_planes(const kiln_wino_shape *s) {
+    int m = tile_of(s);
+    return s->m == 46 ? 196 : (m + 2) * (m + 2);
 }
 
 /* Tiles per chunk: each thread takes an equal share of the tiles (within
@@ -125,23 +190,47 @@ static int threads_max(void) {
  *   (16 x chunk x cin, 16 x chunk x cout), then the blocked copies of
  *   plain activations (x and y as nChw8c). */
 typedef struct wino_layout {
-    int64_t cin, cout, chunk, threads, planes;
-    size_t u, per_thread, v, m, xcopy, ycopy, total; /* offsets and sizes in bytes */
+    int64_t cin, cout, team; /* team: the threads asked for */
+    int64_t chunk, threads, planes; /* a region's (region_layout) */
+    size_t u, per_thread, v, m, xcopy, ycopy, total; /* offsets and sizes in bytes, for the largest region */
 } wino_layout;
 
 static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 
+/* The layout for region g: its planes, chunk and threads. */
+static wino_layout region_layout(const wino_layout *all, const kiln_wino_shape *s, const tile_grid *g) {
+    wino_layout l = *all;
+    int64_t tiles = grid_tiles(s, g);
+    l.planes = grid_planes(g);
+    l.chunk = chunk_of(l.cin, l.cout, l.planes, tiles, (int)l.team);
+    l.threads = l.team > tiles ? tiles : l.team;
+    return l;
+}
+
 static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int threads) {
-    wino_layout l;
+    wino_layout l = {0};
     pass_channels(pass, s, &l.cin, &l.cout);
-    int64_t tiles = tiles_of(s), P = l.planes = planes_of(s);
-    l.chunk = chunk_of(l.cin, l.cout, P, tiles, threads < 1 ? 1 : threads);
-    l.threads = threads < 1 ? 1 : threads > tiles ? (int)tiles : threads;
+    l.team = threads < 1 ? 1 : threads;
     size_t f = sizeof(float);
-    size_t u_bytes = pass == KILN_WINO_BWD_WEIGHTS ? (size_t)l.threads * up64((size_t)(P * s->c * s->k) * f)
-                                                   : up64((size_t)(P * l.cin * l.cout) * f);
-    l.v = up64((size_t)(P * l.chunk * l.cin) * f);
-    l.m = up64((size_t)(P * l.chunk * l.cout) * f);
+    tile_grid g[8];
+    int n0 = grids_of(s, g), n = n0;
+    size_t u_bytes = pass == KILN_WINO_BWD_WEIGHTS ? 0 : up64((size_t)(filters_planes(s) * l.cin * l.cout) * f);
+    l.v = l.m = 0;
+    l.threads = 1;
+    /* a forward may pool its tiles (kiln_wino_buffers.pool_y), whose regions
+     * cover only the rows and columns the windows read: room for those too */
+    kiln_wino_shape pooled_s = *s;
+    pooled_s.pool = 2;
+    if (pass == KILN_WINO_FWD && !s->pool && s->h >= 2 && s->w >= 2) n += grids_of(&pooled_s, g + n);
+    for (int i = 0; i < n; i++) {
+        wino_layout r = region_layout(&l, i < n0 ? s : &pooled_s, &g[i]);
+        if (r.threads > l.threads) l.threads = r.threads;
+        size_t sums = (size_t)r.threads * up64((size_t)(r.planes * s->c * s->k) * f);
+        if (pass == KILN_WINO_BWD_WEIGHTS && sums > u_bytes) u_bytes = sums;
+        size_t v = up64((size_t)(r.planes * r.chunk * l.cin) * f), m = up64((size_t)(r.planes * r.chunk * l.cout) * f);
+        if (v > l.v) l.v = v;
+        if (m > l.m) l.m = m;
+    }
     l.u = 0;
     l.per_thread = u_bytes;
     size_t at = u_bytes + (size_t)l.threads * (l.v + l.m);
@@ -159,10 +248,26 @@ size_t kiln_wino_workspace(kiln_wino_pass pass, const kiln_wino_shape *s) {
     return layout_of(pass, s, threads_max()).total;
 }
 
-void kiln_wino_split(kiln_wino_pass pass, const kiln_wino_shape *s, int threads, int tid, int64_t *tiles,
-                     int64_t *lo, int64_t *hi, int64_t *chunk) {
-    wino_layout l = layout_of(pass, s, threads);
-    *tiles = tiles_of(s), *chunk = l.chunk;
+int64_t kiln_wino_products(const kiln_wino_shape *s) {
+    tile_grid g[4];
+    int n = grids_of(s, g);
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) sum += g[i].th * g[i].tw * grid_planes(&g[i]);
+    return sum;
+}
+
+int kiln_wino_regions(const kiln_wino_shape *s) {
+    tile_grid g[4];
+    return grids_of(s, g);
+}
+
+void kiln_wino_split(kiln_wino_pass pass, const kiln_wino_shape *s, int region, int threads, int tid,
+                     int64_t *tiles, int64_t *lo, int64_t *hi, int64_t *chunk) {
+    tile_grid g[4];
+    int n = grids_of(s, g);
+    wino_layout all = layout_of(pass, s, threads);
+    wino_layout l = region_layout(&all, s, &g[region < 0 ? 0 : region >= n ? n - 1 : region]);
+    *tiles = grid_tiles(s, &g[region < 0 ? 0 : region >= n ? n - 1 : region]), *chunk = l.chunk;
     if (tid >= l.threads) *lo = *hi = *tiles; /* fewer tiles than threads: not in the team */
     else thread_tiles(*tiles, tid, (int)l.threads, lo, hi);
 }
@@ -245,16 +350,16 @@ AVX2 static void weights_transform(const float *w, float *u, int64_t cin, int64_
 /* dW[k][c] = G^T S[c][k] G, summing the threads' S (in thread order), eight
  * output channels at once. */
 AVX2 static void weights_grad_transform(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
-                                        int64_t k) {
+                                        int64_t k, bool acc) {
 #pragma omp parallel for schedule(static)
     for (int64_t ci = 0; ci < c; ci++)
         for (int64_t co = 0; co < k; co += 8) {
             v8 m[4][4];
             for (int xi = 0; xi < 16; xi++) {
-                v8 acc = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
+                v8 sum = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
                 for (int64_t t = 1; t < threads; t++)
-                    acc += *(const v8u *)(s + (size_t)t * thread_stride + ((int64_t)xi * c + ci) * k + co);
-                m[xi / 4][xi % 4] = acc;
+                    sum += *(const v8u *)(s + (size_t)t * thread_stride + ((int64_t)xi * c + ci) * k + co);
+                m[xi / 4][xi % 4] = sum;
             }
             const v8 half = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
             v8 t[3][4]; /* G^T m */
@@ -271,7 +376,7 @@ AVX2 static void weights_grad_transform(const float *s, int64_t threads, size_t 
             }
             for (int e = 0; e < 8; e++) {
                 float *out = dw + ((co + e) * c + ci) * 9;
-                for (int tap = 0; tap < 9; tap++) out[tap] = o[tap][e];
+                for (int tap = 0; tap < 9; tap++) out[tap] = acc ? out[tap] + o[tap][e] : o[tap][e];
             }
         }
 }
@@ -405,35 +510,71 @@ AVX2 static void output_tile_pool(const float *m, size_t xi_stride, const float 
     pool_store(r[0][0], r[0][1], r[1][0], r[1][1], h0 * p->y_w + w0, p->y_w, p->y + at, p->ix + at);
 }
 
-/* The (M / 2)^2 windows of y's M x M tile at (h0, w0) (M 4 or 6), as
- * output_tile_pool: a pair of rows at a time. */
-TILE_BODY void output_tile_pool_n(int M, wino_tx at_, const float *m, size_t xi_stride, const float *bias,
-                                  const pooled *p, int64_t n, int64_t k0, int64_t h0, int64_t w0) {
+/* The (MR / 2) x (MC / 2) windows of y's MR x MC tile at (h0, w0) (MR and
+ * MC 4 or 6), as output_tile_pool: a pair of rows at a time. */
+TILE_BODY void output_tile_pool_n(int MR, int MC, wino_tx atr, wino_tx atc, const float *m, size_t xi_stride,
+                                  const float *bias, const pooled *p, int64_t n, int64_t k0, int64_t h0, int64_t w0) {
     if (h0 / 2 >= p->oh || w0 / 2 >= p->ow) return;
     v8 s[6][8];
-    tile_at_m(M, at_, m, xi_stride, s);
+    tile_at_m(MR, MC, atr, m, xi_stride, s);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
     int64_t base = pooled_base(p, n, k0);
-    for (int i = 0; i < M / 2 && h0 / 2 + i < p->oh; i++) {
+    for (int i = 0; i < MR / 2 && h0 / 2 + i < p->oh; i++) {
         v8 r0[6], r1[6];
-        at_(s[2 * i], 1, r0, 1);
-        at_(s[2 * i + 1], 1, r1, 1);
-        for (int b = 0; b < M; b++) r0[b] += bv, r1[b] += bv;
-        for (int j = 0; j < M / 2 && w0 / 2 + j < p->ow; j++) {
+        atc(s[2 * i], 1, r0, 1);
+        atc(s[2 * i + 1], 1, r1, 1);
+        for (int b = 0; b < MC; b++) r0[b] += bv, r1[b] += bv;
+        for (int j = 0; j < MC / 2 && w0 / 2 + j < p->ow; j++) {
             int64_t at = base + ((h0 / 2 + i) * p->ow + w0 / 2 + j) * p->b;
             pool_store(r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1], (h0 + 2 * i) * p->y_w + w0 + 2 * j,
                        p->y_w, p->y + at, p->ix + at);
         }
     }
 }
-AVX2 static void output_tile4_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n,
-                                   int64_t k0, int64_t h0, int64_t w0) {
-    output_tile_pool_n(4, at6, m, xi_stride, bias, p, n, k0, h0, w0);
-}
-AVX2 static void output_tile6_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n,
-                                   int64_t k0, int64_t h0, int64_t w0) {
-    output_tile_pool_n(6, at8, m, xi_stride, bias, p, n, k0, h0, w0);
+#define WINO_POOL_FUNCTION(NAME, MR, MC, ATR, ATC)                                                               \
+    AVX2 static void output_tile##NAME##_pool(const float *m, size_t xi_stride, const float *bias, const pooled *p, \
+                                              int64_t n, int64_t k0, int64_t h0, int64_t w0) {                    \
+        output_tile_pool_n(MR, MC, ATR, ATC, m, xi_stride, bias, p, n, k0, h0, w0);                               \
+    }
+WINO_POOL_FUNCTION(4, 4, 4, at6, at6)
+WINO_POOL_FUNCTION(6, 6, 6, at8, at8)
+WINO_POOL_FUNCTION(46, 4, 6, at6, at8)
+WINO_POOL_FUNCTION(64, 6, 4, at8, at6)
+
+/* Each tile's functions, by the region's tile. */
+typedef void (*input_fn)(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride);
+typedef void (*grad_fn)(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride);
+typedef void (*output_fn)(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                          int64_t h0, int64_t w0);
+typedef void (*pool_fn)(const float *m, size_t xi_stride, const float *bias, const pooled *p, int64_t n, int64_t k0,
+                        int64_t h0, int64_t w0);
+typedef void (*filters_fn)(const float *w, float *u, int64_t cin, int64_t cout, bool flip);
+typedef void (*filters_grad_fn)(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
+                                int64_t k, bool acc);
+typedef struct tile_fns {
+    input_fn input;
+    grad_fn grad;
+    output_fn output;
+    pool_fn pool;
+    filters_fn filters;
+    filters_grad_fn filters_grad;
+} tile_fns;
+
+static tile_fns fns_of(const tile_grid *g) {
+    if (g->mr == 4 && g->mc == 4)
+        return (tile_fns){input_tile4, grad_tile4, output_tile4, output_tile4_pool, weights_transform4,
+                          weights_grad_transform4};
+    if (g->mr == 6 && g->mc == 6)
+        return (tile_fns){input_tile6, grad_tile6, output_tile6, output_tile6_pool, weights_transform6,
+                          weights_grad_transform6};
+    if (g->mr == 4 && g->mc == 6)
+        return (tile_fns){input_tile46, grad_tile46, output_tile46, output_tile46_pool, weights_transform46,
+                          weights_grad_transform46};
+    if (g->mr == 6 && g->mc == 4)
+        return (tile_fns){input_tile64, grad_tile64, output_tile64, output_tile64_pool, weights_transform64,
+                          weights_grad_transform64};
+    return (tile_fns){input_tile, grad_tile, output_tile, output_tile_pool, weights_transform, weights_grad_transform};
 }
 
 /* ---- the passes ---------------------------------------------------------------------- */
@@ -442,9 +583,8 @@ typedef struct tile_pos {
     int64_t n, h0, w0;
 } tile_pos;
 
-static tile_pos tile_at(const kiln_wino_shape *s, int64_t t) {
-    int64_t m = tile_of(s), th = (grid_h(s) + m - 1) / m, tw = (grid_w(s) + m - 1) / m;
-    tile_pos p = {t / (th * tw), (t / tw) % th * m, t % tw * m};
+static tile_pos tile_at(const tile_grid *g, int64_t t) {
+    tile_pos p = {t / (g->th * g->tw), g->r0 + (t / g->tw) % g->th * g->mr, g->c0 + t % g->tw * g->mc};
     return p;
 }
 
@@ -468,24 +608,22 @@ static void team_tiles(int64_t tiles, int *tid, int *team, int64_t *lo, int64_t 
 }
 
 /* V for the pc tiles from t0 of `in` (cin channels), rows of a chunk. */
-static void input_chunk(const kiln_wino_shape *s, const act *in, int64_t t0, int64_t pc, int64_t cin, int64_t chunk,
-                        float *v) {
+static void input_chunk(const tile_grid *g, input_fn input, const act *in, int64_t t0, int64_t pc, int64_t cin,
+                        int64_t chunk, float *v) {
     for (int64_t p = 0; p < pc; p++) {
-        tile_pos tp = tile_at(s, t0 + p);
-        for (int64_t c0 = 0; c0 < cin; c0 += 8) {
-            const float *base = act_base(in, tp.n, c0);
-            (s->m == 6   ? input_tile6
-             : s->m == 4 ? input_tile4
-                         : input_tile)(in, base, tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
-        }
+        tile_pos tp = tile_at(g, t0 + p);
+        for (int64_t c0 = 0; c0 < cin; c0 += 8)
+            input(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
     }
 }
 
-/* The forward of `in` (cin channels) into `out` (cout channels) with the
- * transformed filters u; the input gradient is this with flipped filters. */
-static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *in, const float *u,
-                                 const float *bias, bool relu, const act *out, const pooled *pool, char *ws) {
-    int64_t tiles = tiles_of(s);
+/* The forward of `in` (cin channels) into `out` (cout channels) over
+ * region g with its transformed filters u; the input gradient is this with
+ * flipped filters. */
+static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, const wino_layout *l, const act *in,
+                          const float *u, const float *bias, bool relu, const act *out, const pooled *pool, char *ws) {
+    int64_t tiles = grid_tiles(s, g);
+    tile_fns f = fns_of(g);
     int64_t cin = l->cin, cout = l->cout, chunk = l->chunk;
     /* each thread's share's number of chunks, for every thread: chunks of
      * equal size (within one tile), none larger than the buffers' chunk */
@@ -497,34 +635,28 @@ static kiln_status forward_tiles(const kiln_wino_shape *s, const wino_layout *l,
         for (int64_t ci = 0; ci < n_chunks; ci++) {
             int64_t t0 = tiles * ci / n_chunks, pc = tiles * (ci + 1) / n_chunks - t0;
             if (pc <= 0) continue;
-            input_chunk(s, in, t0, pc, cin, chunk, v);
+            input_chunk(g, f.input, in, t0, pc, cin, chunk, v);
             for (int xi = 0; xi < l->planes; xi++)
                 kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout,
                                    cout, m + (size_t)xi * chunk * cout, cout, false);
             for (int64_t p = 0; p < pc; p++) {
-                tile_pos tp = tile_at(s, t0 + p);
-                if (pool) {
-                    for (int64_t k0 = 0; k0 < cout; k0 += 8)
-                        (s->m == 6   ? output_tile6_pool
-                         : s->m == 4 ? output_tile4_pool
-                                     : output_tile_pool)(m + p * cout + k0, (size_t)(chunk * cout),
-                                                         bias ? bias + k0 : NULL, pool, tp.n, k0, tp.h0, tp.w0);
-                    continue;
+                tile_pos tp = tile_at(g, t0 + p);
+                for (int64_t k0 = 0; k0 < cout; k0 += 8) {
+                    const float *mk = m + p * cout + k0, *bk = bias ? bias + k0 : NULL;
+                    if (pool) f.pool(mk, (size_t)(chunk * cout), bk, pool, tp.n, k0, tp.h0, tp.w0);
+                    else f.output(mk, (size_t)(chunk * cout), bk, relu, out, act_base(out, tp.n, k0), tp.h0, tp.w0);
                 }
-                for (int64_t k0 = 0; k0 < cout; k0 += 8)
-                    (s->m == 6   ? output_tile6
-                     : s->m == 4 ? output_tile4
-                                 : output_tile)(m + p * cout + k0, (size_t)(chunk * cout), bias ? bias + k0 : NULL,
-                                                relu, out, act_base(out, tp.n, k0), tp.h0, tp.w0);
             }
         }
     }
-    return KILN_OK;
 }
 
-static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout *l, const act *x, const act *gy,
-                                     float *dw, char *ws) {
-    int64_t tiles = tiles_of(s);
+/* The weight gradient over region g into dw, added to it (acc: a later
+ * region of the mixed tiling) or written. */
+static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, const wino_layout *l, const act *x,
+                              const act *gy, float *dw, bool acc, char *ws) {
+    int64_t tiles = grid_tiles(s, g);
+    tile_fns f = fns_of(g);
     int64_t c = s->c, k = s->k, chunk = l->chunk;
     size_t s_stride = up64((size_t)(l->planes * c * k) * sizeof(float)) / sizeof(float);
     float *sums = (float *)ws;
@@ -540,14 +672,11 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
         float *v = thread_buffers(l, ws), *z = (float *)((char *)v + l->v);
         for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
             int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
-            input_chunk(s, x, t0, pc, c, chunk, v);
+            input_chunk(g, f.input, x, t0, pc, c, chunk, v);
             for (int64_t p = 0; p < pc; p++) {
-                tile_pos tp = tile_at(s, t0 + p);
+                tile_pos tp = tile_at(g, t0 + p);
                 for (int64_t k0 = 0; k0 < k; k0 += 8)
-                    (s->m == 6   ? grad_tile6
-                     : s->m == 4 ? grad_tile4
-                                 : grad_tile)(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0,
-                                              (size_t)(chunk * k));
+                    f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
             }
             for (int xi = 0; xi < l->planes; xi++)
                 kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
@@ -555,10 +684,7 @@ static kiln_status weight_grad_tiles(const kiln_wino_shape *s, const wino_layout
         }
     }
     /* the sums of the threads that ran, in thread order */
-    (s->m == 6   ? weights_grad_transform6
-     : s->m == 4 ? weights_grad_transform4
-                 : weights_grad_transform)(sums, team, s_stride, dw, c, k);
-    return KILN_OK;
+    f.filters_grad(sums, team, s_stride, dw, c, k, acc);
 }
 
 /* The plain NCHW tensor t as nChw8c in copy (to_blocked), or back. */
@@ -570,18 +696,21 @@ static void blocked_copy(float *copy, float *t, int64_t n, int64_t ch, int64_t h
 
 size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
     (void)pass;
-    return (size_t)(planes_of(s) * s->c * s->k);
-}
-
-typedef void (*filters_fn)(const float *w, float *u, int64_t cin, int64_t cout, bool flip);
-static filters_fn filters_transform(const kiln_wino_shape *s) {
-    return s->m == 6 ? weights_transform6 : s->m == 4 ? weights_transform4 : weights_transform;
+    return (size_t)(filters_planes(s) * s->c * s->k);
 }
 
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {
     int64_t cin, cout;
     pass_channels(pass, s, &cin, &cout);
-    filters_transform(s)(w, u, cin, cout, pass == KILN_WINO_BWD_DATA);
+    bool flip = pass == KILN_WINO_BWD_DATA;
+    if (s->m != 46) {
+        tile_grid g = {tile_of(s), tile_of(s), 0, 0, 1, 1};
+        fns_of(&g).filters(w, u, cin, cout, flip);
+        return;
+    }
+    /* the mixed tiling's four tiles, in filters_plane's order */
+    const tile_grid g[4] = {{4, 4, 0, 0, 1, 1}, {4, 6, 0, 0, 1, 1}, {6, 4, 0, 0, 1, 1}, {6, 6, 0, 0, 1, 1}};
+    for (int i = 0; i < 4; i++) fns_of(&g[i]).filters(w, u + (size_t)filters_plane(s, &g[i]) * cin * cout, cin, cout, flip);
 }
 
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
@@ -608,24 +737,31 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
      * input gradient and the weight gradient. */
     if (!s->xb && pass != KILN_WINO_BWD_DATA) blocked_copy(x.p, b->x, s->n, s->c, s->h, s->w, true);
     if (!s->yb && pass != KILN_WINO_FWD) blocked_copy(y.p, b->y, s->n, s->k, s->h, s->w, true);
-    kiln_status st;
+    /* pooled, the tiles cover only the rows and columns the 2x2 windows
+     * read (7x7: the top-left 6x6); x and y keep their sizes in x, y */
+    kiln_wino_shape tiled = *s;
+    if (b->pool_y) tiled.pool = 2;
+    tile_grid g[4];
+    int regions = grids_of(&tiled, g);
     if (pass == KILN_WINO_BWD_WEIGHTS) {
-        st = weight_grad_tiles(s, &l, &x, &y, b->w_out, ws);
+        for (int i = 0; i < regions; i++) {
+            wino_layout r = region_layout(&l, s, &g[i]);
+            weight_grad_tiles(s, &g[i], &r, &x, &y, b->w_out, i > 0, ws);
+        }
     } else {
         const float *u = b->u;
         if (!u) {
-            filters_transform(s)(b->w, (float *)(ws + l.u), l.cin, l.cout, pass == KILN_WINO_BWD_DATA);
+            kiln_wino_weights(pass, s, b->w, (float *)(ws + l.u));
             u = (const float *)(ws + l.u);
         }
         pooled pool = {b->pool_y, b->pool_ix, s->k, s->h / 2, s->w / 2, s->yb, s->w};
-        /* pooled, the tiles cover only the rows and columns the 2x2 windows
-         * read (7x7: the top-left 6x6); x and y keep their sizes in x, y */
-        kiln_wino_shape grid = *s;
-        if (b->pool_y) grid.pool = 2;
-        st = pass == KILN_WINO_FWD ? forward_tiles(&grid, &l, &x, u, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws)
-                                   : forward_tiles(s, &l, &y, u, NULL, false, &x, NULL, ws);
+        for (int i = 0; i < regions; i++) {
+            wino_layout r = region_layout(&l, &tiled, &g[i]);
+            const float *ug = u + (size_t)filters_plane(s, &g[i]) * l.cin * l.cout;
+            if (pass == KILN_WINO_FWD) forward_tiles(&tiled, &g[i], &r, &x, ug, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws);
+            else forward_tiles(s, &g[i], &r, &y, ug, NULL, false, &x, NULL, ws);
+        }
     }
-    if (st) return st;
     if (!s->yb && pass == KILN_WINO_FWD) blocked_copy(y.p, b->y, s->n, s->k, s->h, s->w, false);
     if (!s->xb && pass == KILN_WINO_BWD_DATA) blocked_copy(x.p, b->x, s->n, s->c, s->h, s->w, false);
     return KILN_OK;
@@ -635,7 +771,7 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
 
 size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
     (void)pass;
-    return (size_t)(planes_of(s) * s->c * s->k);
+    return (size_t)(filters_planes(s) * s->c * s->k);
 }
 
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {

@@ -18,7 +18,10 @@ typedef enum kiln_wino_pass { KILN_WINO_FWD, KILN_WINO_BWD_DATA, KILN_WINO_BWD_W
 /* x (n, c, h, w) -> y (n, k, h, w) in forward terms, whichever pass; xb
  * and yb: the activations' channel blocks (8: nChw8c, 16: nChw16c, 0:
  * plain NCHW); m: the output tile, 2 for F(2x2, 3x3) (16 planes; 0 reads
- * as 2), 4 for F(4x4, 3x3) (36 planes) or 6 for F(6x6, 3x3) (64 planes).
+ * as 2), 4 for F(4x4, 3x3) (36 planes), 6 for F(6x6, 3x3) (64 planes), or
+ * 46 for F(4x4) and F(6x6) together: each side cut into 4s then 6s, the
+ * fewest transformed points (14 = 4 + 4 + 6), up to four regions of 4x4,
+ * 4x6, 6x4 and 6x6 tiles (onednn_winograd.c, "F(4x4) and F(6x6) together").
  * pool: 0, or the window p of a p x p pooling at stride p (floor) that is
  * all that reads y in the weight gradient's pass: y (grad_out) is zero
  * outside its first h / p * p rows and w / p * p columns, and the tiles
@@ -66,11 +69,19 @@ size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s);
  * keeps as the weight's prepared copy (kernels/op_args.h), refilled when
  * the weight changes, so a call does not transform them again. */
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u);
-/* How a pass on `threads` threads splits its tiles (for tests): thread
- * tid takes tiles [*lo, *hi) of *tiles, in chunks of at most *chunk
- * (an empty range at the end for a thread the pass does not use). */
-void kiln_wino_split(kiln_wino_pass pass, const kiln_wino_shape *s, int threads, int tid, int64_t *tiles,
-                     int64_t *lo, int64_t *hi, int64_t *chunk);
+/* The transformed points of one image and channel pair: the products the
+ * pass makes per pair (its regions' tiles times their planes), for
+ * choosing a tile (onednn_conv.c, wino_default). Any m, any pool. */
+int64_t kiln_wino_products(const kiln_wino_shape *s);
+/* The regions a pass tiles one after another: 1, or up to 4 for the
+ * mixed tiling (m 46). */
+int kiln_wino_regions(const kiln_wino_shape *s);
+/* How a pass on `threads` threads splits the tiles of region `region`
+ * (for tests): thread tid takes tiles [*lo, *hi) of *tiles, in chunks of
+ * at most *chunk (an empty range at the end for a thread the pass does
+ * not use). */
+void kiln_wino_split(kiln_wino_pass pass, const kiln_wino_shape *s, int region, int threads, int tid,
+                     int64_t *tiles, int64_t *lo, int64_t *hi, int64_t *chunk);
 /* Runs the pass; the workspace must hold kiln_wino_workspace bytes for
  * the thread count at the time of the call. */
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,

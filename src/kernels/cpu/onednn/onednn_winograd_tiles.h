@@ -177,112 +177,119 @@ AVX2 static inline void gt8(const v8 *s, int ss, v8 *o, int os) {
 
 /* ---- F(4x4) and F(6x6): the passes over a tile ----------------------------------------
  *
- * One body for both sizes: an output tile of M = 4 or 6, an input tile of
- * T = M + 2 (T * T planes), through the size's matrices (bt: B^T, T to T;
- * at: A^T, T to M; a: A, M to T; g: G, 3 to T; gt: G^T, T to 3). Each
- * body is inlined into its size's functions below with M, T and the
- * matrices constant, so the loops unroll and the transforms inline as if
- * written twice. The arrays are sized for the larger tile. */
+ * One body for every tile: an output tile of MR x MC (4 or 6 each), an
+ * input tile of TR x TC = (MR + 2) x (MC + 2) (TR * TC planes, plane
+ * a * TC + q for row a and column q), through each side's matrices (bt:
+ * B^T, T to T; at: A^T, T to M; a: A, M to T; g: G, 3 to T; gt: G^T, T to
+ * 3), the rows' first (r) and the columns' (c). The square tiles take one
+ * size's matrices on both sides; F(4x6) and F(6x4), the mixed tiling's
+ * (onednn_winograd.c, "F(4x4) and F(6x6) together"), one of each. Each
+ * body is inlined into the functions below with the sizes and matrices
+ * constant, so the loops unroll and the transforms inline as if written
+ * out for each tile. The arrays are sized for the largest tile. */
 typedef void (*wino_tx)(const v8 *d, int ds, v8 *o, int os);
 #define TILE_BODY AVX2 static inline __attribute__((always_inline))
 
-/* U[xi][ci][co..co+7] = (G g G^T)[xi] for the filters from ci to co..co+7. */
-TILE_BODY void filters_tile(int T, wino_tx g, const float *w, float *u, int64_t ci, int64_t co, int64_t cin,
-                            int64_t cout, bool flip) {
+/* U[xi][ci][co..co+7] = (G_r g G_c^T)[xi] for the filters from ci to co..co+7. */
+TILE_BODY void filters_tile(int TR, int TC, wino_tx gr, wino_tx gc, const float *w, float *u, int64_t ci, int64_t co,
+                            int64_t cin, int64_t cout, bool flip) {
     v8 f[3][3], t[8][3], r[8][8];
     gather_filters(w, ci, co, cin, cout, flip, f);
-    for (int j = 0; j < 3; j++) g(&f[0][j], 3, &t[0][j], 3);
-    for (int i = 0; i < T; i++) g(&t[i][0], 1, &r[i][0], 1);
-    for (int xi = 0; xi < T * T; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / T][xi % T];
+    for (int j = 0; j < 3; j++) gr(&f[0][j], 3, &t[0][j], 3);
+    for (int i = 0; i < TR; i++) gc(&t[i][0], 1, &r[i][0], 1);
+    for (int xi = 0; xi < TR * TC; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / TC][xi % TC];
 }
 
-/* dW[co..co+7][ci] = G^T S G, S the threads' sums added in thread order. */
-TILE_BODY void filters_grad_tile(int T, wino_tx gt, const float *s, int64_t threads, size_t thread_stride, float *dw,
-                                 int64_t ci, int64_t co, int64_t c, int64_t k) {
+/* dW[co..co+7][ci] = G_r^T S G_c, S the threads' sums added in thread
+ * order; acc: added to dW (the mixed tiling's later tiles), else written. */
+TILE_BODY void filters_grad_tile(int TR, int TC, wino_tx gtr, wino_tx gtc, const float *s, int64_t threads,
+                                 size_t thread_stride, float *dw, int64_t ci, int64_t co, int64_t c, int64_t k,
+                                 bool acc) {
     v8 m[8][8], t[3][8], o[3][3];
-    for (int xi = 0; xi < T * T; xi++) {
-        v8 acc = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
+    for (int xi = 0; xi < TR * TC; xi++) {
+        v8 sum = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
         for (int64_t th = 1; th < threads; th++)
-            acc += *(const v8u *)(s + (size_t)th * thread_stride + ((int64_t)xi * c + ci) * k + co);
-        m[xi / T][xi % T] = acc;
+            sum += *(const v8u *)(s + (size_t)th * thread_stride + ((int64_t)xi * c + ci) * k + co);
+        m[xi / TC][xi % TC] = sum;
     }
-    for (int j = 0; j < T; j++) gt(&m[0][j], 8, &t[0][j], 8);
-    for (int i = 0; i < 3; i++) gt(&t[i][0], 1, &o[i][0], 1);
+    for (int j = 0; j < TC; j++) gtr(&m[0][j], 8, &t[0][j], 8);
+    for (int i = 0; i < 3; i++) gtc(&t[i][0], 1, &o[i][0], 1);
     for (int e = 0; e < 8; e++) {
         float *out = dw + ((co + e) * c + ci) * 9;
-        for (int tap = 0; tap < 9; tap++) out[tap] = o[tap / 3][tap % 3][e];
+        for (int tap = 0; tap < 9; tap++) out[tap] = acc ? out[tap] + o[tap / 3][tap % 3][e] : o[tap / 3][tap % 3][e];
     }
 }
 
-/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the T x T input tile at (h0, w0):
- * a column of d at a time through B^T (T loads, T results kept), then a row
- * at a time through B into the planes, so few values leave registers. */
-TILE_BODY void input_tile_n(int T, wino_tx bt, const act *x, const float *base, int64_t h0, int64_t w0, float *v,
-                            size_t xi_stride) {
+/* V[xi][p][c0..c0+7] = (B_r^T d B_c)[xi] for the TR x TC input tile at
+ * (h0, w0): a column of d at a time through B_r^T (TR loads, TR results
+ * kept), then a row at a time through B_c into the planes, so few values
+ * leave registers. */
+TILE_BODY void input_tile_n(int TR, int TC, wino_tx btr, wino_tx btc, const act *x, const float *base, int64_t h0,
+                            int64_t w0, float *v, size_t xi_stride) {
     v8 t[8][8], d[8];
     const v8 zero = {0};
     int64_t rs = x->w * x->b, cs = x->b;
-    bool inside = h0 >= 0 && w0 >= 0 && h0 + T <= x->h && w0 + T <= x->w;
-    for (int q = 0; q < T; q++) {
+    bool inside = h0 >= 0 && w0 >= 0 && h0 + TR <= x->h && w0 + TC <= x->w;
+    for (int q = 0; q < TC; q++) {
         int64_t w = w0 + q;
         if (inside) {
             const float *p = base + h0 * rs + w * cs;
-            for (int a = 0; a < T; a++) d[a] = *(const v8u *)(p + a * rs);
+            for (int a = 0; a < TR; a++) d[a] = *(const v8u *)(p + a * rs);
         } else {
-            for (int a = 0; a < T; a++) {
+            for (int a = 0; a < TR; a++) {
                 int64_t h = h0 + a;
                 d[a] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
             }
         }
-        bt(d, 1, &t[0][q], 8);
+        btr(d, 1, &t[0][q], 8);
     }
-    for (int a = 0; a < T; a++) {
+    for (int a = 0; a < TR; a++) {
         v8 r[8];
-        bt(t[a], 1, r, 1);
-        for (int q = 0; q < T; q++) *(v8u *)(v + (size_t)(a * T + q) * xi_stride) = r[q];
+        btc(t[a], 1, r, 1);
+        for (int q = 0; q < TC; q++) *(v8u *)(v + (size_t)(a * TC + q) * xi_stride) = r[q];
     }
 }
 
-/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the M x M output-gradient tile e
- * at (h0, w0), a column then a row at a time as input_tile_n. */
-TILE_BODY void grad_tile_n(int M, wino_tx a_, const act *y, const float *base, int64_t h0, int64_t w0, float *z,
-                           size_t xi_stride) {
-    const int T = M + 2;
+/* Z[xi][p][k0..k0+7] = (A_r e A_c^T)[xi] for the MR x MC output-gradient
+ * tile e at (h0, w0), a column then a row at a time as input_tile_n. */
+TILE_BODY void grad_tile_n(int MR, int MC, wino_tx ar, wino_tx ac, const act *y, const float *base, int64_t h0,
+                           int64_t w0, float *z, size_t xi_stride) {
+    const int TR = MR + 2, TC = MC + 2;
     v8 u[8][6], e[6];
     const v8 zero = {0};
-    for (int b = 0; b < M; b++) {
-        for (int a = 0; a < M; a++)
+    for (int b = 0; b < MC; b++) {
+        for (int a = 0; a < MR; a++)
             e[a] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
-        a_(e, 1, &u[0][b], 6);
+        ar(e, 1, &u[0][b], 6);
     }
-    for (int i = 0; i < T; i++) {
+    for (int i = 0; i < TR; i++) {
         v8 r[8];
-        a_(u[i], 1, r, 1);
-        for (int q = 0; q < T; q++) *(v8u *)(z + (size_t)(i * T + q) * xi_stride) = r[q];
+        ac(u[i], 1, r, 1);
+        for (int q = 0; q < TC; q++) *(v8u *)(z + (size_t)(i * TC + q) * xi_stride) = r[q];
     }
 }
 
-/* A^T m of the T x T tile m (planes xi_stride apart): s[a][q], row a. */
-TILE_BODY void tile_at_m(int M, wino_tx at, const float *m, size_t xi_stride, v8 s[6][8]) {
-    const int T = M + 2;
+/* A_r^T m of the TR x TC tile m (planes xi_stride apart): s[a][q], row a. */
+TILE_BODY void tile_at_m(int MR, int MC, wino_tx atr, const float *m, size_t xi_stride, v8 s[6][8]) {
+    const int TR = MR + 2, TC = MC + 2;
     v8 c[8];
-    for (int q = 0; q < T; q++) {
-        for (int a = 0; a < T; a++) c[a] = *(const v8u *)(m + (size_t)(a * T + q) * xi_stride);
-        at(c, 1, &s[0][q], 8);
+    for (int q = 0; q < TC; q++) {
+        for (int a = 0; a < TR; a++) c[a] = *(const v8u *)(m + (size_t)(a * TC + q) * xi_stride);
+        atr(c, 1, &s[0][q], 8);
     }
 }
 
-/* y's M x M tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
-TILE_BODY void output_tile_n(int M, wino_tx at, const float *m, size_t xi_stride, const float *bias, bool relu,
-                             const act *y, float *base, int64_t h0, int64_t w0) {
+/* y's MR x MC tile at (h0, w0), channels k0..k0+7: A_r^T m A_c, plus the bias, ReLU. */
+TILE_BODY void output_tile_n(int MR, int MC, wino_tx atr, wino_tx atc, const float *m, size_t xi_stride,
+                             const float *bias, bool relu, const act *y, float *base, int64_t h0, int64_t w0) {
     v8 s[6][8];
-    tile_at_m(M, at, m, xi_stride, s);
+    tile_at_m(MR, MC, atr, m, xi_stride, s);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
-    for (int a = 0; a < M && h0 + a < y->h; a++) {
+    for (int a = 0; a < MR && h0 + a < y->h; a++) {
         v8 o[6];
-        at(s[a], 1, o, 1);
-        for (int b = 0; b < M && w0 + b < y->w; b++) {
+        atc(s[a], 1, o, 1);
+        for (int b = 0; b < MC && w0 + b < y->w; b++) {
             v8 r = o[b] + bv;
             if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
             *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
@@ -290,47 +297,38 @@ TILE_BODY void output_tile_n(int M, wino_tx at, const float *m, size_t xi_stride
     }
 }
 
-/* Each size's functions: the filters' transforms (OpenMP over the input
- * channels, as weights_transform and weights_grad_transform) and the tiles'. */
-AVX2 static void weights_transform4(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
-#pragma omp parallel for schedule(static)
-    for (int64_t ci = 0; ci < cin; ci++)
-        for (int64_t co = 0; co < cout; co += 8) filters_tile(6, g3, w, u, ci, co, cin, cout, flip);
-}
-AVX2 static void weights_transform6(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
-#pragma omp parallel for schedule(static)
-    for (int64_t ci = 0; ci < cin; ci++)
-        for (int64_t co = 0; co < cout; co += 8) filters_tile(8, g3_8, w, u, ci, co, cin, cout, flip);
-}
-AVX2 static void weights_grad_transform4(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
-                                         int64_t k) {
-#pragma omp parallel for schedule(static)
-    for (int64_t ci = 0; ci < c; ci++)
-        for (int64_t co = 0; co < k; co += 8) filters_grad_tile(6, gt6, s, threads, thread_stride, dw, ci, co, c, k);
-}
-AVX2 static void weights_grad_transform6(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
-                                         int64_t k) {
-#pragma omp parallel for schedule(static)
-    for (int64_t ci = 0; ci < c; ci++)
-        for (int64_t co = 0; co < k; co += 8) filters_grad_tile(8, gt8, s, threads, thread_stride, dw, ci, co, c, k);
-}
-AVX2 static void input_tile4(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
-    input_tile_n(6, bt6, x, base, h0, w0, v, xi_stride);
-}
-AVX2 static void input_tile6(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
-    input_tile_n(8, bt8, x, base, h0, w0, v, xi_stride);
-}
-AVX2 static void grad_tile4(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
-    grad_tile_n(4, a4, y, base, h0, w0, z, xi_stride);
-}
-AVX2 static void grad_tile6(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
-    grad_tile_n(6, a6, y, base, h0, w0, z, xi_stride);
-}
-AVX2 static void output_tile4(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
-                              int64_t h0, int64_t w0) {
-    output_tile_n(4, at6, m, xi_stride, bias, relu, y, base, h0, w0);
-}
-AVX2 static void output_tile6(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
-                              int64_t h0, int64_t w0) {
-    output_tile_n(6, at8, m, xi_stride, bias, relu, y, base, h0, w0);
-}
+/* Each tile's functions: the filters' transforms (OpenMP over the input
+ * channels, as weights_transform and weights_grad_transform) and the
+ * tiles', named by the output tile (4: 4x4, 6: 6x6, 46: 4 rows by 6
+ * columns, 64: 6 rows by 4 columns). */
+#define WINO_TILE_FUNCTIONS(NAME, MR, MC, BTR, BTC, ATR, ATC, AR, AC, GR, GC, GTR, GTC)                        \
+    AVX2 static void weights_transform##NAME(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {  \
+        _Pragma("omp parallel for schedule(static)")                                                           \
+        for (int64_t ci = 0; ci < cin; ci++)                                                                   \
+            for (int64_t co = 0; co < cout; co += 8)                                                           \
+                filters_tile(MR + 2, MC + 2, GR, GC, w, u, ci, co, cin, cout, flip);                           \
+    }                                                                                                          \
+    AVX2 static void weights_grad_transform##NAME(const float *s, int64_t threads, size_t thread_stride,         \
+                                                  float *dw, int64_t c, int64_t k, bool acc) {                 \
+        _Pragma("omp parallel for schedule(static)")                                                           \
+        for (int64_t ci = 0; ci < c; ci++)                                                                     \
+            for (int64_t co = 0; co < k; co += 8)                                                              \
+                filters_grad_tile(MR + 2, MC + 2, GTR, GTC, s, threads, thread_stride, dw, ci, co, c, k, acc); \
+    }                                                                                                          \
+    AVX2 static void input_tile##NAME(const act *x, const float *base, int64_t h0, int64_t w0, float *v,         \
+                                      size_t xi_stride) {                                                      \
+        input_tile_n(MR + 2, MC + 2, BTR, BTC, x, base, h0, w0, v, xi_stride);                                 \
+    }                                                                                                          \
+    AVX2 static void grad_tile##NAME(const act *y, const float *base, int64_t h0, int64_t w0, float *z,          \
+                                     size_t xi_stride) {                                                       \
+        grad_tile_n(MR, MC, AR, AC, y, base, h0, w0, z, xi_stride);                                            \
+    }                                                                                                          \
+    AVX2 static void output_tile##NAME(const float *m, size_t xi_stride, const float *bias, bool relu,          \
+                                       const act *y, float *base, int64_t h0, int64_t w0) {                    \
+        output_tile_n(MR, MC, ATR, ATC, m, xi_stride, bias, relu, y, base, h0, w0);                            \
+    }
+
+WINO_TILE_FUNCTIONS(4, 4, 4, bt6, bt6, at6, at6, a4, a4, g3, g3, gt6, gt6)
+WINO_TILE_FUNCTIONS(6, 6, 6, bt8, bt8, at8, at8, a6, a6, g3_8, g3_8, gt8, gt8)
+WINO_TILE_FUNCTIONS(46, 4, 6, bt6, bt8, at6, at8, a4, a6, g3, g3_8, gt6, gt8)
+WINO_TILE_FUNCTIONS(64, 6, 4, bt8, bt6, at8, at6, a6, a4, g3_8, g3, gt8, gt6)
