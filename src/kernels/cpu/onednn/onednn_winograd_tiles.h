@@ -1,11 +1,175 @@
-/* The F(4x4, 3x3) and F(6x6, 3x3) transforms of onednn_winograd.c and the
- * passes over one tile that both sizes share: their matrices, the filters'
- * transforms (U = G g G^T, and dW = G^T S G for the weight gradient) and
- * the input, output-gradient and output tiles. Not a header of its own: it
- * is included once, by onednn_winograd.c, after the types and helpers it
- * uses (v8, act, gather_filters, the AVX2 target attribute), as the
- * kernels' _tmpl.h files are, so every function stays static and inlines
- * into the passes. */
+/* The transforms of onednn_winograd.c's tiles and the passes over one
+ * tile: F(2x2, 3x3)'s written out; F(4x4, 3x3)'s and F(6x6, 3x3)'s
+ * matrices, with one body per pass (the filters' transforms U = G g G^T
+ * and dW = G^T S G for the weight gradient, the input, output-gradient
+ * and output tiles) that every square tile and the mixed tiling's 4x6 and
+ * 6x4 share. Not a header of its own: it is included once, by
+ * onednn_winograd.c, after the types and helpers it uses (v8, act, the
+ * AVX2 target attribute), as the kernels' _tmpl.h files are, so every
+ * function stays static and inlines into the passes. */
+/* ---- transforms ---------------------------------------------------------------------- */
+
+/* g[i][j]: tap (i, j) of the 3x3 filters from input channel ci to output
+ * channels co..co+7 as one vector; flip: the input gradient's (rot180 of
+ * w[ci][co], w indexed [k][c] as OIHW). */
+AVX2 static void gather_filters(const float *w, int64_t ci, int64_t co, int64_t cin, int64_t cout, bool flip,
+                                v8 g[3][3]) {
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) {
+            int tap = flip ? (2 - i) * 3 + (2 - j) : i * 3 + j;
+            float lane[8];
+            for (int e = 0; e < 8; e++)
+                lane[e] = flip ? w[(ci * cout + co + e) * 9 + tap] : w[((co + e) * cin + ci) * 9 + tap];
+            g[i][j] = *(const v8u *)lane;
+        }
+}
+
+/* U[xi][ci][co] = (G g G^T)[xi] with g the 3x3 filter from input channel ci
+ * to output channel co; flip: the input gradient's filters (rot180 of
+ * w[ci][co], w indexed [k][c] as OIHW). Eight output channels at once
+ * (cout is a multiple of 8): their 3x3 filters gathered, transformed in
+ * vectors, stored contiguous in each of the 16 planes. */
+AVX2 static void weights_transform(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < cin; ci++)
+        for (int64_t co = 0; co < cout; co += 8) {
+            v8 g[3][3];
+            gather_filters(w, ci, co, cin, cout, flip, g);
+            const v8 half = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+            v8 t[4][3]; /* G g */
+            for (int j = 0; j < 3; j++) {
+                t[0][j] = g[0][j];
+                t[1][j] = half * (g[0][j] + g[1][j] + g[2][j]);
+                t[2][j] = half * (g[0][j] - g[1][j] + g[2][j]);
+                t[3][j] = g[2][j];
+            }
+            for (int i = 0; i < 4; i++) {
+                v8 r[4] = {t[i][0], half * (t[i][0] + t[i][1] + t[i][2]), half * (t[i][0] - t[i][1] + t[i][2]), t[i][2]};
+                for (int j = 0; j < 4; j++) *(v8u *)(u + ((int64_t)(i * 4 + j) * cin + ci) * cout + co) = r[j];
+            }
+        }
+}
+
+/* dW[k][c] = G^T S[c][k] G, summing the threads' S (in thread order), eight
+ * output channels at once. */
+AVX2 static void weights_grad_transform(const float *s, int64_t threads, size_t thread_stride, float *dw, int64_t c,
+                                        int64_t k, bool acc) {
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < c; ci++)
+        for (int64_t co = 0; co < k; co += 8) {
+            v8 m[4][4];
+            for (int xi = 0; xi < 16; xi++) {
+                v8 sum = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
+                for (int64_t t = 1; t < threads; t++)
+                    sum += *(const v8u *)(s + (size_t)t * thread_stride + ((int64_t)xi * c + ci) * k + co);
+                m[xi / 4][xi % 4] = sum;
+            }
+            const v8 half = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+            v8 t[3][4]; /* G^T m */
+            for (int j = 0; j < 4; j++) {
+                t[0][j] = m[0][j] + half * (m[1][j] + m[2][j]);
+                t[1][j] = half * (m[1][j] - m[2][j]);
+                t[2][j] = half * (m[1][j] + m[2][j]) + m[3][j];
+            }
+            v8 o[9];
+            for (int i = 0; i < 3; i++) {
+                o[i * 3 + 0] = t[i][0] + half * (t[i][1] + t[i][2]);
+                o[i * 3 + 1] = half * (t[i][1] - t[i][2]);
+                o[i * 3 + 2] = half * (t[i][1] + t[i][2]) + t[i][3];
+            }
+            for (int e = 0; e < 8; e++) {
+                float *out = dw + ((co + e) * c + ci) * 9;
+                for (int tap = 0; tap < 9; tap++) out[tap] = acc ? out[tap] + o[tap][e] : o[tap][e];
+            }
+        }
+}
+
+/* V[xi][p][c0..c0+7] = (B^T d B)[xi] for the 4x4 input tile whose top-left
+ * is (h0, w0) (zeros outside the image). */
+AVX2 static void input_tile(const act *x, const float *base, int64_t h0, int64_t w0, float *v, size_t xi_stride) {
+    v8 d[4][4];
+    const v8 zero = {0};
+    int64_t rs = x->w * x->b, cs = x->b;
+    if (h0 >= 0 && w0 >= 0 && h0 + 4 <= x->h && w0 + 4 <= x->w) {
+        const float *p = base + h0 * rs + w0 * cs;
+        for (int r = 0; r < 4; r++)
+            for (int q = 0; q < 4; q++) d[r][q] = *(const v8u *)(p + r * rs + q * cs);
+    } else {
+        for (int r = 0; r < 4; r++)
+            for (int q = 0; q < 4; q++) {
+                int64_t h = h0 + r, w = w0 + q;
+                d[r][q] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
+            }
+    }
+    v8 t[4][4]; /* B^T d */
+    for (int q = 0; q < 4; q++) {
+        t[0][q] = d[0][q] - d[2][q];
+        t[1][q] = d[1][q] + d[2][q];
+        t[2][q] = d[2][q] - d[1][q];
+        t[3][q] = d[1][q] - d[3][q];
+    }
+    for (int i = 0; i < 4; i++) {
+        *(v8u *)(v + (size_t)(i * 4 + 0) * xi_stride) = t[i][0] - t[i][2];
+        *(v8u *)(v + (size_t)(i * 4 + 1) * xi_stride) = t[i][1] + t[i][2];
+        *(v8u *)(v + (size_t)(i * 4 + 2) * xi_stride) = t[i][2] - t[i][1];
+        *(v8u *)(v + (size_t)(i * 4 + 3) * xi_stride) = t[i][1] - t[i][3];
+    }
+}
+
+/* Z[xi][p][k0..k0+7] = (A e A^T)[xi] for the 2x2 output-gradient tile e at
+ * (h0, w0) (zeros outside the image). */
+AVX2 static void grad_tile(const act *y, const float *base, int64_t h0, int64_t w0, float *z, size_t xi_stride) {
+    v8 e[2][2];
+    const v8 zero = {0};
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            e[a][b] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
+    v8 u[4][2]; /* A e */
+    for (int b = 0; b < 2; b++) {
+        u[0][b] = e[0][b];
+        u[1][b] = e[0][b] + e[1][b];
+        u[2][b] = e[0][b] - e[1][b];
+        u[3][b] = -e[1][b];
+    }
+    for (int i = 0; i < 4; i++) {
+        *(v8u *)(z + (size_t)(i * 4 + 0) * xi_stride) = u[i][0];
+        *(v8u *)(z + (size_t)(i * 4 + 1) * xi_stride) = u[i][0] + u[i][1];
+        *(v8u *)(z + (size_t)(i * 4 + 2) * xi_stride) = u[i][0] - u[i][1];
+        *(v8u *)(z + (size_t)(i * 4 + 3) * xi_stride) = -u[i][1];
+    }
+}
+
+/* A^T m A of the 4x4 tile m (planes xi_stride apart): the 2x2 outputs. */
+AVX2 static inline void tile2_out(const float *m, size_t xi_stride, v8 o[2][2]) {
+    v8 mm[4][4];
+    for (int xi = 0; xi < 16; xi++) mm[xi / 4][xi % 4] = *(const v8u *)(m + (size_t)xi * xi_stride);
+    v8 s[2][4]; /* A^T m */
+    for (int q = 0; q < 4; q++) {
+        s[0][q] = mm[0][q] + mm[1][q] + mm[2][q];
+        s[1][q] = mm[1][q] - mm[2][q] - mm[3][q];
+    }
+    for (int a = 0; a < 2; a++) {
+        o[a][0] = s[a][0] + s[a][1] + s[a][2];
+        o[a][1] = s[a][1] - s[a][2] - s[a][3];
+    }
+}
+
+/* y's 2x2 tile at (h0, w0), channels k0..k0+7: A^T m A, plus the bias, ReLU. */
+AVX2 static void output_tile(const float *m, size_t xi_stride, const float *bias, bool relu, const act *y, float *base,
+                             int64_t h0, int64_t w0) {
+    v8 o[2][2];
+    tile2_out(m, xi_stride, o);
+    const v8 zero = {0};
+    v8 bv = bias ? *(const v8u *)bias : zero;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            if (h0 + a >= y->h || w0 + b >= y->w) continue;
+            v8 r = o[a][b] + bv;
+            if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
+            *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
+        }
+}
+
 /* ---- F(4x4, 3x3) ---------------------------------------------------------------------
  *
  * 6x6 input tiles, 4x4 output tiles, 36 planes (Lavin and Gray, 2016):
