@@ -28,9 +28,11 @@
  *     where the mixed tiling cuts the pooled rows and columns otherwise than
  *     the whole plane's (an odd side), the values within the Winograd bound
  *     and each index at its window's largest value of y within it;
- *   - the weight gradient tiled for a 2x2 or 3x3 pooling (kiln_wino_shape.
- *     pool: only the rows and columns the pooling reads) against the
- *     reference with grad_out zero elsewhere; the other passes refuse it.
+ *   - the weight gradient and the input gradient tiled for a 2x2 or 3x3
+ *     pooling (kiln_wino_shape.pool: only the rows and columns the pooling
+ *     reads; the input gradient's row and column after them from their
+ *     taps, zeros beyond) against the reference with grad_out zero
+ *     elsewhere; a forward that does not pool its tiles refuses it.
  * Shapes the kernels do not cover are refused (channels not divisible by
  * 8), and a short workspace is an error, not a write past it. Skips (77)
  * on a CPU without AVX2 and FMA. */
@@ -239,13 +241,27 @@ static void check_pooled_wgrad(const shape *s, int m, int p) {
     CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
     note(m, e, elem);
     checked_cases++;
-    size_t bytes = kiln_wino_workspace(KILN_WINO_BWD_DATA, &ws);
+    /* the input gradient: tiles over the pooled rows and columns, the row
+     * and column after them from their taps, zeros beyond; x plain and nChw8c */
+    float *gx = malloc(nx * 4), *gxl = malloc(nx * 4);
+    for (int xb = 0; xb <= 8; xb += 8) {
+        if (xb && s->c % xb) continue;
+        kiln_wino_shape ds = ws;
+        ds.xb = xb;
+        CHECK(kiln_wino_shape_ok(&ds));
+        kiln_wino_buffers db = {.x = gxl, .y = gyl, .w = w};
+        snprintf(what, sizeof what, "F(%d) bwd_data pooled %d %lldx%lldx%lldx%lld->%lld x%d", m, p, (long long)s->n,
+                 (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k, xb);
+        run2(KILN_WINO_BWD_DATA, &ds, &db, gxl, nx, what);
+        from_layout(gx, gxl, s, s->c, xb);
+        e = rel_err(gx, rgx, nx, &elem);
+        CHECK_MSG(e <= 2e-5 && elem <= 1e-4, "%s: error %.3e (elementwise %.3e)", what, e, elem);
+        note(m, e, elem);
+        checked_cases++;
+    }
+    free(gx), free(gxl);
+    size_t bytes = kiln_wino_workspace(KILN_WINO_FWD, &ws);
     void *work = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    kiln_wino_buffers db = {.x = x, .y = gyl, .w = w};
-    CHECK_FAILS(kiln_wino_run(KILN_WINO_BWD_DATA, &ws, &db, work, bytes), KILN_ERR_INTERNAL, "pooled shape");
-    free(work);
-    bytes = kiln_wino_workspace(KILN_WINO_FWD, &ws);
-    work = aligned_alloc(64, (bytes + 63) / 64 * 64);
     kiln_wino_buffers fb = {.x = x, .y = gyl, .w = w};
     CHECK_FAILS(kiln_wino_run(KILN_WINO_FWD, &ws, &fb, work, bytes), KILN_ERR_INTERNAL, "pooled shape");
     free(work);

@@ -124,7 +124,7 @@ static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key 
     const int64_t *v = key->v;
     int m = v[K_ALG] == ALG_WINO46 ? 46 : v[K_ALG] == ALG_WINO6 ? 6 : v[K_ALG] == ALG_WINO4 ? 4 : 2;
     kiln_wino_shape s = {v[K_N],        v[K_C],        v[K_H], v[K_W], v[K_O], (int)v[K_LX],
-                         (int)v[K_LY], m, kind == KILN_ONEDNN_CONV_BWD_WEIGHTS ? (int)v[K_POOL] : 0};
+                         (int)v[K_LY], m, kind != KILN_ONEDNN_CONV_FWD ? (int)v[K_POOL] : 0};
     if (!kiln_wino_cpu_ok())
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "Winograd: the CPU has no AVX2 and FMA");
     if (!wino_geometry(v) || !kiln_wino_shape_ok(&s))
@@ -271,11 +271,11 @@ static void buffers_of(const conv_call *c, void *data[4]) {
 
 /* The window p of the pooling a pass is tiled for (0: none): the forward
  * of conv2d_relu_max_pool2d into a blocked output, which pools its own
- * tiles (2), and the weight gradient under its backward (K_POOL). */
+ * tiles (2), and the gradients under its backward (K_POOL). */
 static int64_t pooled_call(const conv_call *c) {
     const int64_t *v = c->key.v;
     if (c->kind == KILN_ONEDNN_CONV_FWD) return fwd_pool.on && fwd_pool.window == 2 && v[K_LY] ? 2 : 0;
-    return c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS ? v[K_POOL] : 0;
+    return v[K_POOL];
 }
 
 /* The default without timing (0: none): Kiln's Winograd where it measured
@@ -472,12 +472,12 @@ static bool call_of(kiln_onednn_kind kind, const kiln_op_args *a, conv_call *c) 
         return ok;
     }
     c->n_args = 3;
-    if (kind == KILN_ONEDNN_CONV_BWD_DATA) /* (grad_out, weight) -> grad_input */
-        return conv_key(kind, &a->out[0], &a->in[1], &a->in[0], NULL, a->attrs, &c->key);
-    /* (grad_out, input) -> grad_weight; conv2d_relu_max_pool2d's backward
-     * passes its pooling window in attrs.kernel (ops.def): grad_out is zero
-     * where no window reads */
-    bool ok = conv_key(kind, &a->in[1], &a->out[0], &a->in[0], NULL, a->attrs, &c->key);
+    /* (grad_out, weight) -> grad_input, (grad_out, input) -> grad_weight;
+     * conv2d_relu_max_pool2d's backward passes its pooling window in
+     * attrs.kernel (ops.def): grad_out is zero where no window reads */
+    bool ok = kind == KILN_ONEDNN_CONV_BWD_DATA
+                  ? conv_key(kind, &a->out[0], &a->in[1], &a->in[0], NULL, a->attrs, &c->key)
+                  : conv_key(kind, &a->in[1], &a->out[0], &a->in[0], NULL, a->attrs, &c->key);
     if (ok && a->attrs->kernel[0] >= 2 && a->attrs->kernel[0] == a->attrs->kernel[1] &&
         c->key.v[K_OH] >= a->attrs->kernel[0] && c->key.v[K_OW] >= a->attrs->kernel[0])
         c->key.v[K_POOL] = a->attrs->kernel[0];
@@ -550,8 +550,10 @@ static void conv_prepare_weights(kiln_onednn_kind kind, const kiln_op_args *a, k
     }
     if (plan.wino) { /* the transformed filters (16 x C x K), keyed by the pass and shape */
         p->input = 1;
+        /* a pooled input gradient's copy has its edge filters after the tiles' */
+        bool edges = plan.wino_pass == KILN_WINO_BWD_DATA && plan.wino_shape.pool;
         p->key = 0x77696e6f32000000ULL ^ ((uint64_t)plan.wino_shape.m << 56) ^ ((uint64_t)plan.wino_pass << 44) ^
-                 ((uint64_t)plan.wino_shape.c << 22) ^ (uint64_t)plan.wino_shape.k;
+                 ((uint64_t)edges << 40) ^ ((uint64_t)plan.wino_shape.c << 22) ^ (uint64_t)plan.wino_shape.k;
         p->bytes = kiln_wino_weights_size(plan.wino_pass, &plan.wino_shape) * sizeof(float);
         return;
     }

@@ -30,7 +30,7 @@ enum {
     K_LX,          /* x's layout: its channel block (kernels/kernels.h): 0 NCHW, 16 nChw16c, 8 nChw8c */
     K_LY,          /* y's layout */
     K_RELU,        /* forward: ReLU fused as a post-op (conv2d_relu) */
-    K_POOL,        /* weight gradient: the pooling window whose backward made grad_out (kiln_wino_shape.pool) */
+    K_POOL,        /* gradients: the pooling window whose backward made grad_out (kiln_wino_shape.pool) */
     K_COUNT
 };
 

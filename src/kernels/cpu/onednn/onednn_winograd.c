@@ -151,6 +151,17 @@ static int filters_planes(const kiln_wino_shape *s) {
     return s->m == 46 ? 196 : (m + 2) * (m + 2);
 }
 
+/* The pooled input gradient's edge filters after the tiles' (pooled_edges):
+ * 6 planes of cin x cout, w's taps (2, v) then (u, 2). */
+static int edge_planes(kiln_wino_pass pass, const kiln_wino_shape *s) {
+    return pass == KILN_WINO_BWD_DATA && s->pool ? 6 : 0;
+}
+
+/* Per-thread floats of the edges' products: EDGE_ROWS points' A (3k
+ * each) and results (c each). */
+#define EDGE_ROWS 48
+static size_t edge_scratch(const kiln_wino_shape *s) { return (size_t)EDGE_ROWS * (size_t)(3 * s->k + s->c); }
+
 /* Tiles per chunk: each thread takes an equal share of the tiles (within
  * one) and goes through it in chunks of about equal size, each chunk's V
  * and M (planes x chunk x channels each) in about 768 KiB, a multiple of
@@ -192,7 +203,7 @@ static int threads_max(void) {
 typedef struct wino_layout {
     int64_t cin, cout, team; /* team: the threads asked for */
     int64_t chunk, threads, planes; /* a region's (region_layout) */
-    size_t u, per_thread, v, m, xcopy, ycopy, total; /* offsets and sizes in bytes, for the largest region */
+    size_t u, per_thread, v, m, xcopy, ycopy, edges, total; /* offsets and sizes in bytes, for the largest region */
 } wino_layout;
 
 static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
@@ -214,7 +225,9 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
     size_t f = sizeof(float);
     tile_grid g[8];
     int n0 = grids_of(s, g), n = n0;
-    size_t u_bytes = pass == KILN_WINO_BWD_WEIGHTS ? 0 : up64((size_t)(filters_planes(s) * l.cin * l.cout) * f);
+    size_t u_bytes = pass == KILN_WINO_BWD_WEIGHTS
+                         ? 0
+                         : up64((size_t)((filters_planes(s) + edge_planes(pass, s)) * l.cin * l.cout) * f);
     l.v = l.m = 0;
     l.threads = 1;
     /* a forward may pool its tiles (kiln_wino_buffers.pool_y), whose regions
@@ -240,6 +253,9 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
     size_t x_bytes = up64((size_t)(s->n * s->c * s->h * s->w) * f), y_bytes = up64((size_t)(s->n * s->k * s->h * s->w) * f);
     if (s->xb == 0) l.xcopy = at, at += x_bytes;
     if (s->yb == 0) l.ycopy = at, at += y_bytes;
+    /* the pooled input gradient's edges: a matrix product's operands per thread */
+    l.edges = 0;
+    if (edge_planes(pass, s)) l.edges = at, at += up64((size_t)l.team * edge_scratch(s) * f);
     l.total = at;
     return l;
 }
@@ -525,6 +541,79 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, cons
     f.filters_grad(sums, team, s_stride, dw, c, k, acc);
 }
 
+/* The input gradient of a pooled shape (kiln_wino_shape.pool p): grad_out
+ * gy is zero outside its first H' = h / p * p rows and W' columns, the
+ * regions tile only those, and the rows and columns of x they leave (an
+ * odd side's last) take few taps. At row r >= H', the taps (u, v) reach
+ * gy's row r + 1 - u < H' only for u = 2 and r = H': row H' is gy's row
+ * H' - 1 convolved with w's row 2 along the columns, and every row after it
+ * is zero; column W' likewise with w's column 2 (the rows the tiles cover,
+ * and row H' beside them), and the columns after it are zero. Each edge is
+ * one matrix product, its points' rows by (tap, gy's channel) by x's
+ * channels, over the edge filters e (edge_filters: [tap][k][c], 3k x c
+ * for each edge), EDGE_ROWS points at a time per thread: A gathered from
+ * gy (zero where a tap falls outside gy's H' x W'), then scattered into x. */
+
+/* Edge `col` (false: row H', points (H', q) for q < count; true: column
+ * W', points (r, W') for r < count) of every image. */
+AVX2 static void edge_product(const kiln_wino_shape *s, bool col, int64_t count, const act *x, const act *gy,
+                              const float *e, float *scratch) {
+    int64_t H = grid_h(s), W = grid_w(s), K = s->k, C = s->c, rows = s->n * count;
+    int64_t chunks = (rows + EDGE_ROWS - 1) / EDGE_ROWS;
+    const float *b = e + (col ? 3 * K * C : 0);
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < chunks; ci++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *a = scratch + (size_t)tid * EDGE_ROWS * (3 * K + C), *out = a + EDGE_ROWS * 3 * K;
+        int64_t i0 = ci * EDGE_ROWS, m = rows - i0 < EDGE_ROWS ? rows - i0 : EDGE_ROWS;
+        for (int64_t i = 0; i < m; i++) {
+            int64_t n = (i0 + i) / count, pt = (i0 + i) % count;
+            for (int t = 0; t < 3; t++) {
+                int64_t gr = col ? pt + 1 - t : H - 1, gc = col ? W - 1 : pt + 1 - t;
+                bool in = gr >= 0 && gr < H && gc >= 0 && gc < W;
+                float *dst = a + (i * 3 + t) * K;
+                for (int64_t k0 = 0; k0 < K; k0 += 8) {
+                    const float *src = act_base(gy, n, k0) + (gr * gy->w + gc) * gy->b;
+                    *(v8u *)(dst + k0) = in ? *(const v8u *)src : (v8){0};
+                }
+            }
+        }
+        /* a tap at a time: its K x C filters stay in L1 across the rows */
+        for (int t = 0; t < 3; t++)
+            kiln_cpu_gemm_avx2(m, C, K, a + t * K, 3 * K, 1, b + (size_t)t * K * C, C, out, C, t > 0);
+        for (int64_t i = 0; i < m; i++) {
+            int64_t n = (i0 + i) / count, pt = (i0 + i) % count, r = col ? pt : H, q = col ? W : pt;
+            for (int64_t c0 = 0; c0 < C; c0 += 8)
+                *(v8u *)(act_base(x, n, c0) + (r * x->w + q) * x->b) = *(const v8u *)(out + i * C + c0);
+        }
+    }
+}
+
+/* x's points the regions g leave: zeros, then row H' and column W' (above). */
+AVX2 static void pooled_edges(const kiln_wino_shape *s, const tile_grid *g, int regions, const act *x, const act *gy,
+                              const float *e, float *scratch) {
+    int64_t H = grid_h(s), W = grid_w(s), ch = 0, cw = 0;
+    for (int i = 0; i < regions; i++) {
+        int64_t r = g[i].r0 + g[i].th * g[i].mr, c = g[i].c0 + g[i].tw * g[i].mc;
+        if (r > ch) ch = r < s->h ? r : s->h;
+        if (c > cw) cw = c < s->w ? c : s->w;
+    }
+    if (ch >= s->h && cw >= s->w) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < s->n; n++)
+        for (int64_t r = 0; r < s->h; r++)
+            for (int64_t q = r < ch ? cw : 0; q < s->w; q++)
+                for (int64_t c0 = 0; c0 < s->c; c0 += 8)
+                    *(v8u *)(act_base(x, n, c0) + (r * x->w + q) * x->b) = (v8){0};
+    /* row H' when no tile covers it: its columns up to W' (the rest stay zero) */
+    if (ch == H && H < s->h) edge_product(s, false, W + 1 < s->w ? W + 1 : s->w, x, gy, e, scratch);
+    /* column W' beside the tiles, and beside row H' when the tiles cover that row */
+    if (cw == W && W < s->w) edge_product(s, true, ch < H + 1 ? ch : H + 1, x, gy, e, scratch);
+}
+
 /* The plain NCHW tensor t as nChw8c in copy (to_blocked), or back. */
 static void blocked_copy(float *copy, float *t, int64_t n, int64_t ch, int64_t h, int64_t w, bool to_blocked) {
     int64_t shape[4] = {n, ch, h, w};
@@ -533,14 +622,28 @@ static void blocked_copy(float *copy, float *t, int64_t n, int64_t ch, int64_t h
 }
 
 size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
-    (void)pass;
-    return (size_t)(filters_planes(s) * s->c * s->k);
+    return (size_t)((filters_planes(s) + edge_planes(pass, s)) * s->c * s->k);
 }
+
+/* The pooled input gradient's edge filters (edge_planes) into e: plane v
+ * holds w's tap (2, v), plane 3 + u its tap (u, 2), each [k][c] (cin x cout
+ * in the pass's names, w OIHW as [k][c]). */
+static void edge_filters(const float *w, float *e, int64_t k, int64_t c) {
+    for (int t = 0; t < 3; t++)
+        for (int64_t ki = 0; ki < k; ki++)
+            for (int64_t ci = 0; ci < c; ci++) {
+                const float *f = w + (ki * c + ci) * 9;
+                e[((int64_t)t * k + ki) * c + ci] = f[6 + t];
+                e[((int64_t)(3 + t) * k + ki) * c + ci] = f[3 * t + 2];
+            }
+}
+
 
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {
     int64_t cin, cout;
     pass_channels(pass, s, &cin, &cout);
     bool flip = pass == KILN_WINO_BWD_DATA;
+    if (edge_planes(pass, s)) edge_filters(w, u + (size_t)filters_planes(s) * cin * cout, s->k, s->c);
     if (s->m != 46) {
         tile_grid g = {tile_of(s), tile_of(s), 0, 0, 1, 1};
         fns_of(&g).filters(w, u, cin, cout, flip);
@@ -563,10 +666,10 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
                           "Winograd convolution: pooling needs the forward, a blocked output, no ReLU post-op, "
                           "indices and a 2x2 output at least");
-    if (s->pool && pass != KILN_WINO_BWD_WEIGHTS && !(pass == KILN_WINO_FWD && b->pool_y && s->pool == 2))
+    if (s->pool && pass == KILN_WINO_FWD && !(b->pool_y && s->pool == 2))
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
-                          "Winograd convolution: a pooled shape is the weight gradient's or a forward that pools "
-                          "its 2x2 windows (pool_y), else rows of y would not be written");
+                          "Winograd convolution: a pooled shape is the gradients' or a forward that pools its 2x2 "
+                          "windows (pool_y), else rows of y would not be written");
     char *ws = workspace;
     act x = {b->x, s->c, s->h, s->w, s->xb ? s->xb : 8}, y = {b->y, s->k, s->h, s->w, s->yb ? s->yb : 8};
     if (!s->xb) x.p = (float *)(ws + l.xcopy);
@@ -599,6 +702,8 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
             if (pass == KILN_WINO_FWD) forward_tiles(&tiled, &g[i], &r, &x, ug, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws);
             else forward_tiles(s, &g[i], &r, &y, ug, NULL, false, &x, NULL, ws);
         }
+        if (pass == KILN_WINO_BWD_DATA && s->pool)
+            pooled_edges(s, g, regions, &x, &y, u + (size_t)filters_planes(s) * l.cin * l.cout, (float *)(ws + l.edges));
     }
     if (!s->yb && pass == KILN_WINO_FWD) blocked_copy(y.p, b->y, s->n, s->k, s->h, s->w, false);
     if (!s->xb && pass == KILN_WINO_BWD_DATA) blocked_copy(x.p, b->x, s->n, s->c, s->h, s->w, false);
@@ -608,8 +713,7 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
 #else /* not x86-64 */
 
 size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
-    (void)pass;
-    return (size_t)(filters_planes(s) * s->c * s->k);
+    return (size_t)((filters_planes(s) + edge_planes(pass, s)) * s->c * s->k);
 }
 
 void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const float *w, float *u) {

@@ -23,11 +23,14 @@ typedef enum kiln_wino_pass { KILN_WINO_FWD, KILN_WINO_BWD_DATA, KILN_WINO_BWD_W
  * fewest transformed points (14 = 4 + 4 + 6), up to four regions of 4x4,
  * 4x6, 6x4 and 6x6 tiles (onednn_winograd.c, "F(4x4) and F(6x6) together").
  * pool: 0, or the window p of a p x p pooling at stride p (floor) that is
- * all that reads y in the weight gradient's pass: y (grad_out) is zero
- * outside its first h / p * p rows and w / p * p columns, and the tiles
- * cover only those (conv2d_relu_max_pool2d's backward). The pooled
+ * all that reads y in the gradients' passes: y (grad_out) is zero outside
+ * its first h / p * p rows and w / p * p columns, and the tiles cover only
+ * those (conv2d_relu_max_pool2d's backward); the input gradient computes
+ * the row and the column of x after them from their taps, and writes
+ * zeros beyond (its prepared filters then hold those taps too: a pooled
+ * shape's kiln_wino_weights differ from an unpooled one's). The pooled
  * forward (pool_y) tiles the rows and columns its 2x2 windows read
- * whatever pool says; the input gradient takes none. */
+ * whatever pool says; a forward without pool_y refuses a pool. */
 typedef struct kiln_wino_shape {
     int64_t n, c, h, w, k;
     int xb, yb, m;
