@@ -208,6 +208,13 @@ typedef struct wino_layout {
 
 static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 
+/* Floats from one region's per-thread sums to the next's, and from one
+ * thread's to the next within a region: every region's sums are kept
+ * until the end of the pass (weight_grad_tiles). */
+static size_t sums_stride(const tile_grid *g, const kiln_wino_shape *s) {
+    return up64((size_t)(grid_planes(g) * s->c * s->k) * sizeof(float)) / sizeof(float);
+}
+
 /* The layout for region g: its planes, chunk and threads. */
 static wino_layout region_layout(const wino_layout *all, const kiln_wino_shape *s, const tile_grid *g) {
     wino_layout l = *all;
@@ -238,8 +245,8 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
     for (int i = 0; i < n; i++) {
         wino_layout r = region_layout(&l, i < n0 ? s : &pooled_s, &g[i]);
         if (r.threads > l.threads) l.threads = r.threads;
-        size_t sums = (size_t)r.threads * up64((size_t)(r.planes * s->c * s->k) * f);
-        if (pass == KILN_WINO_BWD_WEIGHTS && sums > u_bytes) u_bytes = sums;
+        /* the weight gradient keeps every region's per-thread sums (weight_grad_tiles) */
+        if (pass == KILN_WINO_BWD_WEIGHTS) u_bytes += (size_t)l.team * sums_stride(&g[i], s) * f;
         size_t v = up64((size_t)(r.planes * r.chunk * l.cin) * f), m = up64((size_t)(r.planes * r.chunk * l.cout) * f);
         if (v > l.v) l.v = v;
         if (m > l.m) l.m = m;
@@ -451,16 +458,6 @@ static float *thread_buffers(const wino_layout *l, char *ws) {
     return (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
 }
 
-/* The calling thread's share of the tiles (thread_tiles); its number in
- * *tid, and how many threads share them in *team. */
-static void team_tiles(int64_t tiles, int *tid, int *team, int64_t *lo, int64_t *hi) {
-    *tid = 0, *team = 1;
-#ifdef _OPENMP
-    *tid = omp_get_thread_num(), *team = omp_get_num_threads();
-#endif
-    thread_tiles(tiles, *tid, *team, lo, hi);
-}
-
 /* V for the pc tiles from t0 of `in` (cin channels), rows of a chunk. */
 static void input_chunk(const tile_grid *g, input_fn input, const act *in, int64_t t0, int64_t pc, int64_t cin,
                         int64_t chunk, float *v) {
@@ -474,27 +471,43 @@ static void input_chunk(const tile_grid *g, input_fn input, const act *in, int64
 /* The forward of `in` (cin channels) into `out` (cout channels) over
  * region g with its transformed filters u; the input gradient is this with
  * flipped filters. */
-static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, const wino_layout *l, const act *in,
-                          const float *u, const float *bias, bool relu, const act *out, const pooled *pool, char *ws) {
-    int64_t tiles = grid_tiles(s, g);
-    tile_fns f = fns_of(g);
-    int64_t cin = l->cin, cout = l->cout, chunk = l->chunk;
-    /* each thread's share's number of chunks, for every thread: chunks of
-     * equal size (within one tile), none larger than the buffers' chunk */
-    int64_t share = (tiles + l->threads - 1) / l->threads, n_chunks = l->threads * ((share + chunk - 1) / chunk);
-#pragma omp parallel num_threads((int)l->threads)
+static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, int regions, const wino_layout *all,
+                          const act *in, const float *u, const float *bias, bool relu, const act *out,
+                          const pooled *pool, char *ws) {
+    /* each region's chunks, one list: per region, each thread's share's
+     * number of chunks for every thread, chunks of equal size (within one
+     * tile), none larger than the buffers' chunk; handed out as the
+     * threads come for them, the regions one after another without a
+     * barrier between them */
+    wino_layout rl[4];
+    int64_t first[5] = {0}, team = 1;
+    for (int i = 0; i < regions; i++) {
+        rl[i] = region_layout(all, s, &g[i]);
+        int64_t tiles = grid_tiles(s, &g[i]), share = (tiles + rl[i].threads - 1) / rl[i].threads;
+        first[i + 1] = first[i] + rl[i].threads * ((share + rl[i].chunk - 1) / rl[i].chunk);
+        if (rl[i].threads > team) team = rl[i].threads;
+    }
+    int64_t cin = all->cin, cout = all->cout;
+#pragma omp parallel num_threads((int)team)
     {
-        float *v = thread_buffers(l, ws), *m = (float *)((char *)v + l->v);
+        float *v = thread_buffers(all, ws), *m = (float *)((char *)v + all->v);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t ci = 0; ci < n_chunks; ci++) {
-            int64_t t0 = tiles * ci / n_chunks, pc = tiles * (ci + 1) / n_chunks - t0;
+        for (int64_t ci = 0; ci < first[regions]; ci++) {
+            int i = 0;
+            while (ci >= first[i + 1]) i++;
+            const tile_grid *gi = &g[i];
+            const wino_layout *l = &rl[i];
+            tile_fns f = fns_of(gi);
+            const float *ug = u + (size_t)filters_plane(s, gi) * cin * cout;
+            int64_t tiles = grid_tiles(s, gi), n_chunks = first[i + 1] - first[i], chunk = l->chunk;
+            int64_t t0 = tiles * (ci - first[i]) / n_chunks, pc = tiles * (ci - first[i] + 1) / n_chunks - t0;
             if (pc <= 0) continue;
-            input_chunk(g, f.input, in, t0, pc, cin, chunk, v);
+            input_chunk(gi, f.input, in, t0, pc, cin, chunk, v);
             for (int xi = 0; xi < l->planes; xi++)
-                kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, u + (size_t)xi * cin * cout,
+                kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, ug + (size_t)xi * cin * cout,
                                    cout, m + (size_t)xi * chunk * cout, cout, false);
             for (int64_t p = 0; p < pc; p++) {
-                tile_pos tp = tile_at(g, t0 + p);
+                tile_pos tp = tile_at(gi, t0 + p);
                 for (int64_t k0 = 0; k0 < cout; k0 += 8) {
                     const float *mk = m + p * cout + k0, *bk = bias ? bias + k0 : NULL;
                     if (pool) f.pool(mk, (size_t)(chunk * cout), bk, pool, tp.n, k0, tp.h0, tp.w0);
@@ -505,40 +518,53 @@ static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, const wi
     }
 }
 
-/* The weight gradient over region g into dw, added to it (acc: a later
- * region of the mixed tiling) or written. */
-static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, const wino_layout *l, const act *x,
-                              const act *gy, float *dw, bool acc, char *ws) {
-    int64_t tiles = grid_tiles(s, g);
-    tile_fns f = fns_of(g);
-    int64_t c = s->c, k = s->k, chunk = l->chunk;
-    size_t s_stride = up64((size_t)(l->planes * c * k) * sizeof(float)) / sizeof(float);
-    float *sums = (float *)ws;
-    int team = 1;
-#pragma omp parallel num_threads((int)l->threads)
+/* The weight gradient into dw: each region's tiles split evenly over the
+ * threads (its first min(threads, tiles)), each thread summing its tiles'
+ * products into its own sums for the region, the regions one after
+ * another in one parallel region; then each region's sums, added in thread
+ * order and transformed back, written to dw (the first) or added to it. */
+static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, int regions, const wino_layout *all,
+                              const act *x, const act *gy, float *dw, char *ws) {
+    int64_t c = s->c, k = s->k, team = all->threads;
+    wino_layout rl[4];
+    float *sums[4];
+    for (int i = 0; i < regions; i++) {
+        rl[i] = region_layout(all, s, &g[i]);
+        sums[i] = (float *)ws + (i ? (size_t)(sums[i - 1] - (float *)ws) + (size_t)team * sums_stride(&g[i - 1], s) : 0);
+    }
+#pragma omp parallel num_threads((int)team)
     {
-        int64_t lo, hi;
-        int tid, n;
-        team_tiles(tiles, &tid, &n, &lo, &hi);
-        if (tid == 0) team = n;
-        float *st = sums + (size_t)tid * s_stride;
-        memset(st, 0, (size_t)(l->planes * c * k) * sizeof(float));
-        float *v = thread_buffers(l, ws), *z = (float *)((char *)v + l->v);
-        for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
-            int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
-            input_chunk(g, f.input, x, t0, pc, c, chunk, v);
-            for (int64_t p = 0; p < pc; p++) {
-                tile_pos tp = tile_at(g, t0 + p);
-                for (int64_t k0 = 0; k0 < k; k0 += 8)
-                    f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *v = thread_buffers(all, ws), *z = (float *)((char *)v + all->v);
+        for (int i = 0; i < regions; i++) {
+            const tile_grid *gi = &g[i];
+            const wino_layout *l = &rl[i];
+            if (tid >= l->threads) continue;
+            tile_fns f = fns_of(gi);
+            int64_t lo, hi, chunk = l->chunk;
+            thread_tiles(grid_tiles(s, gi), tid, (int)l->threads, &lo, &hi);
+            float *st = sums[i] + (size_t)tid * sums_stride(gi, s);
+            memset(st, 0, (size_t)(l->planes * c * k) * sizeof(float));
+            for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
+                int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
+                input_chunk(gi, f.input, x, t0, pc, c, chunk, v);
+                for (int64_t p = 0; p < pc; p++) {
+                    tile_pos tp = tile_at(gi, t0 + p);
+                    for (int64_t k0 = 0; k0 < k; k0 += 8)
+                        f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
+                }
+                for (int xi = 0; xi < l->planes; xi++)
+                    kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
+                                       st + (size_t)xi * c * k, k, true);
             }
-            for (int xi = 0; xi < l->planes; xi++)
-                kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
-                                   st + (size_t)xi * c * k, k, true);
         }
     }
-    /* the sums of the threads that ran, in thread order */
-    f.filters_grad(sums, team, s_stride, dw, c, k, acc);
+    /* each region's sums of the threads that ran, in thread order */
+    for (int i = 0; i < regions; i++)
+        fns_of(&g[i]).filters_grad(sums[i], rl[i].threads, sums_stride(&g[i], s), dw, c, k, i > 0);
 }
 
 /* The input gradient of a pooled shape (kiln_wino_shape.pool p): grad_out
@@ -685,10 +711,7 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
     tile_grid g[4];
     int regions = grids_of(&tiled, g);
     if (pass == KILN_WINO_BWD_WEIGHTS) {
-        for (int i = 0; i < regions; i++) {
-            wino_layout r = region_layout(&l, s, &g[i]);
-            weight_grad_tiles(s, &g[i], &r, &x, &y, b->w_out, i > 0, ws);
-        }
+        weight_grad_tiles(s, g, regions, &l, &x, &y, b->w_out, ws);
     } else {
         const float *u = b->u;
         if (!u) {
@@ -696,12 +719,8 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
             u = (const float *)(ws + l.u);
         }
         pooled pool = {b->pool_y, b->pool_ix, s->k, s->h / 2, s->w / 2, s->yb, s->w};
-        for (int i = 0; i < regions; i++) {
-            wino_layout r = region_layout(&l, &tiled, &g[i]);
-            const float *ug = u + (size_t)filters_plane(s, &g[i]) * l.cin * l.cout;
-            if (pass == KILN_WINO_FWD) forward_tiles(&tiled, &g[i], &r, &x, ug, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws);
-            else forward_tiles(s, &g[i], &r, &y, ug, NULL, false, &x, NULL, ws);
-        }
+        if (pass == KILN_WINO_FWD) forward_tiles(&tiled, g, regions, &l, &x, u, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws);
+        else forward_tiles(s, g, regions, &l, &y, u, NULL, false, &x, NULL, ws);
         if (pass == KILN_WINO_BWD_DATA && s->pool)
             pooled_edges(s, g, regions, &x, &y, u + (size_t)filters_planes(s) * l.cin * l.cout, (float *)(ws + l.edges));
     }
