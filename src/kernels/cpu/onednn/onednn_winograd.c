@@ -152,15 +152,20 @@ static int filters_planes(const kiln_wino_shape *s) {
 }
 
 /* The pooled input gradient's edge filters after the tiles' (pooled_edges):
- * 6 planes of cin x cout, w's taps (2, v) then (u, 2). */
+ * planes of cin x cout, w's taps (2, v) and (u, 2) (6), then their 1D F(6,
+ * 3) transforms along the row and along the column (8 each). */
 static int edge_planes(kiln_wino_pass pass, const kiln_wino_shape *s) {
-    return pass == KILN_WINO_BWD_DATA && s->pool ? 6 : 0;
+    return pass == KILN_WINO_BWD_DATA && s->pool ? 22 : 0;
 }
 
 /* Per-thread floats of the edges' products: EDGE_ROWS points' A (3k
- * each) and results (c each). */
+ * each) and results (c each), or EDGE_ROWS / 2 1D tiles' V and M (8 planes
+ * of k and of c each), the larger. */
 #define EDGE_ROWS 48
-static size_t edge_scratch(const kiln_wino_shape *s) { return (size_t)EDGE_ROWS * (size_t)(3 * s->k + s->c); }
+static size_t edge_scratch(const kiln_wino_shape *s) {
+    size_t direct = (size_t)EDGE_ROWS * (size_t)(3 * s->k + s->c), tiles = (size_t)EDGE_ROWS / 2 * 8 * (size_t)(s->k + s->c);
+    return direct > tiles ? direct : tiles;
+}
 
 /* Tiles per chunk: each thread takes an equal share of the tiles (within
  * one) and goes through it in chunks of about equal size, each chunk's V
@@ -580,11 +585,12 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, int 
  * for each edge), EDGE_ROWS points at a time per thread: A gathered from
  * gy (zero where a tap falls outside gy's H' x W'), then scattered into x. */
 
-/* Edge `col` (false: row H', points (H', q) for q < count; true: column
- * W', points (r, W') for r < count) of every image. */
-AVX2 static void edge_product(const kiln_wino_shape *s, bool col, int64_t count, const act *x, const act *gy,
-                              const float *e, float *scratch) {
-    int64_t H = grid_h(s), W = grid_w(s), K = s->k, C = s->c, rows = s->n * count;
+/* Edge `col`'s points from `from` to `count` (false: row H', points (H',
+ * q); true: column W', points (r, W')) of every image, directly: the
+ * corner (H', W'), whose one tap the 1D tiles leave. */
+AVX2 static void edge_product(const kiln_wino_shape *s, bool col, int64_t from, int64_t count, const act *x,
+                              const act *gy, const float *e, float *scratch) {
+    int64_t H = grid_h(s), W = grid_w(s), K = s->k, C = s->c, span = count - from, rows = s->n * span;
     int64_t chunks = (rows + EDGE_ROWS - 1) / EDGE_ROWS;
     const float *b = e + (col ? 3 * K * C : 0);
 #pragma omp parallel for schedule(static)
@@ -593,10 +599,10 @@ AVX2 static void edge_product(const kiln_wino_shape *s, bool col, int64_t count,
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *a = scratch + (size_t)tid * EDGE_ROWS * (3 * K + C), *out = a + EDGE_ROWS * 3 * K;
+        float *a = scratch + (size_t)tid * edge_scratch(s), *out = a + EDGE_ROWS * 3 * K;
         int64_t i0 = ci * EDGE_ROWS, m = rows - i0 < EDGE_ROWS ? rows - i0 : EDGE_ROWS;
         for (int64_t i = 0; i < m; i++) {
-            int64_t n = (i0 + i) / count, pt = (i0 + i) % count;
+            int64_t n = (i0 + i) / span, pt = from + (i0 + i) % span;
             for (int t = 0; t < 3; t++) {
                 int64_t gr = col ? pt + 1 - t : H - 1, gc = col ? W - 1 : pt + 1 - t;
                 bool in = gr >= 0 && gr < H && gc >= 0 && gc < W;
@@ -611,9 +617,61 @@ AVX2 static void edge_product(const kiln_wino_shape *s, bool col, int64_t count,
         for (int t = 0; t < 3; t++)
             kiln_cpu_gemm_avx2(m, C, K, a + t * K, 3 * K, 1, b + (size_t)t * K * C, C, out, C, t > 0);
         for (int64_t i = 0; i < m; i++) {
-            int64_t n = (i0 + i) / count, pt = (i0 + i) % count, r = col ? pt : H, q = col ? W : pt;
+            int64_t n = (i0 + i) / span, pt = from + (i0 + i) % span, r = col ? pt : H, q = col ? W : pt;
             for (int64_t c0 = 0; c0 < C; c0 += 8)
                 *(v8u *)(act_base(x, n, c0) + (r * x->w + q) * x->b) = *(const v8u *)(out + i * C + c0);
+        }
+    }
+}
+
+/* Edge `col`'s points 0 .. len - 1 (row H' along its first W' columns, or
+ * column W' along its first H' rows) of every image in 1D F(6, 3) tiles:
+ * each tile's 8 points of gy's row H' - 1 (or column W' - 1) through B^T,
+ * 8 products over gy's channels with the transformed taps (edge_filters),
+ * A^T back to 6 points of x; 8 products for 6 points against 18 taps.
+ * The tiles' rows are (image, tile), EDGE_ROWS / 2 at a time per thread. */
+AVX2 static void edge_tiles(const kiln_wino_shape *s, bool col, int64_t len, const act *x, const act *gy,
+                            const float *e, float *scratch) {
+    int64_t H = grid_h(s), W = grid_w(s), K = s->k, C = s->c, per = (len + 5) / 6, rows = s->n * per;
+    const int64_t R = EDGE_ROWS / 2;
+    int64_t chunks = (rows + R - 1) / R;
+    const float *u = e + (size_t)(6 + (col ? 8 : 0)) * K * C;
+#pragma omp parallel for schedule(static)
+    for (int64_t ci = 0; ci < chunks; ci++) {
+        int tid = 0;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+#endif
+        float *v = scratch + (size_t)tid * edge_scratch(s), *m = v + 8 * R * K;
+        int64_t i0 = ci * R, rn = rows - i0 < R ? rows - i0 : R;
+        for (int64_t i = 0; i < rn; i++) {
+            int64_t n = (i0 + i) / per, p0 = (i0 + i) % per * 6;
+            for (int64_t k0 = 0; k0 < K; k0 += 8) {
+                v8 d[8];
+                for (int j = 0; j < 8; j++) {
+                    int64_t at = p0 - 1 + j, gr = col ? at : H - 1, gc = col ? W - 1 : at;
+                    bool in = gr >= 0 && gr < H && gc >= 0 && gc < W;
+                    d[j] = in ? *(const v8u *)(act_base(gy, n, k0) + (gr * gy->w + gc) * gy->b) : (v8){0};
+                }
+                v8 t[8];
+                bt8(d, 1, t, 1);
+                for (int xi = 0; xi < 8; xi++) *(v8u *)(v + ((size_t)xi * R + i) * K + k0) = t[xi];
+            }
+        }
+        for (int xi = 0; xi < 8; xi++)
+            kiln_cpu_gemm_avx2(rn, C, K, v + (size_t)xi * R * K, K, 1, u + (size_t)xi * K * C, C,
+                               m + (size_t)xi * R * C, C, false);
+        for (int64_t i = 0; i < rn; i++) {
+            int64_t n = (i0 + i) / per, p0 = (i0 + i) % per * 6;
+            for (int64_t c0 = 0; c0 < C; c0 += 8) {
+                v8 mv[8], o[6];
+                for (int xi = 0; xi < 8; xi++) mv[xi] = *(const v8u *)(m + ((size_t)xi * R + i) * C + c0);
+                at8(mv, 1, o, 1);
+                for (int j = 0; j < 6 && p0 + j < len; j++) {
+                    int64_t r = col ? p0 + j : H, q = col ? W : p0 + j;
+                    *(v8u *)(act_base(x, n, c0) + (r * x->w + q) * x->b) = o[j];
+                }
+            }
         }
     }
 }
@@ -634,10 +692,17 @@ AVX2 static void pooled_edges(const kiln_wino_shape *s, const tile_grid *g, int 
             for (int64_t q = r < ch ? cw : 0; q < s->w; q++)
                 for (int64_t c0 = 0; c0 < s->c; c0 += 8)
                     *(v8u *)(act_base(x, n, c0) + (r * x->w + q) * x->b) = (v8){0};
-    /* row H' when no tile covers it: its columns up to W' (the rest stay zero) */
-    if (ch == H && H < s->h) edge_product(s, false, W + 1 < s->w ? W + 1 : s->w, x, gy, e, scratch);
-    /* column W' beside the tiles, and beside row H' when the tiles cover that row */
-    if (cw == W && W < s->w) edge_product(s, true, ch < H + 1 ? ch : H + 1, x, gy, e, scratch);
+    /* row H' when no tile covers it: its columns up to W' in 1D tiles, the
+     * corner (H', W') from its tap; the columns after it stay zero */
+    if (ch == H && H < s->h) {
+        edge_tiles(s, false, W, x, gy, e, scratch);
+        if (W < s->w) edge_product(s, false, W, W + 1, x, gy, e, scratch);
+    }
+    /* column W' beside the tiles, and the corner when the tiles cover row H' */
+    if (cw == W && W < s->w) {
+        edge_tiles(s, true, H, x, gy, e, scratch);
+        if (H < ch) edge_product(s, true, H, H + 1, x, gy, e, scratch);
+    }
 }
 
 /* The plain NCHW tensor t as nChw8c in copy (to_blocked), or back. */
@@ -654,13 +719,29 @@ size_t kiln_wino_weights_size(kiln_wino_pass pass, const kiln_wino_shape *s) {
 /* The pooled input gradient's edge filters (edge_planes) into e: plane v
  * holds w's tap (2, v), plane 3 + u its tap (u, 2), each [k][c] (cin x cout
  * in the pass's names, w OIHW as [k][c]). */
-static void edge_filters(const float *w, float *e, int64_t k, int64_t c) {
+AVX2 static void edge_filters(const float *w, float *e, int64_t k, int64_t c) {
     for (int t = 0; t < 3; t++)
         for (int64_t ki = 0; ki < k; ki++)
             for (int64_t ci = 0; ci < c; ci++) {
                 const float *f = w + (ki * c + ci) * 9;
                 e[((int64_t)t * k + ki) * c + ci] = f[6 + t];
                 e[((int64_t)(3 + t) * k + ki) * c + ci] = f[3 * t + 2];
+            }
+    /* the 1D tiles' filters: G (F(6, 3)) of the taps in correlation order
+     * along the edge, tap 2 first (x's point p takes gy's p + 1 - v with
+     * w's v): (2, 2), (2, 1), (2, 0) along the row, (2, 2), (1, 2), (0, 2)
+     * down the column; 8 output channels at a time */
+    for (int edge = 0; edge < 2; edge++)
+        for (int64_t ki = 0; ki < k; ki++)
+            for (int64_t c0 = 0; c0 < c; c0 += 8) {
+                v8 g[3], o[8];
+                for (int t = 0; t < 3; t++) {
+                    float lane[8];
+                    for (int l = 0; l < 8; l++) lane[l] = w[(ki * c + c0 + l) * 9 + (edge ? 3 * (2 - t) + 2 : 6 + 2 - t)];
+                    g[t] = *(const v8u *)lane;
+                }
+                g3_8(g, 1, o, 1);
+                for (int xi = 0; xi < 8; xi++) *(v8u *)(e + ((size_t)(6 + 8 * edge + xi) * k + ki) * c + c0) = o[xi];
             }
 }
 
