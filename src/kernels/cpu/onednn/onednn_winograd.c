@@ -151,11 +151,12 @@ static int filters_planes(const kiln_wino_shape *s) {
     return s->m == 46 ? 196 : (m + 2) * (m + 2);
 }
 
-/* The pooled input gradient's edge filters after the tiles' (pooled_edges):
- * planes of cin x cout, w's taps (2, v) and (u, 2) (6), then their 1D F(6,
- * 3) transforms along the row and along the column (8 each). */
+/* The pooled input gradient's edge filters after the tiles' (pooled_edges),
+ * where the pooling leaves rows or columns: planes of cin x cout, w's taps
+ * (2, v) and (u, 2) (6), then their 1D F(6, 3) transforms along the row
+ * and along the column (8 each). */
 static int edge_planes(kiln_wino_pass pass, const kiln_wino_shape *s) {
-    return pass == KILN_WINO_BWD_DATA && s->pool ? 22 : 0;
+    return pass == KILN_WINO_BWD_DATA && s->pool && (s->h % s->pool || s->w % s->pool) ? 22 : 0;
 }
 
 /* Per-thread floats of the edges' products: EDGE_ROWS points' A (3k
@@ -802,7 +803,7 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
         pooled pool = {b->pool_y, b->pool_ix, s->k, s->h / 2, s->w / 2, s->yb, s->w};
         if (pass == KILN_WINO_FWD) forward_tiles(&tiled, g, regions, &l, &x, u, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws);
         else forward_tiles(s, g, regions, &l, &y, u, NULL, false, &x, NULL, ws);
-        if (pass == KILN_WINO_BWD_DATA && s->pool)
+        if (edge_planes(pass, s))
             pooled_edges(s, g, regions, &x, &y, u + (size_t)filters_planes(s) * l.cin * l.cout, (float *)(ws + l.edges));
     }
     if (!s->yb && pass == KILN_WINO_FWD) blocked_copy(y.p, b->y, s->n, s->k, s->h, s->w, false);

@@ -27,8 +27,9 @@ typedef enum kiln_wino_pass { KILN_WINO_FWD, KILN_WINO_BWD_DATA, KILN_WINO_BWD_W
  * its first h / p * p rows and w / p * p columns, and the tiles cover only
  * those (conv2d_relu_max_pool2d's backward); the input gradient computes
  * the row and the column of x after them from their taps, and writes
- * zeros beyond (its prepared filters then hold those taps too: a pooled
- * shape's kiln_wino_weights differ from an unpooled one's). The pooled
+ * zeros beyond (where a side is not a multiple of p, its prepared filters
+ * hold those taps too: such a shape's kiln_wino_weights are larger than the
+ * unpooled one's). The pooled
  * forward (pool_y) tiles the rows and columns its 2x2 windows read
  * whatever pool says; a forward without pool_y refuses a pool. */
 typedef struct kiln_wino_shape {
