@@ -214,9 +214,8 @@ typedef struct wino_layout {
 
 static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 
-/* Floats from one region's per-thread sums to the next's, and from one
- * thread's to the next within a region: every region's sums are kept
- * until the end of the pass (weight_grad_tiles). */
+/* Floats from one thread's per-thread sums to the next's in a region
+ * (weight_grad_tiles). */
 static size_t sums_stride(const tile_grid *g, const kiln_wino_shape *s) {
     return up64((size_t)(grid_planes(g) * s->c * s->k) * sizeof(float)) / sizeof(float);
 }
@@ -251,8 +250,9 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
     for (int i = 0; i < n; i++) {
         wino_layout r = region_layout(&l, i < n0 ? s : &pooled_s, &g[i]);
         if (r.threads > l.threads) l.threads = r.threads;
-        /* the weight gradient keeps every region's per-thread sums (weight_grad_tiles) */
-        if (pass == KILN_WINO_BWD_WEIGHTS) u_bytes += (size_t)l.team * sums_stride(&g[i], s) * f;
+        /* the weight gradient's per-thread sums, for one region at a time (weight_grad_tiles) */
+        size_t sums = (size_t)l.team * sums_stride(&g[i], s) * f;
+        if (pass == KILN_WINO_BWD_WEIGHTS && sums > u_bytes) u_bytes = sums;
         size_t v = up64((size_t)(r.planes * r.chunk * l.cin) * f), m = up64((size_t)(r.planes * r.chunk * l.cout) * f);
         if (v > l.v) l.v = v;
         if (m > l.m) l.m = m;
@@ -524,13 +524,16 @@ static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, int regi
     }
 }
 
-/* The weight gradient into dw: each region's tiles split evenly over the
- * threads (its first min(threads, tiles)), each thread summing its tiles'
- * products into its own sums for the region, the regions one after
- * another in one parallel region; then each region's sums, added in thread
- * order and transformed back, written to dw (the first) or added to it. */
+/* The weight gradient of the regions g into dw: each region's tiles split
+ * evenly over the threads (its first min(threads, tiles)), each thread
+ * summing its tiles' products into its own sums for the region; then each
+ * region's sums, added in thread order and transformed back, written to dw
+ * (the first region, unless acc) or added to it. kiln_wino_run passes one
+ * region at a time, so the sums of one are in the workspace at a time (the
+ * mixed tiling's four at once held 196 planes a thread against 64; one
+ * parallel region for all four measured no faster). */
 static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, int regions, const wino_layout *all,
-                              const act *x, const act *gy, float *dw, char *ws) {
+                              const act *x, const act *gy, float *dw, bool acc, char *ws) {
     int64_t c = s->c, k = s->k, team = all->threads;
     wino_layout rl[4];
     float *sums[4];
@@ -570,7 +573,7 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, int 
     }
     /* each region's sums of the threads that ran, in thread order */
     for (int i = 0; i < regions; i++)
-        fns_of(&g[i]).filters_grad(sums[i], rl[i].threads, sums_stride(&g[i], s), dw, c, k, i > 0);
+        fns_of(&g[i]).filters_grad(sums[i], rl[i].threads, sums_stride(&g[i], s), dw, c, k, acc || i > 0);
 }
 
 /* The input gradient of a pooled shape (kiln_wino_shape.pool p): grad_out
@@ -793,7 +796,7 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
     tile_grid g[4];
     int regions = grids_of(&tiled, g);
     if (pass == KILN_WINO_BWD_WEIGHTS) {
-        weight_grad_tiles(s, g, regions, &l, &x, &y, b->w_out, ws);
+        for (int i = 0; i < regions; i++) weight_grad_tiles(s, &g[i], 1, &l, &x, &y, b->w_out, i > 0, ws);
     } else {
         const float *u = b->u;
         if (!u) {
