@@ -255,7 +255,8 @@ int main(void) {
     uint64_t runs = kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D);
     CHECK_MSG(runs > 0, "the fused op's fast kernel never ran");
     kiln_set_cpu_layouts(false);
-    compare_mode = CLOSE_GRADS; /* the weight gradient's mixed tiling, 14x11 as above (an NCHW y is not pooled by tiles) */
+    /* the gradients' mixed tiling, 14x11 as above (an NCHW y is not pooled by tiles) */
+    compare_mode = CLOSE_GRADS;
     check_case("NCHW 8->16 14x11 bias", 2, 8, 14, 11, 16, 1, 2, true, false);
     compare_mode = EXACT;
     kiln_set_cpu_layouts(true);

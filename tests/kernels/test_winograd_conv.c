@@ -280,7 +280,8 @@ static void check_split(const shape *s, int m) {
     int64_t side[2] = {s->h, s->w}, points[2];
     for (int d = 0; d < 2; d++) {
         int64_t len = side[d];
-        if (m != 46) points[d] = (m == 4 ? 6 : m == 6 ? 8 : 4) * ((len + (m == 4 || m == 6 ? m : 2) - 1) / (m == 4 || m == 6 ? m : 2));
+        int tile = m == 4 || m == 6 ? m : 2;
+        if (m != 46) points[d] = (tile + 2) * ((len + tile - 1) / tile);
         else {
             points[d] = INT64_MAX;
             for (int64_t b = 0; 6 * b < len + 6; b++) {

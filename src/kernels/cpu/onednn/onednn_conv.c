@@ -548,12 +548,13 @@ static void conv_prepare_weights(kiln_onednn_kind kind, const kiln_op_args *a, k
         kiln_error_clear();
         return;
     }
-    if (plan.wino) { /* the transformed filters (16 x C x K), keyed by the pass and shape */
+    if (plan.wino) { /* the transformed filters (planes x C x K), keyed by the pass and shape */
         p->input = 1;
         /* a pooled input gradient's copy may have edge filters after the tiles' */
         kiln_wino_shape plain = plan.wino_shape;
         plain.pool = 0;
-        bool edges = kiln_wino_weights_size(plan.wino_pass, &plan.wino_shape) != kiln_wino_weights_size(plan.wino_pass, &plain);
+        bool edges =
+            kiln_wino_weights_size(plan.wino_pass, &plan.wino_shape) != kiln_wino_weights_size(plan.wino_pass, &plain);
         p->key = 0x77696e6f32000000ULL ^ ((uint64_t)plan.wino_shape.m << 56) ^ ((uint64_t)plan.wino_pass << 44) ^
                  ((uint64_t)edges << 40) ^ ((uint64_t)plan.wino_shape.c << 22) ^ (uint64_t)plan.wino_shape.k;
         p->bytes = kiln_wino_weights_size(plan.wino_pass, &plan.wino_shape) * sizeof(float);

@@ -164,7 +164,8 @@ static int edge_planes(kiln_wino_pass pass, const kiln_wino_shape *s) {
  * of k and of c each), the larger. */
 #define EDGE_ROWS 48
 static size_t edge_scratch(const kiln_wino_shape *s) {
-    size_t direct = (size_t)EDGE_ROWS * (size_t)(3 * s->k + s->c), tiles = (size_t)EDGE_ROWS / 2 * 8 * (size_t)(s->k + s->c);
+    size_t direct = (size_t)EDGE_ROWS * (size_t)(3 * s->k + s->c);
+    size_t tiles = (size_t)EDGE_ROWS / 2 * 8 * (size_t)(s->k + s->c);
     return direct > tiles ? direct : tiles;
 }
 
@@ -263,7 +264,8 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
     /* The plain activations: copies in nChw8c. x is the transformed input
      * of every pass but the input gradient's, whose transformed input is y. */
     l.xcopy = l.ycopy = 0;
-    size_t x_bytes = up64((size_t)(s->n * s->c * s->h * s->w) * f), y_bytes = up64((size_t)(s->n * s->k * s->h * s->w) * f);
+    size_t x_bytes = up64((size_t)(s->n * s->c * s->h * s->w) * f);
+    size_t y_bytes = up64((size_t)(s->n * s->k * s->h * s->w) * f);
     if (s->xb == 0) l.xcopy = at, at += x_bytes;
     if (s->yb == 0) l.ycopy = at, at += y_bytes;
     /* the pooled input gradient's edges: a matrix product's operands per thread */
@@ -539,7 +541,7 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, int 
     float *sums[4];
     for (int i = 0; i < regions; i++) {
         rl[i] = region_layout(all, s, &g[i]);
-        sums[i] = (float *)ws + (i ? (size_t)(sums[i - 1] - (float *)ws) + (size_t)team * sums_stride(&g[i - 1], s) : 0);
+        sums[i] = i ? sums[i - 1] + (size_t)team * sums_stride(&g[i - 1], s) : (float *)ws;
     }
 #pragma omp parallel num_threads((int)team)
     {
@@ -741,7 +743,8 @@ AVX2 static void edge_filters(const float *w, float *e, int64_t k, int64_t c) {
                 v8 g[3], o[8];
                 for (int t = 0; t < 3; t++) {
                     float lane[8];
-                    for (int l = 0; l < 8; l++) lane[l] = w[(ki * c + c0 + l) * 9 + (edge ? 3 * (2 - t) + 2 : 6 + 2 - t)];
+                    int tap = edge ? 3 * (2 - t) + 2 : 6 + 2 - t;
+                    for (int l = 0; l < 8; l++) lane[l] = w[(ki * c + c0 + l) * 9 + tap];
                     g[t] = *(const v8u *)lane;
                 }
                 g3_8(g, 1, o, 1);
@@ -762,7 +765,8 @@ void kiln_wino_weights(kiln_wino_pass pass, const kiln_wino_shape *s, const floa
     }
     /* the mixed tiling's four tiles, in filters_plane's order */
     const tile_grid g[4] = {{4, 4, 0, 0, 1, 1}, {4, 6, 0, 0, 1, 1}, {6, 4, 0, 0, 1, 1}, {6, 6, 0, 0, 1, 1}};
-    for (int i = 0; i < 4; i++) fns_of(&g[i]).filters(w, u + (size_t)filters_plane(s, &g[i]) * cin * cout, cin, cout, flip);
+    for (int i = 0; i < 4; i++)
+        fns_of(&g[i]).filters(w, u + (size_t)filters_plane(s, &g[i]) * cin * cout, cin, cout, flip);
 }
 
 kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const kiln_wino_buffers *b, void *workspace,
@@ -804,10 +808,12 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
             u = (const float *)(ws + l.u);
         }
         pooled pool = {b->pool_y, b->pool_ix, s->k, s->h / 2, s->w / 2, s->yb, s->w};
-        if (pass == KILN_WINO_FWD) forward_tiles(&tiled, g, regions, &l, &x, u, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws);
+        if (pass == KILN_WINO_FWD)
+            forward_tiles(&tiled, g, regions, &l, &x, u, b->bias, b->relu, &y, b->pool_y ? &pool : NULL, ws);
         else forward_tiles(s, g, regions, &l, &y, u, NULL, false, &x, NULL, ws);
         if (edge_planes(pass, s))
-            pooled_edges(s, g, regions, &x, &y, u + (size_t)filters_planes(s) * l.cin * l.cout, (float *)(ws + l.edges));
+            pooled_edges(s, g, regions, &x, &y, u + (size_t)filters_planes(s) * l.cin * l.cout,
+                         (float *)(ws + l.edges));
     }
     if (!s->yb && pass == KILN_WINO_FWD) blocked_copy(y.p, b->y, s->n, s->k, s->h, s->w, false);
     if (!s->xb && pass == KILN_WINO_BWD_DATA) blocked_copy(x.p, b->x, s->n, s->c, s->h, s->w, false);
