@@ -390,7 +390,7 @@ static void check_pooled(const shape *s, int yb, int m) {
                   "F(%d) %lldx%lldx%lldx%lld->%lld, y nChw%dc: the pooled tiles differ from the pooled output", m,
                   (long long)s->n, (long long)s->c, (long long)s->h, (long long)s->w, (long long)s->k, yb);
     else {
-        double *want = malloc(np * 8), elem;
+        double *want = calloc(np, sizeof(double)), elem;
         for (size_t i = 0; i < np; i++) want[i] = want_y[i];
         double e = rel_err(py, want, np, &elem), scale = 0;
         for (size_t i = 0; i < np; i++) scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
