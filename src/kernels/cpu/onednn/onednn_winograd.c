@@ -526,56 +526,45 @@ static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, int regi
     }
 }
 
-/* The weight gradient of the regions g into dw: each region's tiles split
- * evenly over the threads (its first min(threads, tiles)), each thread
- * summing its tiles' products into its own sums for the region; then each
- * region's sums, added in thread order and transformed back, written to dw
- * (the first region, unless acc) or added to it. kiln_wino_run passes one
- * region at a time, so the sums of one are in the workspace at a time (the
- * mixed tiling's four at once held 196 planes a thread against 64; one
- * parallel region for all four measured no faster). */
-static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, int regions, const wino_layout *all,
-                              const act *x, const act *gy, float *dw, bool acc, char *ws) {
-    int64_t c = s->c, k = s->k, team = all->threads;
-    wino_layout rl[4];
-    float *sums[4];
-    for (int i = 0; i < regions; i++) {
-        rl[i] = region_layout(all, s, &g[i]);
-        sums[i] = i ? sums[i - 1] + (size_t)team * sums_stride(&g[i - 1], s) : (float *)ws;
-    }
-#pragma omp parallel num_threads((int)team)
+/* The weight gradient of region g into dw: its tiles split evenly over
+ * the threads (the first min(threads, tiles)), each thread summing its
+ * tiles' products into its own sums; then the sums, added in thread order
+ * and transformed back, written to dw or (acc: a later region of the mixed
+ * tiling) added to it. One region's sums are in the workspace at a time
+ * (the mixed tiling's four at once held 196 planes a thread against 64,
+ * and one parallel region for all four measured no faster). */
+static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, const wino_layout *all, const act *x,
+                              const act *gy, float *dw, bool acc, char *ws) {
+    int64_t c = s->c, k = s->k;
+    wino_layout l = region_layout(all, s, g);
+    tile_fns f = fns_of(g);
+    float *sums = (float *)ws;
+    size_t stride = sums_stride(g, s);
+#pragma omp parallel num_threads((int)l.threads)
     {
         int tid = 0;
 #ifdef _OPENMP
         tid = omp_get_thread_num();
 #endif
-        float *v = thread_buffers(all, ws), *z = (float *)((char *)v + all->v);
-        for (int i = 0; i < regions; i++) {
-            const tile_grid *gi = &g[i];
-            const wino_layout *l = &rl[i];
-            if (tid >= l->threads) continue;
-            tile_fns f = fns_of(gi);
-            int64_t lo, hi, chunk = l->chunk;
-            thread_tiles(grid_tiles(s, gi), tid, (int)l->threads, &lo, &hi);
-            float *st = sums[i] + (size_t)tid * sums_stride(gi, s);
-            memset(st, 0, (size_t)(l->planes * c * k) * sizeof(float));
-            for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
-                int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
-                input_chunk(gi, f.input, x, t0, pc, c, chunk, v);
-                for (int64_t p = 0; p < pc; p++) {
-                    tile_pos tp = tile_at(gi, t0 + p);
-                    for (int64_t k0 = 0; k0 < k; k0 += 8)
-                        f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
-                }
-                for (int xi = 0; xi < l->planes; xi++)
-                    kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
-                                       st + (size_t)xi * c * k, k, true);
+        float *v = thread_buffers(all, ws), *z = (float *)((char *)v + all->v), *st = sums + (size_t)tid * stride;
+        int64_t lo, hi, chunk = l.chunk;
+        thread_tiles(grid_tiles(s, g), tid, (int)l.threads, &lo, &hi);
+        memset(st, 0, (size_t)(l.planes * c * k) * sizeof(float));
+        for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
+            int64_t pc = hi - t0 < chunk ? hi - t0 : chunk;
+            input_chunk(g, f.input, x, t0, pc, c, chunk, v);
+            for (int64_t p = 0; p < pc; p++) {
+                tile_pos tp = tile_at(g, t0 + p);
+                for (int64_t k0 = 0; k0 < k; k0 += 8)
+                    f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
             }
+            for (int xi = 0; xi < l.planes; xi++)
+                kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
+                                   st + (size_t)xi * c * k, k, true);
         }
     }
-    /* each region's sums of the threads that ran, in thread order */
-    for (int i = 0; i < regions; i++)
-        fns_of(&g[i]).filters_grad(sums[i], rl[i].threads, sums_stride(&g[i], s), dw, c, k, acc || i > 0);
+    /* the sums of the threads that ran, in thread order */
+    f.filters_grad(sums, l.threads, stride, dw, c, k, acc);
 }
 
 /* The input gradient of a pooled shape (kiln_wino_shape.pool p): grad_out
@@ -800,7 +789,7 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
     tile_grid g[4];
     int regions = grids_of(&tiled, g);
     if (pass == KILN_WINO_BWD_WEIGHTS) {
-        for (int i = 0; i < regions; i++) weight_grad_tiles(s, &g[i], 1, &l, &x, &y, b->w_out, i > 0, ws);
+        for (int i = 0; i < regions; i++) weight_grad_tiles(s, &g[i], &l, &x, &y, b->w_out, i > 0, ws);
     } else {
         const float *u = b->u;
         if (!u) {
