@@ -354,33 +354,54 @@ AVX2 static inline void gt8(const v8 *s, int ss, v8 *o, int os) {
 typedef void (*wino_tx)(const v8 *d, int ds, v8 *o, int os);
 #define TILE_BODY AVX2 static inline __attribute__((always_inline))
 
-/* U[xi][ci][co..co+7] = (G_r g G_c^T)[xi] for the filters from ci to co..co+7. */
+/* The filters' transforms go nb (1 or 2) blocks of 8 output channels at
+ * a time, so that each plane's row gets a whole 64-byte line at once: a
+ * plane is cin x cout floats, often a power of two of bytes (32 KiB for 64
+ * -> 128 channels), so the TR x TC planes' rows of one (ci, co) fall into
+ * one or two sets of the L1 and L2 caches, and with a block at a time each
+ * line left the caches between its two halves (the filters' transforms
+ * took a third of F(6x6)'s forward at batch 128; docs/performance.md). */
+#define FILTER_BLOCKS(cout, co) ((cout) - (co) >= 16 ? 2 : 1)
+
+/* U[xi][ci][co..co+8*nb-1] = (G_r g G_c^T)[xi] for the filters from ci to
+ * those output channels. */
 TILE_BODY void filters_tile(int TR, int TC, wino_tx gr, wino_tx gc, const float *w, float *u, int64_t ci, int64_t co,
-                            int64_t cin, int64_t cout, bool flip) {
-    v8 f[3][3], t[8][3], r[8][8];
-    gather_filters(w, ci, co, cin, cout, flip, f);
-    for (int j = 0; j < 3; j++) gr(&f[0][j], 3, &t[0][j], 3);
-    for (int i = 0; i < TR; i++) gc(&t[i][0], 1, &r[i][0], 1);
-    for (int xi = 0; xi < TR * TC; xi++) *(v8u *)(u + ((int64_t)xi * cin + ci) * cout + co) = r[xi / TC][xi % TC];
+                            int64_t cin, int64_t cout, bool flip, int nb) {
+    v8 r[2][8][8];
+    for (int b = 0; b < nb; b++) {
+        v8 f[3][3], t[8][3];
+        gather_filters(w, ci, co + 8 * b, cin, cout, flip, f);
+        for (int j = 0; j < 3; j++) gr(&f[0][j], 3, &t[0][j], 3);
+        for (int i = 0; i < TR; i++) gc(&t[i][0], 1, &r[b][i][0], 1);
+    }
+    for (int xi = 0; xi < TR * TC; xi++) {
+        float *row = u + ((int64_t)xi * cin + ci) * cout + co;
+        for (int b = 0; b < nb; b++) *(v8u *)(row + 8 * b) = r[b][xi / TC][xi % TC];
+    }
 }
 
-/* dW[co..co+7][ci] = G_r^T S G_c, S the threads' sums added in thread
+/* dW[co..co+8*nb-1][ci] = G_r^T S G_c, S the threads' sums added in thread
  * order; acc: added to dW (the mixed tiling's later tiles), else written. */
 TILE_BODY void filters_grad_tile(int TR, int TC, wino_tx gtr, wino_tx gtc, const float *s, int64_t threads,
                                  size_t thread_stride, float *dw, int64_t ci, int64_t co, int64_t c, int64_t k,
-                                 bool acc) {
-    v8 m[8][8], t[3][8], o[3][3];
-    for (int xi = 0; xi < TR * TC; xi++) {
-        v8 sum = *(const v8u *)(s + ((int64_t)xi * c + ci) * k + co);
-        for (int64_t th = 1; th < threads; th++)
-            sum += *(const v8u *)(s + (size_t)th * thread_stride + ((int64_t)xi * c + ci) * k + co);
-        m[xi / TC][xi % TC] = sum;
-    }
-    for (int j = 0; j < TC; j++) gtr(&m[0][j], 8, &t[0][j], 8);
-    for (int i = 0; i < 3; i++) gtc(&t[i][0], 1, &o[i][0], 1);
-    for (int e = 0; e < 8; e++) {
-        float *out = dw + ((co + e) * c + ci) * 9;
-        for (int tap = 0; tap < 9; tap++) out[tap] = acc ? out[tap] + o[tap / 3][tap % 3][e] : o[tap / 3][tap % 3][e];
+                                 bool acc, int nb) {
+    v8 m[2][8][8];
+    for (int xi = 0; xi < TR * TC; xi++)
+        for (int b = 0; b < nb; b++) {
+            const float *sx = s + ((int64_t)xi * c + ci) * k + co + 8 * b;
+            v8 sum = *(const v8u *)sx;
+            for (int64_t th = 1; th < threads; th++) sum += *(const v8u *)(sx + (size_t)th * thread_stride);
+            m[b][xi / TC][xi % TC] = sum;
+        }
+    for (int b = 0; b < nb; b++) {
+        v8 t[3][8], o[3][3];
+        for (int j = 0; j < TC; j++) gtr(&m[b][0][j], 8, &t[0][j], 8);
+        for (int i = 0; i < 3; i++) gtc(&t[i][0], 1, &o[i][0], 1);
+        for (int e = 0; e < 8; e++) {
+            float *out = dw + ((co + 8 * b + e) * c + ci) * 9;
+            for (int tap = 0; tap < 9; tap++)
+                out[tap] = acc ? out[tap] + o[tap / 3][tap % 3][e] : o[tap / 3][tap % 3][e];
+        }
     }
 }
 
@@ -469,15 +490,16 @@ TILE_BODY void output_tile_n(int MR, int MC, wino_tx atr, wino_tx atc, const flo
     AVX2 static void weights_transform##NAME(const float *w, float *u, int64_t cin, int64_t cout, bool flip) {  \
         _Pragma("omp parallel for schedule(static)")                                                           \
         for (int64_t ci = 0; ci < cin; ci++)                                                                   \
-            for (int64_t co = 0; co < cout; co += 8)                                                           \
-                filters_tile(MR + 2, MC + 2, GR, GC, w, u, ci, co, cin, cout, flip);                           \
+            for (int64_t co = 0, nb; co < cout; co += 8 * nb)                                                  \
+                filters_tile(MR + 2, MC + 2, GR, GC, w, u, ci, co, cin, cout, flip, nb = FILTER_BLOCKS(cout, co)); \
     }                                                                                                          \
     AVX2 static void weights_grad_transform##NAME(const float *s, int64_t threads, size_t thread_stride,         \
                                                   float *dw, int64_t c, int64_t k, bool acc) {                 \
         _Pragma("omp parallel for schedule(static)")                                                           \
         for (int64_t ci = 0; ci < c; ci++)                                                                     \
-            for (int64_t co = 0; co < k; co += 8)                                                              \
-                filters_grad_tile(MR + 2, MC + 2, GTR, GTC, s, threads, thread_stride, dw, ci, co, c, k, acc); \
+            for (int64_t co = 0, nb; co < k; co += 8 * nb)                                                     \
+                filters_grad_tile(MR + 2, MC + 2, GTR, GTC, s, threads, thread_stride, dw, ci, co, c, k, acc,  \
+                                  nb = FILTER_BLOCKS(k, co));                                                  \
     }                                                                                                          \
     AVX2 static void input_tile##NAME(const act *x, const float *base, int64_t h0, int64_t w0, float *v,         \
                                       size_t xi_stride) {                                                      \
