@@ -405,6 +405,15 @@ TILE_BODY void filters_grad_tile(int TR, int TC, wino_tx gtr, wino_tx gtc, const
     }
 }
 
+/* The passes over a tile below unroll their loops (TR, TC, MR and MC are
+ * constants where they are inlined): left to itself GCC kept them as
+ * loops, the intermediate t[][] in memory between the two halves of a
+ * transform. Unrolled, it stays in registers, and GCC may fuse a multiply
+ * of the first half with an add of the second (FMA contraction), so the
+ * bits moved against the rolled build (within the Winograd bound of
+ * tests/kernels/test_winograd_conv.c). The bench CNN's training step
+ * (F(4x4) everywhere) took 0.944x the time; the main job's (F(6x6) and
+ * the mixed tiling) 0.995x (docs/performance.md). */
 /* V[xi][p][c0..c0+7] = (B_r^T d B_c)[xi] for the TR x TC input tile at
  * (h0, w0): a column of d at a time through B_r^T (TR loads, TR results
  * kept), then a row at a time through B_c into the planes, so few values
@@ -415,12 +424,15 @@ TILE_BODY void input_tile_n(int TR, int TC, wino_tx btr, wino_tx btc, const act 
     const v8 zero = {0};
     int64_t rs = x->w * x->b, cs = x->b;
     bool inside = h0 >= 0 && w0 >= 0 && h0 + TR <= x->h && w0 + TC <= x->w;
+    #pragma GCC unroll 8
     for (int q = 0; q < TC; q++) {
         int64_t w = w0 + q;
         if (inside) {
             const float *p = base + h0 * rs + w * cs;
+            #pragma GCC unroll 8
             for (int a = 0; a < TR; a++) d[a] = *(const v8u *)(p + a * rs);
         } else {
+            #pragma GCC unroll 8
             for (int a = 0; a < TR; a++) {
                 int64_t h = h0 + a;
                 d[a] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
@@ -428,9 +440,11 @@ TILE_BODY void input_tile_n(int TR, int TC, wino_tx btr, wino_tx btc, const act 
         }
         btr(d, 1, &t[0][q], 8);
     }
+    #pragma GCC unroll 8
     for (int a = 0; a < TR; a++) {
         v8 r[8];
         btc(t[a], 1, r, 1);
+        #pragma GCC unroll 8
         for (int q = 0; q < TC; q++) *(v8u *)(v + (size_t)(a * TC + q) * xi_stride) = r[q];
     }
 }
@@ -442,14 +456,18 @@ TILE_BODY void grad_tile_n(int MR, int MC, wino_tx ar, wino_tx ac, const act *y,
     const int TR = MR + 2, TC = MC + 2;
     v8 u[8][6], e[6];
     const v8 zero = {0};
+    #pragma GCC unroll 8
     for (int b = 0; b < MC; b++) {
+        #pragma GCC unroll 8
         for (int a = 0; a < MR; a++)
             e[a] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
         ar(e, 1, &u[0][b], 6);
     }
+    #pragma GCC unroll 8
     for (int i = 0; i < TR; i++) {
         v8 r[8];
         ac(u[i], 1, r, 1);
+        #pragma GCC unroll 8
         for (int q = 0; q < TC; q++) *(v8u *)(z + (size_t)(i * TC + q) * xi_stride) = r[q];
     }
 }
@@ -458,7 +476,9 @@ TILE_BODY void grad_tile_n(int MR, int MC, wino_tx ar, wino_tx ac, const act *y,
 TILE_BODY void tile_at_m(int MR, int MC, wino_tx atr, const float *m, size_t xi_stride, v8 s[6][8]) {
     const int TR = MR + 2, TC = MC + 2;
     v8 c[8];
+    #pragma GCC unroll 8
     for (int q = 0; q < TC; q++) {
+        #pragma GCC unroll 8
         for (int a = 0; a < TR; a++) c[a] = *(const v8u *)(m + (size_t)(a * TC + q) * xi_stride);
         atr(c, 1, &s[0][q], 8);
     }
@@ -471,10 +491,10 @@ TILE_BODY void output_tile_n(int MR, int MC, wino_tx atr, wino_tx atc, const flo
     tile_at_m(MR, MC, atr, m, xi_stride, s);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
-    for (int a = 0; a < MR && h0 + a < y->h; a++) {
+        for (int a = 0; a < MR && h0 + a < y->h; a++) {
         v8 o[6];
         atc(s[a], 1, o, 1);
-        for (int b = 0; b < MC && w0 + b < y->w; b++) {
+                for (int b = 0; b < MC && w0 + b < y->w; b++) {
             v8 r = o[b] + bv;
             if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
             *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
