@@ -32,6 +32,7 @@
  * channels); the weight gradient's per-thread sums are added in thread
  * order, so a fixed thread count gives the same bits run to run. */
 #ifdef KILN_WITH_ONEDNN
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -188,6 +189,18 @@ static int64_t chunk_of(int64_t cin, int64_t cout, int64_t planes, int64_t tiles
     return (c + 5) / 6 * 6;
 }
 
+/* Floats from one plane of a chunk's V, M or Z (chunk x ch floats) to the
+ * next: padded to a whole, odd number of 64-byte lines. A tile's pass
+ * touches the same row of every plane (16 to 64 of them), and with a line
+ * count sharing a factor 2^j with the L1's 64 sets those rows fell into
+ * 64 / 2^j sets: 4096 bytes apart (a power of two of channels and tiles),
+ * all 36 of F(4x4) in one set and the passes took 1.3-1.45x the time;
+ * odd, each plane's row its own set. */
+static int64_t plane_floats(int64_t chunk, int64_t ch) {
+    int64_t f = (chunk * ch + 15) / 16 * 16;
+    return (f / 16) % 2 ? f : f + 16;
+}
+
 /* Thread tid's tiles of `threads`: [*lo, *hi). */
 static void thread_tiles(int64_t tiles, int tid, int threads, int64_t *lo, int64_t *hi) {
     *lo = tiles * tid / threads;
@@ -254,7 +267,8 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
         /* the weight gradient's per-thread sums, for one region at a time (weight_grad_tiles) */
         size_t sums = (size_t)l.team * sums_stride(&g[i], s) * f;
         if (pass == KILN_WINO_BWD_WEIGHTS && sums > u_bytes) u_bytes = sums;
-        size_t v = up64((size_t)(r.planes * r.chunk * l.cin) * f), m = up64((size_t)(r.planes * r.chunk * l.cout) * f);
+        size_t v = up64((size_t)(r.planes * plane_floats(r.chunk, l.cin)) * f),
+               m = up64((size_t)(r.planes * plane_floats(r.chunk, l.cout)) * f);
         if (v > l.v) l.v = v;
         if (m > l.m) l.m = m;
     }
@@ -472,7 +486,7 @@ static void input_chunk(const tile_grid *g, input_fn input, const act *in, int64
     for (int64_t p = 0; p < pc; p++) {
         tile_pos tp = tile_at(g, t0 + p);
         for (int64_t c0 = 0; c0 < cin; c0 += 8)
-            input(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)(chunk * cin));
+            input(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)plane_floats(chunk, cin));
     }
 }
 
@@ -512,14 +526,15 @@ static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, int regi
             if (pc <= 0) continue;
             input_chunk(gi, f.input, in, t0, pc, cin, chunk, v);
             for (int xi = 0; xi < l->planes; xi++)
-                kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * chunk * cin, cin, 1, ug + (size_t)xi * cin * cout,
-                                   cout, m + (size_t)xi * chunk * cout, cout, false);
+                kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * plane_floats(chunk, cin), cin, 1,
+                                   ug + (size_t)xi * cin * cout, cout, m + (size_t)xi * plane_floats(chunk, cout), cout,
+                                   false);
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(gi, t0 + p);
                 for (int64_t k0 = 0; k0 < cout; k0 += 8) {
                     const float *mk = m + p * cout + k0, *bk = bias ? bias + k0 : NULL;
-                    if (pool) f.pool(mk, (size_t)(chunk * cout), bk, pool, tp.n, k0, tp.h0, tp.w0);
-                    else f.output(mk, (size_t)(chunk * cout), bk, relu, out, act_base(out, tp.n, k0), tp.h0, tp.w0);
+                    if (pool) f.pool(mk, (size_t)plane_floats(chunk, cout), bk, pool, tp.n, k0, tp.h0, tp.w0);
+                    else f.output(mk, (size_t)plane_floats(chunk, cout), bk, relu, out, act_base(out, tp.n, k0), tp.h0, tp.w0);
                 }
             }
         }
@@ -556,10 +571,10 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, cons
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(g, t0 + p);
                 for (int64_t k0 = 0; k0 < k; k0 += 8)
-                    f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)(chunk * k));
+                    f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)plane_floats(chunk, k));
             }
             for (int xi = 0; xi < l.planes; xi++)
-                kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * chunk * c, 1, c, z + (size_t)xi * chunk * k, k,
+                kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * plane_floats(chunk, c), 1, c, z + (size_t)xi * plane_floats(chunk, k), k,
                                    st + (size_t)xi * c * k, k, true);
         }
     }
