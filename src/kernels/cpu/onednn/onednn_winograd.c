@@ -533,8 +533,9 @@ static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, int regi
                 tile_pos tp = tile_at(gi, t0 + p);
                 for (int64_t k0 = 0; k0 < cout; k0 += 8) {
                     const float *mk = m + p * cout + k0, *bk = bias ? bias + k0 : NULL;
-                    if (pool) f.pool(mk, (size_t)plane_floats(chunk, cout), bk, pool, tp.n, k0, tp.h0, tp.w0);
-                    else f.output(mk, (size_t)plane_floats(chunk, cout), bk, relu, out, act_base(out, tp.n, k0), tp.h0, tp.w0);
+                    size_t ms = (size_t)plane_floats(chunk, cout);
+                    if (pool) f.pool(mk, ms, bk, pool, tp.n, k0, tp.h0, tp.w0);
+                    else f.output(mk, ms, bk, relu, out, act_base(out, tp.n, k0), tp.h0, tp.w0);
                 }
             }
         }
@@ -574,8 +575,8 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, cons
                     f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)plane_floats(chunk, k));
             }
             for (int xi = 0; xi < l.planes; xi++)
-                kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * plane_floats(chunk, c), 1, c, z + (size_t)xi * plane_floats(chunk, k), k,
-                                   st + (size_t)xi * c * k, k, true);
+                kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * plane_floats(chunk, c), 1, c,
+                                   z + (size_t)xi * plane_floats(chunk, k), k, st + (size_t)xi * c * k, k, true);
         }
     }
     /* the sums of the threads that ran, in thread order */
