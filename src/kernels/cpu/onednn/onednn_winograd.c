@@ -402,13 +402,18 @@ TILE_BODY void output_tile_pool_n(int MR, int MC, wino_tx atr, wino_tx atc, cons
     tile_at_m(MR, MC, atr, m, xi_stride, s);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
-    int64_t base = pooled_base(p, n, k0);
-    for (int i = 0; i < MR / 2 && h0 / 2 + i < p->oh; i++) {
+    int64_t base = pooled_base(p, n, k0), rows = p->oh - h0 / 2, cols = p->ow - w0 / 2;
+#pragma GCC unroll 3
+    for (int i = 0; i < MR / 2; i++) {
+        if (i >= rows) break;
         v8 r0[6], r1[6];
         atc(s[2 * i], 1, r0, 1);
         atc(s[2 * i + 1], 1, r1, 1);
+#pragma GCC unroll 6
         for (int b = 0; b < MC; b++) r0[b] += bv, r1[b] += bv;
-        for (int j = 0; j < MC / 2 && w0 / 2 + j < p->ow; j++) {
+#pragma GCC unroll 3
+        for (int j = 0; j < MC / 2; j++) {
+            if (j >= cols) break;
             int64_t at = base + ((h0 / 2 + i) * p->ow + w0 / 2 + j) * p->b;
             pool_store(r0[2 * j], r0[2 * j + 1], r1[2 * j], r1[2 * j + 1], (h0 + 2 * i) * p->y_w + w0 + 2 * j,
                        p->y_w, p->y + at, p->ix + at);
