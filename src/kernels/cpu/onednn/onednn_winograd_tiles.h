@@ -424,15 +424,15 @@ TILE_BODY void input_tile_n(int TR, int TC, wino_tx btr, wino_tx btc, const act 
     const v8 zero = {0};
     int64_t rs = x->w * x->b, cs = x->b;
     bool inside = h0 >= 0 && w0 >= 0 && h0 + TR <= x->h && w0 + TC <= x->w;
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int q = 0; q < TC; q++) {
         int64_t w = w0 + q;
         if (inside) {
             const float *p = base + h0 * rs + w * cs;
-            #pragma GCC unroll 8
+#pragma GCC unroll 8
             for (int a = 0; a < TR; a++) d[a] = *(const v8u *)(p + a * rs);
         } else {
-            #pragma GCC unroll 8
+#pragma GCC unroll 8
             for (int a = 0; a < TR; a++) {
                 int64_t h = h0 + a;
                 d[a] = h >= 0 && h < x->h && w >= 0 && w < x->w ? *(const v8u *)(base + h * rs + w * cs) : zero;
@@ -440,11 +440,11 @@ TILE_BODY void input_tile_n(int TR, int TC, wino_tx btr, wino_tx btc, const act 
         }
         btr(d, 1, &t[0][q], 8);
     }
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int a = 0; a < TR; a++) {
         v8 r[8];
         btc(t[a], 1, r, 1);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int q = 0; q < TC; q++) *(v8u *)(v + (size_t)(a * TC + q) * xi_stride) = r[q];
     }
 }
@@ -456,18 +456,18 @@ TILE_BODY void grad_tile_n(int MR, int MC, wino_tx ar, wino_tx ac, const act *y,
     const int TR = MR + 2, TC = MC + 2;
     v8 u[8][6], e[6];
     const v8 zero = {0};
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int b = 0; b < MC; b++) {
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int a = 0; a < MR; a++)
             e[a] = h0 + a < y->h && w0 + b < y->w ? *(const v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) : zero;
         ar(e, 1, &u[0][b], 6);
     }
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < TR; i++) {
         v8 r[8];
         ac(u[i], 1, r, 1);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int q = 0; q < TC; q++) *(v8u *)(z + (size_t)(i * TC + q) * xi_stride) = r[q];
     }
 }
@@ -476,9 +476,9 @@ TILE_BODY void grad_tile_n(int MR, int MC, wino_tx ar, wino_tx ac, const act *y,
 TILE_BODY void tile_at_m(int MR, int MC, wino_tx atr, const float *m, size_t xi_stride, v8 s[6][8]) {
     const int TR = MR + 2, TC = MC + 2;
     v8 c[8];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int q = 0; q < TC; q++) {
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int a = 0; a < TR; a++) c[a] = *(const v8u *)(m + (size_t)(a * TC + q) * xi_stride);
         atr(c, 1, &s[0][q], 8);
     }
@@ -491,10 +491,15 @@ TILE_BODY void output_tile_n(int MR, int MC, wino_tx atr, wino_tx atc, const flo
     tile_at_m(MR, MC, atr, m, xi_stride, s);
     const v8 zero = {0};
     v8 bv = bias ? *(const v8u *)bias : zero;
-        for (int a = 0; a < MR && h0 + a < y->h; a++) {
+    int64_t rows = y->h - h0, cols = y->w - w0;
+#pragma GCC unroll 6
+    for (int a = 0; a < MR; a++) {
+        if (a >= rows) break;
         v8 o[6];
         atc(s[a], 1, o, 1);
-                for (int b = 0; b < MC && w0 + b < y->w; b++) {
+#pragma GCC unroll 6
+        for (int b = 0; b < MC; b++) {
+            if (b >= cols) break;
             v8 r = o[b] + bv;
             if (relu) r = (v8)((v8i)r & (r > zero)); /* NaN -> 0, as oneDNN's ReLU post-op */
             *(v8u *)(base + ((h0 + a) * y->w + w0 + b) * y->b) = r;
