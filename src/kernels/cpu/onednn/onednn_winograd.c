@@ -32,7 +32,6 @@
  * channels); the weight gradient's per-thread sums are added in thread
  * order, so a fixed thread count gives the same bits run to run. */
 #ifdef KILN_WITH_ONEDNN
-#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -488,10 +487,11 @@ static float *thread_buffers(const wino_layout *l, char *ws) {
 /* V for the pc tiles from t0 of `in` (cin channels), rows of a chunk. */
 static void input_chunk(const tile_grid *g, input_fn input, const act *in, int64_t t0, int64_t pc, int64_t cin,
                         int64_t chunk, float *v) {
+    size_t vs = (size_t)plane_floats(chunk, cin);
     for (int64_t p = 0; p < pc; p++) {
         tile_pos tp = tile_at(g, t0 + p);
         for (int64_t c0 = 0; c0 < cin; c0 += 8)
-            input(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, (size_t)plane_floats(chunk, cin));
+            input(in, act_base(in, tp.n, c0), tp.h0 - 1, tp.w0 - 1, v + p * cin + c0, vs);
     }
 }
 
@@ -529,16 +529,15 @@ static void forward_tiles(const kiln_wino_shape *s, const tile_grid *g, int regi
             int64_t tiles = grid_tiles(s, gi), n_chunks = first[i + 1] - first[i], chunk = l->chunk;
             int64_t t0 = tiles * (ci - first[i]) / n_chunks, pc = tiles * (ci - first[i] + 1) / n_chunks - t0;
             if (pc <= 0) continue;
+            size_t vs = (size_t)plane_floats(chunk, cin), ms = (size_t)plane_floats(chunk, cout);
             input_chunk(gi, f.input, in, t0, pc, cin, chunk, v);
             for (int xi = 0; xi < l->planes; xi++)
-                kiln_cpu_gemm_avx2(pc, cout, cin, v + (size_t)xi * plane_floats(chunk, cin), cin, 1,
-                                   ug + (size_t)xi * cin * cout, cout, m + (size_t)xi * plane_floats(chunk, cout), cout,
-                                   false);
+                kiln_cpu_gemm_avx2(pc, cout, cin, v + xi * vs, cin, 1, ug + (size_t)xi * cin * cout, cout, m + xi * ms,
+                                   cout, false);
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(gi, t0 + p);
                 for (int64_t k0 = 0; k0 < cout; k0 += 8) {
                     const float *mk = m + p * cout + k0, *bk = bias ? bias + k0 : NULL;
-                    size_t ms = (size_t)plane_floats(chunk, cout);
                     if (pool) f.pool(mk, ms, bk, pool, tp.n, k0, tp.h0, tp.w0);
                     else f.output(mk, ms, bk, relu, out, act_base(out, tp.n, k0), tp.h0, tp.w0);
                 }
@@ -569,6 +568,7 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, cons
 #endif
         float *v = thread_buffers(all, ws), *z = (float *)((char *)v + all->v), *st = sums + (size_t)tid * stride;
         int64_t lo, hi, chunk = l.chunk;
+        size_t vs = (size_t)plane_floats(chunk, c), zs = (size_t)plane_floats(chunk, k);
         thread_tiles(grid_tiles(s, g), tid, (int)l.threads, &lo, &hi);
         memset(st, 0, (size_t)(l.planes * c * k) * sizeof(float));
         for (int64_t t0 = lo; t0 < hi; t0 += chunk) {
@@ -577,11 +577,10 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, cons
             for (int64_t p = 0; p < pc; p++) {
                 tile_pos tp = tile_at(g, t0 + p);
                 for (int64_t k0 = 0; k0 < k; k0 += 8)
-                    f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, (size_t)plane_floats(chunk, k));
+                    f.grad(gy, act_base(gy, tp.n, k0), tp.h0, tp.w0, z + p * k + k0, zs);
             }
             for (int xi = 0; xi < l.planes; xi++)
-                kiln_cpu_gemm_avx2(c, k, pc, v + (size_t)xi * plane_floats(chunk, c), 1, c,
-                                   z + (size_t)xi * plane_floats(chunk, k), k, st + (size_t)xi * c * k, k, true);
+                kiln_cpu_gemm_avx2(c, k, pc, v + xi * vs, 1, c, z + xi * zs, k, st + (size_t)xi * c * k, k, true);
         }
     }
     /* the sums of the threads that ran, in thread order */

@@ -360,7 +360,7 @@ typedef void (*wino_tx)(const v8 *d, int ds, v8 *o, int os);
  * -> 128 channels), so the TR x TC planes' rows of one (ci, co) fall into
  * one or two sets of the L1 and L2 caches, and with a block at a time each
  * line left the caches between its two halves (the filters' transforms
- * took a third of F(6x6)'s forward at batch 128; docs/performance.md). */
+ * took about a fifth of F(6x6)'s forward at batch 128; docs/performance.md). */
 #define FILTER_BLOCKS(cout, co) ((cout) - (co) >= 16 ? 2 : 1)
 
 /* U[xi][ci][co..co+8*nb-1] = (G_r g G_c^T)[xi] for the filters from ci to
