@@ -509,8 +509,8 @@ static void choose_precisions(cnn_config *cfg, const char *precision, cnn_result
                   : "bf16 skipped on both sides (--precision bf16 or both times the emulation anyway)");
     else if (cfg->precision[CNN_BF16] && !r->kiln_bf16_fast)
         snprintf(r->bf16_reason, sizeof r->bf16_reason,
-                 "the CPU has native bf16, but Kiln's fast CPU kernels are f32-only: Kiln's bf16 takes the "
-                 "reference kernels");
+                 "the CPU has native bf16, but this build's fast CPU kernels run no bf16 conv/matmul (built "
+                 "without oneDNN): Kiln's bf16 takes the reference kernels");
 }
 
 int kiln_bench_cnn(int argc, char **argv) {

@@ -81,8 +81,8 @@ static kiln_dtype choose_auto(kiln_device dev, char *why, size_t size) {
     }
     if (!cpu_fast_bf16()) {
         snprintf(why, size,
-                 "this CPU has native bf16 (%s), but Kiln's fast CPU conv/matmul kernels are f32-only: bf16 would run "
-                 "on the reference kernels, several times slower (docs/training.md)",
+                 "this CPU has native bf16 (%s), but this build's fast CPU kernels run no bf16 conv/matmul (built "
+                 "without oneDNN): bf16 would run on the reference kernels, several times slower (docs/training.md)",
                  which);
         return KILN_F32;
     }

@@ -1,5 +1,5 @@
-/* The plain-C fast CPU kernel table (kernels/cpu/fast/): f32 kernels on
- * contiguous tensors that need no library, consulted after the oneDNN
+/* The plain-C fast CPU kernel table (kernels/cpu/fast/): f32 kernels (and
+ * bf16 pooling for autocast) on contiguous tensors that need no library, consulted after the oneDNN
  * table and before the reference kernels. Built in every configuration.
  * Pooling, ReLU, addition and the bias-gradient sum also take oneDNN's nChw16c
  * layout (blocked_fast.c): the entries below pick the kernel by the
@@ -10,6 +10,7 @@
 #include "ops/cpu_tables.h"
 
 #define F32 KILN_DT(KILN_F32)
+#define BF16 KILN_DT(KILN_BF16)
 
 static bool blocked_in(const kiln_op_args *a, int i) { return kiln_layout_block(a->in[i].layout) != 0; }
 
@@ -27,7 +28,24 @@ static bool max_pool2d_backward_supports(const kiln_op_args *a) {
     return !blocked_in(a, 0) && kiln_fast_max_pool2d_backward_supports(a);
 }
 static kiln_status relu_max_pool2d(const kiln_op_args *a) {
+    if (a->in[0].dtype == KILN_BF16) return kiln_bf16_relu_max_pool2d(a);
     return blocked_in(a, 0) ? kiln_blocked_relu_max_pool2d(a) : kiln_fast_relu_max_pool2d(a);
+}
+static bool relu_max_pool2d_supports(const kiln_op_args *a) {
+    return a->in[0].dtype == KILN_BF16 ? kiln_bf16_relu_max_pool2d_supports(a) : max_pool2d_supports(a);
+}
+/* relu_max_pool2d_backward_sum: f32 on either layout, bf16 plain */
+static bool bf16_out(const kiln_op_args *a) { return a->out[0].dtype == KILN_BF16; }
+static kiln_status relu_max_pool2d_backward_sum(const kiln_op_args *a) {
+    return bf16_out(a) ? kiln_bf16_relu_max_pool2d_backward_sum(a) : kiln_fast_relu_max_pool2d_backward_sum(a);
+}
+static bool relu_max_pool2d_backward_sum_supports(const kiln_op_args *a) {
+    return bf16_out(a) ? kiln_bf16_relu_max_pool2d_backward_sum_supports(a)
+                       : kiln_fast_relu_max_pool2d_backward_sum_supports(a);
+}
+static size_t relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a) {
+    return bf16_out(a) ? kiln_bf16_relu_max_pool2d_backward_sum_workspace(a)
+                       : kiln_fast_relu_max_pool2d_backward_sum_workspace(a);
 }
 static kiln_status relu_max_pool2d_backward(const kiln_op_args *a) {
     return blocked_in(a, 2) ? kiln_blocked_relu_max_pool2d_backward(a) : kiln_fast_relu_max_pool2d_backward(a);
@@ -51,13 +69,13 @@ static void build_fast_c_table(void) {
     fast_c_table[KILN_OP_MAX_POOL2D_BACKWARD] = (kiln_op_kernel){
         max_pool2d_backward, NULL, F32, max_pool2d_backward_supports, kiln_blocked_pool_backward_layout};
     fast_c_table[KILN_OP_RELU_MAX_POOL2D] =
-        (kiln_op_kernel){relu_max_pool2d, NULL, F32, max_pool2d_supports, kiln_blocked_same_as_input};
+        (kiln_op_kernel){relu_max_pool2d, NULL, F32 | BF16, relu_max_pool2d_supports, kiln_blocked_same_as_input};
     fast_c_table[KILN_OP_RELU_MAX_POOL2D_BACKWARD] =
         (kiln_op_kernel){relu_max_pool2d_backward, NULL, F32, relu_max_pool2d_backward_supports,
                          kiln_blocked_relu_pool_backward_layout};
     fast_c_table[KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM] =
-        (kiln_op_kernel){kiln_fast_relu_max_pool2d_backward_sum, kiln_fast_relu_max_pool2d_backward_sum_workspace, F32,
-                         kiln_fast_relu_max_pool2d_backward_sum_supports, kiln_fast_relu_max_pool2d_backward_sum_layout};
+        (kiln_op_kernel){relu_max_pool2d_backward_sum, relu_max_pool2d_backward_sum_workspace, F32 | BF16,
+                         relu_max_pool2d_backward_sum_supports, kiln_fast_relu_max_pool2d_backward_sum_layout};
     fast_c_table[KILN_OP_BATCH_NORM] = (kiln_op_kernel){kiln_fast_batch_norm, NULL, F32, kiln_fast_batch_norm_supports,
                                                         kiln_fast_bn_layout};
     fast_c_table[KILN_OP_BATCH_NORM_BACKWARD] =

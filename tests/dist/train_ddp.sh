@@ -42,7 +42,8 @@ steps() { grep '"event":"step"' "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\),
 field() { grep "\"event\":\"$1\"" "$2" | tail -n 1 | sed "s/.*\"$3\":\([^,}]*\).*/\1/"; }
 # --device cpu: DDP runs on the CPU, and so must the one process it is held
 # to (the emulation build's default device is an emulated GPU).
-args="--limit 256 --epochs 1 --log-every 1 --deterministic --workers 0 --threads 1 --device cpu"
+# --amp off: the losses are compared at f32's tolerance (auto picks bf16 on a CPU with native bf16).
+args="--limit 256 --epochs 1 --log-every 1 --deterministic --workers 0 --threads 1 --device cpu --amp off"
 np2() { timeout -k 5 120 $mpirun -np 2 "$kiln" train "$@"; }
 
 # 1, 2. One process against two ranks, the same global batch.

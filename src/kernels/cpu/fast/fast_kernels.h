@@ -49,6 +49,16 @@ size_t kiln_fast_relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a);
 void kiln_fast_relu_max_pool2d_backward_sum_layout(const kiln_op_args *a, kiln_layout *out);
 void kiln_fast_add_planes(const double *part, int64_t n, int64_t c_count, const kiln_strided *sums);
 bool kiln_fast_relu_max_pool2d_backward_supports(const kiln_op_args *a);
+/* relu_max_pool2d and relu_max_pool2d_backward_sum for bf16 on contiguous
+ * NCHW, windows of kernel = stride without padding (pool_bf16.c): the
+ * reference kernels' bits; the backward's workspace is a double per plane. */
+bool kiln_bf16_relu_max_pool2d_supports(const kiln_op_args *a);
+kiln_status kiln_bf16_relu_max_pool2d(const kiln_op_args *a);
+bool kiln_bf16_relu_max_pool2d_backward_sum_supports(const kiln_op_args *a);
+size_t kiln_bf16_relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a);
+kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a);
+/* For tests: 0 keeps those kernels on their portable rows (no AVX-512), 1 (the default) lets them use them. */
+void kiln_bf16_pool_test_rows(int on);
 
 kiln_status kiln_fast_relu(const kiln_op_args *a);
 bool kiln_fast_relu_supports(const kiln_op_args *a);

@@ -56,11 +56,16 @@ static bool conv_key(kiln_onednn_kind kind, const kiln_strided *x, const kiln_st
                      const kiln_strided *y, const kiln_strided *bias, const kiln_op_attrs *attrs,
                      kiln_onednn_key *key) {
     if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4) return false;
-    if (x->dtype != KILN_F32 || w->dtype != KILN_F32 || y->dtype != KILN_F32) return false;
+    /* all f32, or all bf16 (autocast's convolutions: oneDNN's bf16 kernels, AMX or AVX512-BF16
+     * where the CPU has them, declined where oneDNN has none) */
+    kiln_dtype dt = x->dtype;
+    if ((dt != KILN_F32 && dt != KILN_BF16) || w->dtype != dt || y->dtype != dt) return false;
     if (!kiln_onednn_is_contiguous(x) || !kiln_onednn_is_contiguous(w) || !kiln_onednn_is_contiguous(y))
         return false;
-    if (bias && (bias->ndim != 1 || bias->dtype != KILN_F32 || !kiln_onednn_is_contiguous(bias)))
+    if (bias && (bias->ndim != 1 || bias->dtype != dt || !kiln_onednn_is_contiguous(bias)))
         return false;
+    /* bf16 activations stay plain NCHW: the blocked layouts are f32-only here */
+    if (dt == KILN_BF16 && (x->layout != KILN_LAYOUT_STRIDED || y->layout != KILN_LAYOUT_STRIDED)) return false;
     /* The weights and bias are always strided; blocked activations (nChw16c,
      * nChw8c) have a channel count divisible by the block (the tensor layer
      * guarantees it). */
@@ -85,6 +90,7 @@ static bool conv_key(kiln_onednn_kind kind, const kiln_strided *x, const kiln_st
     v[K_SH] = g.stride[0], v[K_SW] = g.stride[1], v[K_PH] = g.padding[0], v[K_PW] = g.padding[1];
     v[K_DH] = g.dilation[0], v[K_DW] = g.dilation[1], v[K_G] = g.groups, v[K_BIAS] = bias != NULL;
     v[K_LX] = kiln_layout_block(x->layout), v[K_LY] = kiln_layout_block(y->layout);
+    v[K_DT] = dt == KILN_BF16;
     return y->shape[0] == x->shape[0] && y->shape[1] == w->shape[0];
 }
 
@@ -127,6 +133,7 @@ static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key 
                          (int)v[K_LY], m, kind != KILN_ONEDNN_CONV_FWD ? (int)v[K_POOL] : 0};
     if (!kiln_wino_cpu_ok())
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "Winograd: the CPU has no AVX2 and FMA");
+    if (v[K_DT]) return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL, "Winograd: f32 only");
     if (!wino_geometry(v) || !kiln_wino_shape_ok(&s))
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL,
                           "Winograd: only 3x3 stride-1 padding-1 convolutions with channels divisible by 8");
@@ -145,7 +152,7 @@ static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key 
 static bool smallc_shape(kiln_onednn_kind kind, const int64_t *v, kiln_smallc_shape *s) {
     *s = (kiln_smallc_shape){v[K_N], v[K_C], v[K_H], v[K_W], v[K_O], v[K_OH], v[K_OW],
                              (int)v[K_SH], (int)v[K_SW], (int)v[K_PH], (int)v[K_PW], (int)v[K_LY]};
-    return kind != KILN_ONEDNN_CONV_BWD_DATA && v[K_KH] == 3 && v[K_KW] == 3 && v[K_DH] == 1 && v[K_DW] == 1 &&
+    return kind != KILN_ONEDNN_CONV_BWD_DATA && !v[K_DT] && v[K_KH] == 3 && v[K_KW] == 3 && v[K_DH] == 1 && v[K_DW] == 1 &&
            v[K_G] == 1 && v[K_LX] == 0 && kiln_cpu_gemm_avx2_ok() && kiln_smallc_shape_ok(s);
 }
 
@@ -301,7 +308,7 @@ static int64_t pooled_call(const conv_call *c) {
  * default (the tuner can still pick these). */
 static int wino_default(const conv_call *c) {
     const int64_t *v = c->key.v;
-    if (!kiln_cpu_avx2_kernels_default() || !wino_geometry(v) || v[K_C] % 8 || v[K_O] % 8) return 0;
+    if (!kiln_cpu_avx2_kernels_default() || v[K_DT] || !wino_geometry(v) || v[K_C] % 8 || v[K_O] % 8) return 0;
     int64_t tiles = v[K_N] * ((v[K_H] + 1) / 2) * ((v[K_W] + 1) / 2);
     if (c->kind == KILN_ONEDNN_CONV_BWD_WEIGHTS && tiles * 256 < v[K_C] * v[K_O]) return 0;
     int alg = v[K_N] * ((v[K_H] + 3) / 4) * ((v[K_W] + 3) / 4) >= 16 ? ALG_WINO4 : ALG_WINO2;
@@ -414,9 +421,9 @@ static kiln_autotune_conv tune_config(const conv_call *c) {
         .pass = c->kind == KILN_ONEDNN_CONV_FWD        ? KILN_AUTOTUNE_CONV_FWD
                 : c->kind == KILN_ONEDNN_CONV_BWD_DATA ? KILN_AUTOTUNE_CONV_BWD_DATA
                                                        : KILN_AUTOTUNE_CONV_BWD_WEIGHT,
-        .x_dtype = KILN_F32,
-        .w_dtype = KILN_F32,
-        .y_dtype = KILN_F32,
+        .x_dtype = v[K_DT] ? KILN_BF16 : KILN_F32,
+        .w_dtype = v[K_DT] ? KILN_BF16 : KILN_F32,
+        .y_dtype = v[K_DT] ? KILN_BF16 : KILN_F32,
         .x = {v[K_N], v[K_C], v[K_H], v[K_W]},
         .w = {v[K_O], v[K_C] / v[K_G], v[K_KH], v[K_KW]},
         .y = {v[K_N], v[K_O], v[K_OH], v[K_OW]},
@@ -427,7 +434,7 @@ static kiln_autotune_conv tune_config(const conv_call *c) {
         .bias = v[K_BIAS] != 0,
         .layout = layout_names[v[K_LX] == 16 ? 1 : v[K_LX] == 8 ? 2 : 0][v[K_LY] == 16 ? 1 : v[K_LY] == 8 ? 2 : 0],
         /* a pass tiled for a pooling has its own choice (wino_default) */
-        .math = pooled_call(c) ? "f32-pooled" : "f32",
+        .math = v[K_DT] ? "bf16" : pooled_call(c) ? "f32-pooled" : "f32",
     };
     return cfg;
 }
@@ -542,6 +549,9 @@ static uint64_t md_hash(const dnnl_memory_desc_t *md) {
 
 static void conv_prepare_weights(kiln_onednn_kind kind, const kiln_op_args *a, kiln_op_prepare *p) {
     p->input = -1;
+    /* bf16 weights are autocast's casts, new every step: a prepared copy would be refilled as often as
+     * the reorder runs, and a traced step could not keep it (kiln_trace) */
+    if (a->in[1].dtype == KILN_BF16) return;
     conv_plan plan;
     bool ok;
     if (kind == KILN_ONEDNN_CONV_BWD_WEIGHTS || conv_prepare(kind, a, &plan, &ok) != KILN_OK || !ok) {
@@ -628,7 +638,7 @@ static bool conv_supports(kiln_onednn_kind kind, const kiln_op_args *a) {
  * strided (OIHW). */
 static void conv_out_layout(kiln_onednn_kind kind, const kiln_op_args *a, kiln_layout *out) {
     out[0] = KILN_LAYOUT_STRIDED;
-    if (kind == KILN_ONEDNN_CONV_BWD_WEIGHTS || !kiln_cpu_layouts()) return;
+    if (kind == KILN_ONEDNN_CONV_BWD_WEIGHTS || !kiln_cpu_layouts() || a->out[0].dtype != KILN_F32) return;
     const kiln_strided *y = &a->out[0];
     if (y->ndim != 4 || y->shape[1] % 8) return;
     conv_plan plan;

@@ -31,6 +31,7 @@ enum {
     K_LY,          /* y's layout */
     K_RELU,        /* forward: ReLU fused as a post-op (conv2d_relu) */
     K_POOL,        /* gradients: the pooling window whose backward made grad_out (kiln_wino_shape.pool) */
+    K_DT,          /* the tensors' dtype: 0 f32, 1 bf16 (oneDNN's "direct" and "direct_plain" only) */
     K_COUNT
 };
 
@@ -45,6 +46,9 @@ typedef enum conv_alg {
     ALG_WINO46,
     ALG_COUNT
 } conv_alg;
+
+/* oneDNN's data type of the key's tensors (v[K_DT]). */
+static inline dnnl_data_type_t kiln_onednn_conv_dt(const int64_t *v) { return v[K_DT] ? dnnl_bf16 : dnnl_f32; }
 
 /* oneDNN's convolution of the key's pass (key->kind), v[K_ALG] its
  * algorithm; the caller owns *pd. Does not block. */

@@ -53,12 +53,29 @@ static void call_of(const kiln_op_args *a, fused_call *c) {
 }
 
 static bool pool_supports(const kiln_op_args *pool) {
+    if (pool->in[0].dtype == KILN_BF16) return kiln_bf16_relu_max_pool2d_supports(pool);
     return kiln_layout_block(pool->in[0].layout) ? kiln_blocked_max_pool2d_supports(pool)
                                                  : kiln_fast_max_pool2d_supports(pool);
 }
 
 static kiln_status pool_run(const kiln_op_args *pool) {
+    if (pool->in[0].dtype == KILN_BF16) return kiln_bf16_relu_max_pool2d(pool);
     return kiln_layout_block(pool->in[0].layout) ? kiln_blocked_relu_max_pool2d(pool) : kiln_fast_relu_max_pool2d(pool);
+}
+
+/* The pooling's backward with its sums: f32 on either layout, bf16 plain. */
+static bool wpool_bf16(const kiln_op_args *pool) { return pool->out[0].dtype == KILN_BF16; }
+static bool wpool_supports(const kiln_op_args *pool) {
+    return wpool_bf16(pool) ? kiln_bf16_relu_max_pool2d_backward_sum_supports(pool)
+                            : kiln_fast_relu_max_pool2d_backward_sum_supports(pool);
+}
+static size_t wpool_workspace(const kiln_op_args *pool) {
+    return wpool_bf16(pool) ? kiln_bf16_relu_max_pool2d_backward_sum_workspace(pool)
+                            : kiln_fast_relu_max_pool2d_backward_sum_workspace(pool);
+}
+static kiln_status wpool_run(const kiln_op_args *pool) {
+    return wpool_bf16(pool) ? kiln_bf16_relu_max_pool2d_backward_sum(pool)
+                            : kiln_fast_relu_max_pool2d_backward_sum(pool);
 }
 
 bool kiln_onednn_conv2d_relu_max_pool2d_supports(const kiln_op_args *a) {
@@ -162,12 +179,13 @@ static void wgrad_call_of(const kiln_op_args *a, wgrad_call *c) {
 }
 
 bool kiln_onednn_conv2d_relu_max_pool2d_grad_weight_supports(const kiln_op_args *a) {
-    if (a->out[0].dtype != KILN_F32 || a->out[1].dtype != KILN_F32) return false;
+    kiln_dtype dt = a->out[0].dtype;
+    if ((dt != KILN_F32 && dt != KILN_BF16) || a->out[1].dtype != dt) return false;
     kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     wgrad_call c;
     wgrad_call_of(a, &c);
     bool ok = kiln_onednn_conv2d_grad_weight_supports(&c.s.wgrad) &&
-              (c.pooled || kiln_fast_relu_max_pool2d_backward_sum_supports(&c.s.pool));
+              (c.pooled || wpool_supports(&c.s.pool));
     kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return ok;
 }
@@ -185,7 +203,7 @@ size_t kiln_onednn_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_ar
     kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     size_t part = kiln_conv_pool_align(part_bytes(a));
     if (c.pooled) return part + conv;
-    size_t pool = kiln_fast_relu_max_pool2d_backward_sum_workspace(&c.s.pool);
+    size_t pool = wpool_workspace(&c.s.pool);
     return kiln_conv_pool_wgrad_g_bytes(a) + (pool > conv ? pool : conv);
 }
 
@@ -202,7 +220,7 @@ kiln_status kiln_onednn_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a
         if (st == KILN_OK) kiln_fast_add_planes(part, a->in[3].shape[0], a->attrs->ints[0], &a->out[1]);
         return st;
     }
-    st = kiln_fast_relu_max_pool2d_backward_sum(&c.s.pool);
+    st = wpool_run(&c.s.pool);
     if (st == KILN_OK) st = kiln_onednn_conv2d_grad_weight(&c.s.wgrad);
     kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return st;

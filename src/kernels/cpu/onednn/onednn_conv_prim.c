@@ -24,20 +24,21 @@ static kiln_status conv_mds_of_user(const int64_t *v, bool any_layout, bool user
         if (v[K_LX]) src_tag = v[K_LX] == 8 ? dnnl_nChw8c : dnnl_nChw16c;
         if (v[K_LY]) dst_tag = v[K_LY] == 8 ? dnnl_nChw8c : dnnl_nChw16c;
     }
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->src, 4, src, dnnl_f32, src_tag));
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->dst, 4, dst, dnnl_f32, dst_tag));
+    dnnl_data_type_t dt = kiln_onednn_conv_dt(v);
+    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->src, 4, src, dt, src_tag));
+    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->dst, 4, dst, dt, dst_tag));
     int64_t G = v[K_G];
     if (G > 1) {
         dnnl_dims_t wei = {G, v[K_O] / G, v[K_C] / G, v[K_KH], v[K_KW]};
-        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 5, wei, dnnl_f32,
+        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 5, wei, dt,
                                                      any_layout ? dnnl_format_tag_any : dnnl_goihw));
     } else {
         dnnl_dims_t wei = {v[K_O], v[K_C], v[K_KH], v[K_KW]};
-        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 4, wei, dnnl_f32,
+        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->wei, 4, wei, dt,
                                                      any_layout ? dnnl_format_tag_any : dnnl_oihw));
     }
     dnnl_dims_t bias = {v[K_O]};
-    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->bias, 1, bias, dnnl_f32, dnnl_a));
+    KILN_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&m->bias, 1, bias, dt, dnnl_a));
     /* oneDNN counts dilation from 0; PyTorch pads symmetrically and floors
      * the output size, which oneDNN's consistency check accepts with
      * pad_r = pad_l. */

@@ -17,8 +17,9 @@ typedef struct mm_operand {
     int64_t dims[3], strides[3];
 } mm_operand;
 
-/* Key layout: ndims, then dims and strides of src, weights, dst, then bias. */
-enum { K_NDIMS = 0, K_OPS = 1, K_BIAS = K_OPS + 18 };
+/* Key layout: ndims, then dims and strides of src, weights, dst, then bias
+ * and the dtype (0 f32, 1 bf16). */
+enum { K_NDIMS = 0, K_OPS = 1, K_BIAS = K_OPS + 18, K_DT };
 
 /* Strides of size-1 dims carry no information: choose ones that keep the
  * matrix plain, then check it is row- or column-major. */
@@ -66,8 +67,18 @@ static bool all_f32(const kiln_op_args *a) {
     return true;
 }
 
+/* All bf16 (autocast's products: oneDNN's bf16 kernels, AMX or AVX512-BF16
+ * where the CPU has them; declined where oneDNN has none). */
+static bool all_bf16(const kiln_op_args *a) {
+    if (a->out[0].dtype != KILN_BF16) return false;
+    for (int i = 0; i < a->n_in; i++)
+        if (a->in[i].ndim >= 0 && a->in[i].dtype != KILN_BF16) return false;
+    return true;
+}
+
 static bool mm_key(mm_kind kind, const kiln_op_args *a, kiln_onednn_key *key) {
-    if (!all_f32(a)) return false;
+    bool bf16 = all_bf16(a);
+    if (!bf16 && !all_f32(a)) return false;
     mm_operand o[3];
     memset(o, 0, sizeof o);
     const kiln_strided *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
@@ -104,23 +115,25 @@ static bool mm_key(mm_kind kind, const kiln_op_args *a, kiln_onednn_key *key) {
         memcpy(&key->v[K_OPS + 6 * i + 3], o[i].strides, sizeof o[i].strides);
     }
     key->v[K_BIAS] = bias;
+    key->v[K_DT] = bf16;
     return true;
 }
 
 static kiln_status build_matmul(const kiln_onednn_key *key, const_dnnl_primitive_attr_t attr,
                                 dnnl_engine_t engine, dnnl_primitive_desc_t *pd) {
     int nd = (int)key->v[K_NDIMS];
+    dnnl_data_type_t dt = key->v[K_DT] ? dnnl_bf16 : dnnl_f32;
     dnnl_memory_desc_t md[3], bias;
     for (int i = 0; i < 3; i++) {
         dnnl_dims_t dims, strides;
         memcpy(dims, &key->v[K_OPS + 6 * i], sizeof(int64_t) * 3);
         memcpy(strides, &key->v[K_OPS + 6 * i + 3], sizeof(int64_t) * 3);
-        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md[i], nd, dims, dnnl_f32, strides));
+        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&md[i], nd, dims, dt, strides));
     }
     if (key->v[K_BIAS]) { /* (1, N), broadcast over the rows */
         int64_t n = md[2].dims[nd - 1];
         dnnl_dims_t dims = {1, n}, strides = {n, 1};
-        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bias, 2, dims, dnnl_f32, strides));
+        KILN_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bias, 2, dims, dt, strides));
     }
     dnnl_matmul_desc_t d;
     KILN_DNNL_CHECK(dnnl_matmul_desc_init(&d, &md[0], &md[1], key->v[K_BIAS] ? &bias : NULL, &md[2]));
@@ -207,8 +220,10 @@ bool kiln_onednn_linear_supports(const kiln_op_args *a) { return mm_supports(MM_
 
 static bool linear_act_view(const kiln_op_args *a, void *x2d, kiln_op_args *b) {
     const kiln_strided *x = &a->in[0];
-    if (x->ndim < 2 || x->dtype != KILN_F32 || (a->attrs->flag != 0 && a->attrs->flag != 1)) return false;
+    if (x->ndim < 2 || (x->dtype != KILN_F32 && x->dtype != KILN_BF16) || (a->attrs->flag != 0 && a->attrs->flag != 1))
+        return false;
     bool blocked = kiln_layout_block(x->layout) != 0;
+    if (blocked && x->dtype != KILN_F32) return false;
     if (!blocked && (x->layout != KILN_LAYOUT_STRIDED || !kiln_onednn_is_contiguous(x))) return false;
     int64_t k = 1;
     for (int i = 1; i < x->ndim; i++) k *= x->shape[i];
@@ -230,8 +245,14 @@ static size_t x_bytes(const kiln_op_args *a) {
 
 static void linear_act_relu(const kiln_op_args *a) {
     if (a->attrs->flag != 1) return;
-    float *y = a->out[0].data;
     int64_t n = a->out[0].shape[0] * a->out[0].shape[1];
+    if (a->out[0].dtype == KILN_BF16) { /* the sign bit set and not a NaN: max(y, 0) is +0 */
+        uint16_t *y = a->out[0].data;
+        for (int64_t i = 0; i < n; i++)
+            if ((y[i] & 0x8000u) && (y[i] & 0x7fffu) <= 0x7f80u) y[i] = 0;
+        return;
+    }
+    float *y = a->out[0].data;
     for (int64_t i = 0; i < n; i++) y[i] = y[i] > 0.0f || y[i] != y[i] ? y[i] : 0.0f;
 }
 
