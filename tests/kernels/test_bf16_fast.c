@@ -16,7 +16,9 @@
  * linear with their gradients, each against the float64 reference kernels run
  * on the same bf16 values, element by element within 2^-7 of the sum of the
  * magnitudes of the terms (bf16 rounds each result to 8 bits; the bound is
- * the same computation on |x|, |w| in float64). Checks the fast kernels ran.
+ * the same computation on |x|, |w| in float64); and the fused op, which pools
+ * the convolution's NHWC output itself, against conv2d then relu_max_pool2d
+ * bit for bit, on AVX-512 and portable rows. Checks the fast kernels ran.
  * Skips part 2 with a message where oneDNN has no bf16 kernels (a CPU
  * without AVX-512); fails if it has none on a CPU with avx512_bf16 or AMX. */
 #include <math.h>
@@ -239,12 +241,29 @@ static void conv_pool_case(const char *name, int64_t N, int64_t C, int64_t H, in
     CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > fwd, "%s: the fused bf16 kernel did not run", name);
     kiln_tensor *r = bf16_randn(kiln_shape_of(y), false);
     backward_of(y, r);
-    kiln_tensor *x64 = as_f64(x, false, false), *w64 = as_f64(w, false, false), *b64 = as_f64(b, false, false);
     kiln_pool2d_opts p = kiln_pool2d_defaults(2);
+    kiln_tensor *x64 = as_f64(x, false, false), *w64 = as_f64(w, false, false), *b64 = as_f64(b, false, false);
     kiln_tensor *c64 = kiln_conv2d(x64, w64, b64, &o), *y64 = kiln_relu_max_pool2d(c64, &p, NULL);
     kiln_tensor *xa = as_f64(x, false, true), *wa = as_f64(w, false, true), *ba = as_f64(b, false, true);
     kiln_tensor *ca = kiln_conv2d(xa, wa, ba, &o), *ya = kiln_max_pool2d(ca, &p, NULL);
     within(name, "y", y, y64, ya);
+    /* against the two ops on the same kernels (the same convolution, reordered to NCHW, then the bf16
+     * pooling): the fused op pools the convolution's NHWC output itself, on its AVX-512 rows and on the
+     * portable ones, with the same values and indices bit for bit */
+    kiln_tensor *ix2 = NULL, *c2 = kiln_conv2d(x, w, b, &o), *y2 = kiln_relu_max_pool2d(c2, &p, &ix2);
+    for (int rows = 1; rows >= 0; rows--) {
+        kiln_bf16_pool_test_rows(rows);
+        kiln_tensor *ix1 = NULL, *y1 = kiln_conv2d_relu_max_pool2d(x, w, b, &o, 2, &ix1);
+        kiln_bf16_pool_test_rows(1);
+        int64_t n1, n2;
+        double *a1 = host_f64(y1, &n1), *a2 = host_f64(y2, &n2), *i1 = host_f64(ix1, &n1), *i2 = host_f64(ix2, &n2);
+        int64_t diff = 0;
+        for (int64_t i = 0; i < n1 && n1 == n2; i++)
+            diff += !(a1[i] == a2[i] || (isnan(a1[i]) && isnan(a2[i]))) || i1[i] != i2[i];
+        CHECK_MSG(n1 == n2 && diff == 0, "%s (%s rows): %lld values or indices differ from conv2d then relu_max_pool2d",
+                  name, rows ? "vector" : "portable", (long long)diff);
+        free(a1), free(a2), free(i1), free(i2);
+    }
     /* the gradients ran through the fused backward's kernels and are finite */
     int64_t n;
     double *g = host_f64(kiln_grad(w), &n);

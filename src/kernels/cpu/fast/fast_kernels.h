@@ -57,6 +57,12 @@ kiln_status kiln_bf16_relu_max_pool2d(const kiln_op_args *a);
 bool kiln_bf16_relu_max_pool2d_backward_sum_supports(const kiln_op_args *a);
 size_t kiln_bf16_relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a);
 kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a);
+/* relu_max_pool2d of an NHWC (N, H, W, C) bf16 x into NCHW y (N, C, OH, OW)
+ * and its int64 indices, k x k windows at stride k without padding: the
+ * reference kernel's values and indices on the NCHW form of x. Blocks the
+ * host; the caller owns every buffer. */
+kiln_status kiln_bf16_relu_max_pool2d_from_nhwc(const uint16_t *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                                                int64_t k, uint16_t *y, int64_t *ix, int64_t OH, int64_t OW);
 /* For tests: 0 keeps those kernels on their portable rows (no AVX-512), 1 (the default) lets them use them. */
 void kiln_bf16_pool_test_rows(int on);
 

@@ -432,3 +432,134 @@ kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
     }
     return KILN_OK;
 }
+
+/* ---- relu_max_pool2d from an NHWC input ----------------------------------------------- */
+
+/* 16 channels of 16 windows at a time (flat output positions within a
+ * plane), transposed in registers and written as NCHW runs of 16. */
+
+/* The window (oh, ow) of image n for channels c .. c + cn - 1, portably. */
+static void nhwc_window(const uint16_t *xn, int64_t C, int64_t W, int64_t k, int64_t oh, int64_t ow, int64_t c,
+                        int cn, uint16_t *yv, int64_t *iv) {
+    for (int l = 0; l < cn; l++) {
+        float best = -__builtin_inff();
+        int64_t best_i = oh * k * W + ow * k;
+        uint16_t b = 0;
+        for (int64_t h = oh * k; h < oh * k + k; h++)
+            for (int64_t w = ow * k; w < ow * k + k; w++) {
+                uint16_t u = xn[(h * W + w) * C + c + l];
+                float v = widen(u);
+                if (!(v > 0.0f || is_nan(v))) v = 0.0f, u = 0;
+                if (v > best || is_nan(v)) best = v, best_i = h * W + w, b = u;
+            }
+        yv[l] = b, iv[l] = best_i;
+    }
+}
+
+#ifdef KILN_POOL_AVX512
+/* r[i] lane j -> r[j] lane i, 32-bit lanes. */
+AVX512 static void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4q + k] holds rows 4q..4q+3's column k, 4q'+k for each 128-bit block q' */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);      /* blocks 0, 2 of each */
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);  /* blocks 1, 3 */
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
+/* 16 flat outputs o0 .. o0 + 15 of image n's planes (o = oh OW + ow) for
+ * 16 channels from c: each window's 16 channels as one vector with
+ * plane_2x2's steps, then transposed to 16 outputs per channel. */
+AVX512 static void nhwc_block_2x2_avx512(const uint16_t *xn, int64_t C, int64_t W, int64_t OW, int64_t o0, int64_t c,
+                                         uint16_t *y, int64_t *ix, int64_t plane) {
+    __m512i bits[16], code[16];
+    int at[16];
+    const int offs[3] = {1, (int)W, (int)W + 1};
+    for (int j = 0; j < 16; j++) {
+        const int64_t oh = (o0 + j) / OW, ow = (o0 + j) % OW;
+        at[j] = (int)(2 * oh * W + 2 * ow);
+        const uint16_t *p = xn + (int64_t)at[j] * C + c;
+        const uint16_t *q[4] = {p, p + C, p + W * C, p + W * C + C};
+        __m512 best = relu16(_mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[0])), 16)));
+        __m512i off = _mm512_setzero_si512();
+        for (int k = 1; k < 4; k++) {
+            __m512 v = relu16(_mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[k])), 16)));
+            __mmask16 take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            best = _mm512_mask_mov_ps(best, take, v);
+            off = _mm512_mask_mov_epi32(off, take, _mm512_set1_epi32(offs[k - 1]));
+        }
+        bits[j] = _mm512_srli_epi32(_mm512_castps_si512(best), 16);
+        code[j] = off;
+    }
+    transpose16(bits);
+    transpose16(code);
+    const __m512i base = _mm512_loadu_si512(at);
+    for (int l = 0; l < 16; l++) {
+        uint16_t *yc = y + (c + l) * plane + o0;
+        int64_t *ic = ix + (c + l) * plane + o0;
+        _mm256_storeu_si256((__m256i *)yc, _mm512_cvtepi32_epi16(bits[l]));
+        __m512i i32 = _mm512_add_epi32(code[l], base);
+        _mm512_storeu_si512(ic, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(i32)));
+        _mm512_storeu_si512(ic + 8, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(i32, 1)));
+    }
+}
+#endif
+
+kiln_status kiln_bf16_relu_max_pool2d_from_nhwc(const uint16_t *x, int64_t N, int64_t C, int64_t H, int64_t W,
+                                                int64_t k, uint16_t *y, int64_t *ix, int64_t OH, int64_t OW) {
+    if (k < 1 || OH * k > H || OW * k > W)
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "relu_max_pool2d from NHWC: %lldx%lld windows of %lld over %lldx%lld",
+                          (long long)OH, (long long)OW, (long long)k, (long long)H, (long long)W);
+#ifdef KILN_POOL_AVX512
+    const bool fast = k == 2 && C % 16 == 0 && H * W < (1 << 28) && avx512_ok() && pool_rows_allowed();
+#endif
+    const int64_t plane = OH * OW, blocks = plane / 16;
+#ifdef _OPENMP
+#pragma omp parallel for collapse(2) schedule(static) if (N * C * plane > 4096)
+#endif
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t b = 0; b <= blocks; b++) { /* 16 flat outputs each, the last the rest */
+            const uint16_t *xn = x + n * H * W * C;
+            const int64_t o0 = b * 16, on = b < blocks ? 16 : plane - o0;
+            if (on == 0) continue;
+            for (int64_t c = 0; c < C; c += 16) {
+                const int cn = C - c < 16 ? (int)(C - c) : 16;
+#ifdef KILN_POOL_AVX512
+                if (fast && on == 16) {
+                    nhwc_block_2x2_avx512(xn, C, W, OW, o0, c, y + n * C * plane, ix + n * C * plane, plane);
+                    continue;
+                }
+#endif
+                for (int64_t o = o0; o < o0 + on; o++) {
+                    uint16_t yv[16];
+                    int64_t iv[16];
+                    nhwc_window(xn, C, W, k, o / OW, o % OW, c, cn, yv, iv);
+                    for (int l = 0; l < cn; l++) {
+                        y[(n * C + c + l) * plane + o] = yv[l];
+                        ix[(n * C + c + l) * plane + o] = iv[l];
+                    }
+                }
+            }
+        }
+    return KILN_OK;
+}

@@ -112,6 +112,7 @@ typedef struct conv_plan {
     kiln_smallc_pass sc_pass;
     kiln_smallc_shape sc_shape;
     bool relu;
+    int64_t conv_key_v[K_COUNT]; /* the key's values (oneDNN plans) */
     kiln_onednn_prim *conv;
     kiln_onednn_prim *reorder[3];
     size_t offset[3];
@@ -174,6 +175,7 @@ static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key,
         return KILN_OK;
     }
     KILN_TRY(kiln_onednn_get(key, kiln_onednn_conv_build, n_args, kiln_onednn_conv_args(kind), &plan->conv));
+    memcpy(plan->conv_key_v, key->v, sizeof plan->conv_key_v);
     size_t at = align_up(plan->conv->scratch_bytes), reorder_scratch = 0;
     for (int pos = 0; pos < 3; pos++) {
         dnnl_memory_desc_t plain;
@@ -211,6 +213,13 @@ static _Thread_local struct {
 /* data[pos]: the op's buffers (position 3: the forward bias, or NULL).
  * weights: the weights already in the convolution's layout (the
  * dispatcher's prepared copy), or NULL to reorder them here. */
+/* kiln_onednn_conv2d_nhwc: the forward's output is left in the plan's own
+ * layout in the workspace (no output reorder), and its address put here. */
+static _Thread_local struct {
+    bool on;
+    const void *out;
+} native_out;
+
 static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *workspace, size_t workspace_bytes,
                                 const void *weights) {
     if (workspace_bytes < plan->workspace || (plan->workspace && !workspace))
@@ -251,6 +260,10 @@ static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *
                                      workspace_bytes - plan->reorder_scratch_at));
     }
     KILN_TRY(kiln_onednn_execute(plan->conv, conv_data, workspace, workspace_bytes));
+    if (native_out.on) {
+        native_out.out = conv_data[2];
+        return KILN_OK;
+    }
     if (plan->reorder[2]) {
         void *io[2] = {conv_data[2], data[2]};
         KILN_TRY(kiln_onednn_execute(plan->reorder[2], io, ws + plan->reorder_scratch_at,
@@ -736,6 +749,34 @@ static bool plan_pools(kiln_onednn_kind kind, const kiln_op_args *a) {
 }
 bool kiln_onednn_conv2d_grad_weight_pools(const kiln_op_args *a) { return plan_pools(KILN_ONEDNN_CONV_BWD_WEIGHTS, a); }
 bool kiln_onednn_conv2d_pools(const kiln_op_args *a) { return plan_pools(KILN_ONEDNN_CONV_FWD, a); }
+
+bool kiln_onednn_conv2d_nhwc_out(const kiln_op_args *a) {
+    conv_plan plan;
+    bool ok;
+    if (conv_prepare(KILN_ONEDNN_CONV_FWD, a, &plan, &ok) != KILN_OK) {
+        kiln_error_clear();
+        return false;
+    }
+    if (!ok || plan.wino || plan.smallc || !plan.reorder[2] || plan.relu) return false;
+    const dnnl_memory_desc_t *chosen = NULL;
+    const kiln_strided *y = &a->out[0];
+    dnnl_dims_t dims = {y->shape[0], y->shape[1], y->shape[2], y->shape[3]};
+    dnnl_memory_desc_t nhwc;
+    if (y->ndim != 4 || dnnl_memory_get_memory_desc(plan.conv->mem[2], &chosen) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&nhwc, 4, dims, kiln_onednn_conv_dt(plan.conv_key_v), dnnl_nhwc) != dnnl_success)
+        return false;
+    return dnnl_memory_desc_equal(&nhwc, chosen) != 0;
+}
+
+kiln_status kiln_onednn_conv2d_nhwc(const kiln_op_args *a, const void **nhwc) {
+    if (!kiln_onednn_conv2d_nhwc_out(a))
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_conv2d: no NHWC output to leave in the workspace");
+    native_out.on = true, native_out.out = NULL;
+    kiln_status st = conv_run(KILN_ONEDNN_CONV_FWD, a, "kiln_conv2d");
+    native_out.on = false;
+    *nhwc = native_out.out;
+    return st;
+}
 
 kiln_status kiln_onednn_conv2d_grad_input(const kiln_op_args *a) {
     return conv_run(KILN_ONEDNN_CONV_BWD_DATA, a, "kiln_conv2d_grad_input");
