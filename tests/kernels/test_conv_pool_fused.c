@@ -179,7 +179,7 @@ static void check_case(const char *what, int64_t n, int64_t c, int64_t h, int64_
         if (f.ny == u.ny) {
             compare_f32(tag, "y", f.y, u.y, f.ny, compare_mode != CLOSE_ALL);
             /* other tiles ran: other roundings than conv2d's (where Kiln's Winograd is the default: an
-             * AVX2 CPU without AVX-512; on AVX-512, oneDNN's direct convolution serves both) */
+             * AVX2 CPU; elsewhere oneDNN's direct convolution serves both) */
             if (compare_mode == CLOSE_ALL && kiln_cpu_avx2_kernels_default())
                 CHECK_MSG(memcmp(f.y, u.y, (size_t)f.ny * sizeof(float)) != 0,
                           "%s: y has the two ops' bits: the fused op did not tile for its pooling", tag);

@@ -26,8 +26,8 @@
  *     Kiln's F(2x2, 3x3), F(4x4, 3x3), F(6x6, 3x3) and the two together
  *     (each side cut into 4s then 6s) for AVX2 (onednn_winograd.c);
  *   - "small_c": Kiln's kernels for 1-4 input channels (onednn_smallc.c).
- *     These two are the defaults where they apply on AVX2 CPUs without
- *     AVX-512 (deterministic mode keeps "direct"). */
+ *     These two are the defaults where they apply on AVX2 CPUs, AVX-512
+ *     ones included (deterministic mode keeps "direct"). */
 #ifdef KILN_WITH_ONEDNN
 #include <pthread.h>
 #include <stdatomic.h>
@@ -317,8 +317,9 @@ static int64_t pooled_call(const conv_call *c) {
  * are cheaper and round less. Any other pass takes the mixed tiling (4s
  * then 6s on each side) where its products are at most 0.8 of F(4x4)'s:
  * a 14x14 plane (400 against 576: the 28x28x1 CNN's conv2, every pass),
- * not 16x16 or 32x32 (0.84). On AVX-512 CPUs oneDNN's kernels stay the
- * default (the tuner can still pick these). */
+ * not 16x16 or 32x32 (0.84). The same on AVX-512 CPUs, where these
+ * measured faster than oneDNN's AVX-512 direct convolutions
+ * (kiln_cpu_avx2_kernels_default); the tuner can still pick oneDNN's. */
 static int wino_default(const conv_call *c) {
     const int64_t *v = c->key.v;
     if (!kiln_cpu_avx2_kernels_default() || v[K_DT] || !wino_geometry(v) || v[K_C] % 8 || v[K_O] % 8) return 0;

@@ -151,7 +151,7 @@ static kiln_status mm_prepare(mm_kind kind, const kiln_op_args *a, kiln_onednn_p
     return kiln_onednn_get(&key, build_matmul, key.v[K_BIAS] ? 4 : 3, mm_args, p);
 }
 
-/* mm on an AVX2 CPU without AVX-512, when the right operand and the
+/* mm on an AVX2 CPU (kiln_cpu_avx2_kernels_default), when the right operand and the
  * output are row-major and at least 16 columns wide: Kiln's micro-kernel
  * (kernels/cpu/fast/gemm_avx2.c) instead of oneDNN's matmul, which ran the
  * fully-connected layers' backward products at 35-55% of the FMA peak here
@@ -276,7 +276,7 @@ void kiln_onednn_linear_act_layout(const kiln_op_args *a, kiln_layout *out) {
     out[0] = KILN_LAYOUT_STRIDED;
 }
 
-/* On an AVX2 CPU without AVX-512, for an output at least 16 wide: Kiln's
+/* On an AVX2 CPU (kiln_cpu_avx2_kernels_default), for an output at least 16 wide: Kiln's
  * micro-kernel (kernels/cpu/fast/gemm_avx2.c) on B = W^T with its rows in
  * x's column order (flat_column): y = bias + x . W^T, each element one
  * chain of fused multiply-adds after the bias. oneDNN's matmul ran fc1's
