@@ -34,19 +34,7 @@ static kiln_status relu_max_pool2d(const kiln_op_args *a) {
 static bool relu_max_pool2d_supports(const kiln_op_args *a) {
     return a->in[0].dtype == KILN_BF16 ? kiln_bf16_relu_max_pool2d_supports(a) : max_pool2d_supports(a);
 }
-/* relu_max_pool2d_backward_sum: f32 on either layout, bf16 plain */
-static bool bf16_out(const kiln_op_args *a) { return a->out[0].dtype == KILN_BF16; }
-static kiln_status relu_max_pool2d_backward_sum(const kiln_op_args *a) {
-    return bf16_out(a) ? kiln_bf16_relu_max_pool2d_backward_sum(a) : kiln_fast_relu_max_pool2d_backward_sum(a);
-}
-static bool relu_max_pool2d_backward_sum_supports(const kiln_op_args *a) {
-    return bf16_out(a) ? kiln_bf16_relu_max_pool2d_backward_sum_supports(a)
-                       : kiln_fast_relu_max_pool2d_backward_sum_supports(a);
-}
-static size_t relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a) {
-    return bf16_out(a) ? kiln_bf16_relu_max_pool2d_backward_sum_workspace(a)
-                       : kiln_fast_relu_max_pool2d_backward_sum_workspace(a);
-}
+
 static kiln_status relu_max_pool2d_backward(const kiln_op_args *a) {
     return blocked_in(a, 2) ? kiln_blocked_relu_max_pool2d_backward(a) : kiln_fast_relu_max_pool2d_backward(a);
 }
@@ -74,8 +62,9 @@ static void build_fast_c_table(void) {
         (kiln_op_kernel){relu_max_pool2d_backward, NULL, F32, relu_max_pool2d_backward_supports,
                          kiln_blocked_relu_pool_backward_layout};
     fast_c_table[KILN_OP_RELU_MAX_POOL2D_BACKWARD_SUM] =
-        (kiln_op_kernel){relu_max_pool2d_backward_sum, relu_max_pool2d_backward_sum_workspace, F32 | BF16,
-                         relu_max_pool2d_backward_sum_supports, kiln_fast_relu_max_pool2d_backward_sum_layout};
+        (kiln_op_kernel){kiln_fast_relu_max_pool2d_backward_sum, kiln_fast_relu_max_pool2d_backward_sum_workspace,
+                         F32 | BF16, kiln_fast_relu_max_pool2d_backward_sum_supports,
+                         kiln_fast_relu_max_pool2d_backward_sum_layout};
     fast_c_table[KILN_OP_BATCH_NORM] = (kiln_op_kernel){kiln_fast_batch_norm, NULL, F32, kiln_fast_batch_norm_supports,
                                                         kiln_fast_bn_layout};
     fast_c_table[KILN_OP_BATCH_NORM_BACKWARD] =

@@ -92,8 +92,9 @@ static void pool_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t
         a.out[0].data = y[r], a.out[1].data = ix[r];
         CHECK_OK(kiln_bf16_relu_max_pool2d(&a));
         int64_t at = -1;
-        CHECK_MSG(same_bits(y[r], yr, ny, &at), "%s (%s rows): y[%lld] %g, reference %g", name, r ? "portable" : "vector",
-                  (long long)at, at >= 0 ? f32_of(y[r][at]) : 0.0, at >= 0 ? f32_of(yr[at]) : 0.0);
+        CHECK_MSG(same_bits(y[r], yr, ny, &at), "%s (%s rows): y[%lld] %g, reference %g", name,
+                  r ? "portable" : "vector", (long long)at, at >= 0 ? f32_of(y[r][at]) : 0.0,
+                  at >= 0 ? f32_of(yr[at]) : 0.0);
         CHECK_MSG(memcmp(ix[r], ixr, sizeof *ixr * (size_t)ny) == 0, "%s (%s rows): the indices differ", name,
                   r ? "portable" : "vector");
     }
@@ -115,7 +116,8 @@ static void pool_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t
     b.out[1].dtype = KILN_BF16, b.out[1].ndim = 1, b.out[1].shape[0] = C, b.out[1].strides[0] = 1;
     b.out[1].layout = KILN_LAYOUT_STRIDED, b.out[1].data = sumsr;
     CHECK_MSG(kiln_bf16_relu_max_pool2d_backward_sum_supports(&b), "%s: the bf16 backward declines", name);
-    size_t ws_ref = kiln_cpu_pool_backward_workspace(&b), ws = kiln_bf16_relu_max_pool2d_backward_sum_workspace(&b);
+    size_t ws_ref = kiln_cpu_pool_backward_workspace(&b),
+           ws = kiln_bf16_relu_max_pool2d_backward_sum_workspace(&b);
     b.workspace = malloc(ws_ref > ws ? ws_ref : ws), b.workspace_bytes = ws_ref > ws ? ws_ref : ws;
     CHECK_OK(kiln_cpu_relu_max_pool2d_backward_sum(&b));
     for (int r = 0; r < 2; r++) {
@@ -130,11 +132,12 @@ static void pool_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t
                   at >= 0 ? f32_of(dxr[at]) : 0.0);
         for (int64_t c = 0; c < C; c++) {
             double s = f32_of(sums[r][c]), sr = f32_of(sumsr[c]);
-            CHECK_MSG(fabs(s - sr) <= fabs(sr) * 0x1p-8, "%s (%s rows): bias sum %lld: %g, reference %g", name,
-                      r ? "portable" : "vector", (long long)c, s, sr);
+            CHECK_MSG(fabs(s - sr) <= fabs(sr) * 0x1p-8, "%s (%s rows): bias sum %lld: %g, reference %g",
+                      name, r ? "portable" : "vector", (long long)c, s, sr);
         }
     }
-    CHECK_MSG(memcmp(sums[0], sums[1], sizeof sums[0][0] * (size_t)C) == 0, "%s: the two rows' sums differ", name);
+    CHECK_MSG(memcmp(sums[0], sums[1], sizeof sums[0][0] * (size_t)C) == 0, "%s: the two rows' sums differ",
+              name);
     /* an index outside its plane */
     int64_t keep = ixr[0];
     ixr[0] = H * W;
@@ -178,19 +181,22 @@ static double *host_f64(kiln_tensor *t, int64_t *n) {
 }
 
 /* Element by element: |got - want| <= 2^-7 * bound + 2^-30. */
-static void within(const char *name, const char *what, kiln_tensor *got, kiln_tensor *want, kiln_tensor *bound) {
+static void within(const char *name, const char *what, kiln_tensor *got, kiln_tensor *want,
+                   kiln_tensor *bound) {
     CHECK_MSG(got && want && bound, "%s: %s missing", name, what);
     if (!got || !want || !bound) return;
-    CHECK_MSG(kiln_dtype_of(got) == KILN_BF16, "%s: %s is %s, not bf16", name, what, kiln_dtype_name(kiln_dtype_of(got)));
+    CHECK_MSG(kiln_dtype_of(got) == KILN_BF16, "%s: %s is %s, not bf16", name, what,
+              kiln_dtype_name(kiln_dtype_of(got)));
     int64_t n, m, k;
     double *g = host_f64(got, &n), *w = host_f64(want, &m), *b = host_f64(bound, &k);
-    CHECK_MSG(n == m && m == k, "%s: %s sizes %lld, %lld, %lld", name, what, (long long)n, (long long)m, (long long)k);
+    CHECK_MSG(n == m && m == k, "%s: %s sizes %lld, %lld, %lld", name, what, (long long)n, (long long)m,
+              (long long)k);
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < n && n == m && m == k; i++)
         if (!(fabs(g[i] - w[i]) <= 0x1p-7 * b[i] + 0x1p-30)) bad++, first = first < 0 ? i : first;
-    CHECK_MSG(bad == 0, "%s: %s: %lld of %lld outside the bound (first [%lld]: %g, float64 %g, bound %g)", name, what,
-              (long long)bad, (long long)n, (long long)first, first >= 0 ? g[first] : 0.0, first >= 0 ? w[first] : 0.0,
-              first >= 0 ? 0x1p-7 * b[first] : 0.0);
+    CHECK_MSG(bad == 0, "%s: %s: %lld of %lld outside the bound (first [%lld]: %g, float64 %g, bound %g)",
+              name, what, (long long)bad, (long long)n, (long long)first, first >= 0 ? g[first] : 0.0,
+              first >= 0 ? w[first] : 0.0, first >= 0 ? 0x1p-7 * b[first] : 0.0);
     free(g), free(w), free(b);
 }
 
@@ -212,14 +218,17 @@ static void conv_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t
     kiln_tensor *y = kiln_conv2d(x, w, b, opts);
     kiln_tensor *r = bf16_randn(kiln_shape_of(y), false);
     backward_of(y, r);
-    CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D) > fwd && kiln_ops_fast_runs(KILN_OP_CONV2D_GRAD_INPUT) > gi &&
+    CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D) > fwd &&
+                  kiln_ops_fast_runs(KILN_OP_CONV2D_GRAD_INPUT) > gi &&
                   kiln_ops_fast_runs(KILN_OP_CONV2D_GRAD_WEIGHT) > gw,
               "%s: oneDNN's bf16 convolution did not run", name);
     /* float64 on the same values, and on their magnitudes for the bounds */
-    kiln_tensor *x64 = as_f64(x, true, false), *w64 = as_f64(w, true, false), *b64 = bias ? as_f64(b, true, false) : NULL;
+    kiln_tensor *x64 = as_f64(x, true, false), *w64 = as_f64(w, true, false),
+                *b64 = bias ? as_f64(b, true, false) : NULL;
     kiln_tensor *y64 = kiln_conv2d(x64, w64, b64, opts);
     backward_of(y64, r);
-    kiln_tensor *xa = as_f64(x, true, true), *wa = as_f64(w, true, true), *ba = bias ? as_f64(b, true, true) : NULL;
+    kiln_tensor *xa = as_f64(x, true, true), *wa = as_f64(w, true, true),
+                *ba = bias ? as_f64(b, true, true) : NULL;
     kiln_tensor *ra = as_f64(r, false, true), *ya = kiln_conv2d(xa, wa, ba, opts);
     backward_of(ya, ra);
     within(name, "y", y, y64, ya);
@@ -238,11 +247,13 @@ static void conv_pool_case(const char *name, int64_t N, int64_t C, int64_t H, in
     kiln_conv2d_opts o = {.padding = {1, 1}};
     uint64_t fwd = kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D);
     kiln_tensor *y = kiln_conv2d_relu_max_pool2d(x, w, b, &o, 2, NULL);
-    CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > fwd, "%s: the fused bf16 kernel did not run", name);
+    CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > fwd,
+              "%s: the fused bf16 kernel did not run", name);
     kiln_tensor *r = bf16_randn(kiln_shape_of(y), false);
     backward_of(y, r);
     kiln_pool2d_opts p = kiln_pool2d_defaults(2);
-    kiln_tensor *x64 = as_f64(x, false, false), *w64 = as_f64(w, false, false), *b64 = as_f64(b, false, false);
+    kiln_tensor *x64 = as_f64(x, false, false), *w64 = as_f64(w, false, false),
+                *b64 = as_f64(b, false, false);
     kiln_tensor *c64 = kiln_conv2d(x64, w64, b64, &o), *y64 = kiln_relu_max_pool2d(c64, &p, NULL);
     kiln_tensor *xa = as_f64(x, false, true), *wa = as_f64(w, false, true), *ba = as_f64(b, false, true);
     kiln_tensor *ca = kiln_conv2d(xa, wa, ba, &o), *ya = kiln_max_pool2d(ca, &p, NULL);
@@ -256,12 +267,14 @@ static void conv_pool_case(const char *name, int64_t N, int64_t C, int64_t H, in
         kiln_tensor *ix1 = NULL, *y1 = kiln_conv2d_relu_max_pool2d(x, w, b, &o, 2, &ix1);
         kiln_bf16_pool_test_rows(1);
         int64_t n1, n2;
-        double *a1 = host_f64(y1, &n1), *a2 = host_f64(y2, &n2), *i1 = host_f64(ix1, &n1), *i2 = host_f64(ix2, &n2);
+        double *a1 = host_f64(y1, &n1), *a2 = host_f64(y2, &n2), *i1 = host_f64(ix1, &n1),
+               *i2 = host_f64(ix2, &n2);
         int64_t diff = 0;
         for (int64_t i = 0; i < n1 && n1 == n2; i++)
             diff += !(a1[i] == a2[i] || (isnan(a1[i]) && isnan(a2[i]))) || i1[i] != i2[i];
-        CHECK_MSG(n1 == n2 && diff == 0, "%s (%s rows): %lld values or indices differ from conv2d then relu_max_pool2d",
-                  name, rows ? "vector" : "portable", (long long)diff);
+        CHECK_MSG(n1 == n2 && diff == 0,
+                  "%s (%s rows): %lld values or indices differ from conv2d then relu_max_pool2d", name,
+                  rows ? "vector" : "portable", (long long)diff);
         free(a1), free(a2), free(i1), free(i2);
     }
     /* the gradients ran through the fused backward's kernels and are finite */
@@ -276,7 +289,8 @@ static void conv_pool_case(const char *name, int64_t N, int64_t C, int64_t H, in
 
 static void linear_case(const char *name, int64_t M, int64_t K, int64_t N, bool use_mm) {
     kiln_scope_begin();
-    kiln_tensor *x = bf16_randn(KILN_SHAPE(M, K), true), *w = bf16_randn(use_mm ? KILN_SHAPE(K, N) : KILN_SHAPE(N, K), true);
+    kiln_tensor *x = bf16_randn(KILN_SHAPE(M, K), true),
+                *w = bf16_randn(use_mm ? KILN_SHAPE(K, N) : KILN_SHAPE(N, K), true);
     kiln_tensor *b = use_mm ? NULL : bf16_randn(KILN_SHAPE(N), true);
     kiln_op_id op = use_mm ? KILN_OP_MM : KILN_OP_LINEAR;
     uint64_t runs = kiln_ops_fast_runs(op), mm = kiln_ops_fast_runs(KILN_OP_MM);
@@ -285,10 +299,12 @@ static void linear_case(const char *name, int64_t M, int64_t K, int64_t N, bool 
     backward_of(y, r);
     CHECK_MSG(kiln_ops_fast_runs(op) > runs && kiln_ops_fast_runs(KILN_OP_MM) > mm,
               "%s: oneDNN's bf16 matmul did not run (forward and backward)", name);
-    kiln_tensor *x64 = as_f64(x, true, false), *w64 = as_f64(w, true, false), *b64 = b ? as_f64(b, true, false) : NULL;
+    kiln_tensor *x64 = as_f64(x, true, false), *w64 = as_f64(w, true, false),
+                *b64 = b ? as_f64(b, true, false) : NULL;
     kiln_tensor *y64 = use_mm ? kiln_mm(x64, w64) : kiln_linear(x64, w64, b64);
     backward_of(y64, r);
-    kiln_tensor *xa = as_f64(x, true, true), *wa = as_f64(w, true, true), *ba = b ? as_f64(b, true, true) : NULL;
+    kiln_tensor *xa = as_f64(x, true, true), *wa = as_f64(w, true, true),
+                *ba = b ? as_f64(b, true, true) : NULL;
     kiln_tensor *ra = as_f64(r, false, true), *ya = use_mm ? kiln_mm(xa, wa) : kiln_linear(xa, wa, ba);
     backward_of(ya, ra);
     within(name, "y", y, y64, ya);
@@ -323,8 +339,8 @@ int main(void) {
     /* does oneDNN run bf16 convolutions here? */
     uint64_t before = kiln_ops_fast_runs(KILN_OP_CONV2D);
     kiln_scope_begin();
-    kiln_tensor *probe = kiln_conv2d(bf16_randn(KILN_SHAPE(1, 8, 6, 6), false), bf16_randn(KILN_SHAPE(8, 8, 3, 3), false),
-                                     NULL, NULL);
+    kiln_tensor *probe = kiln_conv2d(bf16_randn(KILN_SHAPE(1, 8, 6, 6), false),
+                                     bf16_randn(KILN_SHAPE(8, 8, 3, 3), false), NULL, NULL);
     CHECK(probe != NULL);
     CHECK_OK(kiln_scope_end());
     if (kiln_ops_fast_runs(KILN_OP_CONV2D) == before) {

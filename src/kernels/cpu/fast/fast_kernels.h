@@ -40,7 +40,8 @@ kiln_status kiln_fast_relu_max_pool2d_backward(const kiln_op_args *a);
 /* relu_max_pool2d_backward_sum's input gradient, and part[p] (a double
  * per (n, c) plane) the plane's sum; the caller adds the planes up. */
 kiln_status kiln_plain_relu_max_pool2d_backward_sum(const kiln_op_args *a, double *part);
-/* relu_max_pool2d_backward_sum on either layout (pool_fast.c); its
+/* relu_max_pool2d_backward_sum on either layout (pool_fast.c; bf16: the
+ * bf16 kernels below, plain NCHW only); its
  * workspace is a double per (n, c) plane, added up by kiln_fast_add_planes
  * (out[1][c] = the sum over n of part[n * c_count + c], in n order). */
 kiln_status kiln_fast_relu_max_pool2d_backward_sum(const kiln_op_args *a);

@@ -10,10 +10,9 @@
  * maximum wins ties, NaN beats everything, a window with nothing above 0
  * gives +0 at its first element); where every index lies in its own window
  * each input gets at most one window's gradient, stored as it came, and
- * otherwise the plane is scattered into double as the reference does. The bias-gradient sums are accumulated in
- * double per (n, c) plane in (h, w) order and the planes added in n order,
- * as the f32 kernels do (pool_fast.c), so the bits do not depend on the
- * thread count; the one rounding is to bf16 at the end. */
+ * otherwise the plane is scattered into double as the reference does. The bias-gradient sums are accumulated
+ * in double per (n, c) plane in (h, w) order and the planes added in n order, as the f32 kernels do
+ * (pool_fast.c), so the bits do not depend on the thread count; the one rounding is to bf16 at the end. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,13 +51,15 @@ static bool contiguous4(const kiln_strided *t) {
 static bool tiling_windows(const kiln_op_args *a, const kiln_strided *x, const kiln_strided *y) {
     kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
     return g.kernel[0] >= 1 && g.kernel[1] >= 1 && g.stride[0] == g.kernel[0] && g.stride[1] == g.kernel[1] &&
-           g.padding[0] == 0 && g.padding[1] == 0 && y->shape[0] == x->shape[0] && y->shape[1] == x->shape[1] &&
-           y->shape[2] * g.kernel[0] <= x->shape[2] && y->shape[3] * g.kernel[1] <= x->shape[3];
+           g.padding[0] == 0 && g.padding[1] == 0 && y->shape[0] == x->shape[0] &&
+           y->shape[1] == x->shape[1] && y->shape[2] * g.kernel[0] <= x->shape[2] &&
+           y->shape[3] * g.kernel[1] <= x->shape[3];
 }
 
 bool kiln_bf16_relu_max_pool2d_supports(const kiln_op_args *a) {
     const kiln_strided *x = &a->in[0], *y = &a->out[0], *ix = &a->out[1];
-    if (a->n_in != 1 || a->n_out != 2 || x->dtype != KILN_BF16 || y->dtype != KILN_BF16 || ix->dtype != KILN_I64)
+    if (a->n_in != 1 || a->n_out != 2 || x->dtype != KILN_BF16 || y->dtype != KILN_BF16 ||
+        ix->dtype != KILN_I64)
         return false;
     return contiguous4(x) && contiguous4(y) && contiguous4(ix) && ix->shape[2] == y->shape[2] &&
            ix->shape[3] == y->shape[3] && tiling_windows(a, x, y);
@@ -103,40 +104,64 @@ KILN_SIMD_CLONES static void plane_2x2(const uint16_t *xp, uint16_t *yp, int64_t
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define KILN_POOL_AVX512 1
-#define AVX512 __attribute__((target("avx512f")))
+#define AVX512           __attribute__((target("avx512f")))
 
 static bool avx512_ok(void) { return __builtin_cpu_supports("avx512f"); }
 
 AVX512 static __m512 relu16(__m512 v) { /* max(v, +0), NaN kept */
-    __mmask16 keep = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    __mmask16 keep =
+        _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     return _mm512_maskz_mov_ps(keep, v);
 }
 
 /* Windows [0, n16) of one output row (n16 a multiple of 16): r0, r1 the two
  * input rows, base the plane index of the row's first element. */
-AVX512 static void row_2x2_avx512(const uint16_t *r0, const uint16_t *r1, uint16_t *y, int64_t *ix, int64_t n16,
-                                  int64_t base, int64_t W) {
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7,
-                                                                                       6, 5, 4, 3, 2, 1, 0);
+/* A 2x2 window's four values, 16 windows a vector, relu'd and compared in
+ * the reference's order: the maximum, and in *off its offset from the
+ * window's first value (0, 1, W or W + 1). */
+AVX512 static __m512 pick4(const __m512 v[4], int64_t W, __m512i *off) {
+    const int offs[3] = {1, (int)W, (int)W + 1};
+    __m512 best = relu16(v[0]);
+    *off = _mm512_setzero_si512();
+    for (int k = 1; k < 4; k++) {
+        __m512 c = relu16(v[k]);
+        __mmask16 take = _mm512_cmp_ps_mask(c, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, take, c);
+        *off = _mm512_mask_mov_epi32(*off, take, _mm512_set1_epi32(offs[k - 1]));
+    }
+    return best;
+}
+
+/* The two rows' pairs (left value in each 32-bit lane's low half, right in
+ * its high half) as the window's four values. */
+AVX512 static void widen_pairs(__m512i a, __m512i b, __m512 v[4]) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    v[0] = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), v[1] = _mm512_castsi512_ps(_mm512_and_si512(a, hi));
+    v[2] = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), v[3] = _mm512_castsi512_ps(_mm512_and_si512(b, hi));
+}
+
+/* 16 maxima as bf16 (their bits are the f32's high half, exactly) and their
+ * plane indices base + at as int64. */
+AVX512 static void store16(uint16_t *y, int64_t *ix, __m512 best, __m512i at, int64_t base) {
+    _mm256_storeu_si256((__m256i *)y,
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16)));
+    __m512i b64 = _mm512_set1_epi64(base);
+    _mm512_storeu_si512(ix, _mm512_add_epi64(b64, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at))));
+    _mm512_storeu_si512(ix + 8,
+                        _mm512_add_epi64(b64, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1))));
+}
+
+AVX512 static void row_2x2_avx512(const uint16_t *r0, const uint16_t *r1, uint16_t *y, int64_t *ix,
+                                  int64_t n16, int64_t base, int64_t W) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int64_t ow = 0; ow < n16; ow += 16) {
-        __m512i a = _mm512_loadu_si512(r0 + 2 * ow), b = _mm512_loadu_si512(r1 + 2 * ow);
-        __m512 v[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_and_si512(a, hi)),
-                       _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), _mm512_castsi512_ps(_mm512_and_si512(b, hi))};
-        __m512 best = relu16(v[0]);
-        __m512i off = _mm512_setzero_si512();
-        const int offs[3] = {1, (int)W, (int)W + 1};
-        for (int k = 1; k < 4; k++) {
-            __m512 c = relu16(v[k]);
-            __mmask16 take = _mm512_cmp_ps_mask(c, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q);
-            best = _mm512_mask_mov_ps(best, take, c);
-            off = _mm512_mask_mov_epi32(off, take, _mm512_set1_epi32(offs[k - 1]));
-        }
-        /* the value's bf16 bits are its high half, exactly */
-        _mm256_storeu_si256((__m256i *)(y + ow), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16)));
-        __m512i at = _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32((int)ow)), 1), off);
-        __m512i b64 = _mm512_set1_epi64(base);
-        _mm512_storeu_si512(ix + ow, _mm512_add_epi64(b64, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at))));
-        _mm512_storeu_si512(ix + ow + 8, _mm512_add_epi64(b64, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1))));
+        __m512 v[4];
+        __m512i off;
+        widen_pairs(_mm512_loadu_si512(r0 + 2 * ow), _mm512_loadu_si512(r1 + 2 * ow), v);
+        __m512 best = pick4(v, W, &off);
+        __m512i at =
+            _mm512_add_epi32(_mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32((int)ow)), 1), off);
+        store16(y + ow, ix + ow, best, at, base);
     }
 }
 
@@ -154,55 +179,57 @@ AVX512 static __m512i window_at(int64_t o0, int64_t OW, int64_t W) {
 /* A whole plane whose output rows are narrower than 16 windows: 16 windows
  * (across rows) a vector, each window's two pairs gathered as 32-bit
  * words; outputs [0, n16) of the plane. Same steps as row_2x2_avx512. */
-AVX512 static void plane_2x2_gather_avx512(const uint16_t *xp, uint16_t *y, int64_t *ix, int64_t n16, int64_t OW,
-                                           int64_t W) {
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    const int offs[3] = {1, (int)W, (int)W + 1};
+AVX512 static void plane_2x2_gather_avx512(const uint16_t *xp, uint16_t *y, int64_t *ix, int64_t n16,
+                                           int64_t OW, int64_t W) {
     for (int64_t o = 0; o < n16; o += 16) {
-        __m512i at = window_at(o, OW, W), bytes = _mm512_slli_epi32(at, 1);
-        __m512i a = _mm512_i32gather_epi32(bytes, (const void *)xp, 1);
-        __m512i b = _mm512_i32gather_epi32(bytes, (const void *)(xp + W), 1);
-        __m512 v[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), _mm512_castsi512_ps(_mm512_and_si512(a, hi)),
-                       _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), _mm512_castsi512_ps(_mm512_and_si512(b, hi))};
-        __m512 best = relu16(v[0]);
-        __m512i off = _mm512_setzero_si512();
-        for (int k = 1; k < 4; k++) {
-            __m512 c = relu16(v[k]);
-            __mmask16 take = _mm512_cmp_ps_mask(c, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(c, c, _CMP_UNORD_Q);
-            best = _mm512_mask_mov_ps(best, take, c);
-            off = _mm512_mask_mov_epi32(off, take, _mm512_set1_epi32(offs[k - 1]));
-        }
-        _mm256_storeu_si256((__m256i *)(y + o), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16)));
-        at = _mm512_add_epi32(at, off);
-        _mm512_storeu_si512(ix + o, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
-        _mm512_storeu_si512(ix + o + 8, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+        __m512i at = window_at(o, OW, W), bytes = _mm512_slli_epi32(at, 1), off;
+        __m512 v[4];
+        widen_pairs(_mm512_i32gather_epi32(bytes, (const void *)xp, 1),
+                    _mm512_i32gather_epi32(bytes, (const void *)(xp + W), 1), v);
+        __m512 best = pick4(v, W, &off);
+        store16(y + o, ix + o, best, _mm512_add_epi32(at, off), 0);
     }
+}
+
+/* The gradient of 16 windows as the pairs of their two input rows (left in
+ * each 32-bit lane's low half, right in its high half): each value gets its
+ * window's gradient where the window's index names it and y > 0, else +0.
+ * at: each window's plane offset less base. False when an index lies
+ * outside its own window or does not narrow to 32 bits. */
+AVX512 static bool grad_pairs(const uint16_t *go, const uint16_t *y, const int64_t *ix, int64_t base,
+                              __m512i at, int64_t W, __m512i *top, __m512i *bot) {
+    __m512i b64 = _mm512_set1_epi64(base);
+    __m512i i0 = _mm512_sub_epi64(_mm512_loadu_si512(ix), b64),
+            i1 = _mm512_sub_epi64(_mm512_loadu_si512(ix + 8), b64);
+    __m256i lo = _mm512_cvtepi64_epi32(i0), hi = _mm512_cvtepi64_epi32(i1);
+    if (_mm512_cmpneq_epi64_mask(_mm512_cvtepi32_epi64(lo), i0) ||
+        _mm512_cmpneq_epi64_mask(_mm512_cvtepi32_epi64(hi), i1))
+        return false;
+    __m512i dk = _mm512_sub_epi32(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), at);
+    __mmask16 k0 = _mm512_cmpeq_epi32_mask(dk, _mm512_setzero_si512());
+    __mmask16 k1 = _mm512_cmpeq_epi32_mask(dk, _mm512_set1_epi32(1));
+    __mmask16 k2 = _mm512_cmpeq_epi32_mask(dk, _mm512_set1_epi32((int)W));
+    __mmask16 k3 = _mm512_cmpeq_epi32_mask(dk, _mm512_set1_epi32((int)W + 1));
+    if ((__mmask16)(k0 | k1 | k2 | k3) != 0xffff) return false;
+    __m512i yb = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)y));
+    __mmask16 pass =
+        _mm512_cmp_ps_mask(_mm512_castsi512_ps(_mm512_slli_epi32(yb, 16)), _mm512_setzero_ps(), _CMP_GT_OQ);
+    __m512i g = _mm512_maskz_mov_epi32(pass, _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)go)));
+    *top =
+        _mm512_or_si512(_mm512_maskz_mov_epi32(k0, g), _mm512_slli_epi32(_mm512_maskz_mov_epi32(k1, g), 16));
+    *bot =
+        _mm512_or_si512(_mm512_maskz_mov_epi32(k2, g), _mm512_slli_epi32(_mm512_maskz_mov_epi32(k3, g), 16));
+    return true;
 }
 
 /* The backward of plane_2x2_gather_avx512's windows: each window's two
  * pairs scattered as 32-bit words (the windows tile the plane's first 2 OH
- * rows and 2 OW columns; the rest is the caller's). False as below. */
+ * rows and 2 OW columns; the rest is the caller's). False as grad_pairs. */
 AVX512 static bool plane_2x2_backward_scatter_avx512(const uint16_t *go, const uint16_t *y, const int64_t *ix,
                                                      uint16_t *d, int64_t n16, int64_t OW, int64_t W) {
-    const __m512i one = _mm512_set1_epi32(1), w0 = _mm512_set1_epi32((int)W), w1 = _mm512_set1_epi32((int)W + 1);
     for (int64_t o = 0; o < n16; o += 16) {
-        __m512i at = window_at(o, OW, W);
-        __m256i lo = _mm512_cvtepi64_epi32(_mm512_loadu_si512(ix + o));
-        __m256i hi = _mm512_cvtepi64_epi32(_mm512_loadu_si512(ix + o + 8));
-        __m512i dk = _mm512_sub_epi32(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), at);
-        __mmask16 k0 = _mm512_cmpeq_epi32_mask(dk, _mm512_setzero_si512()), k1 = _mm512_cmpeq_epi32_mask(dk, one);
-        __mmask16 k2 = _mm512_cmpeq_epi32_mask(dk, w0), k3 = _mm512_cmpeq_epi32_mask(dk, w1);
-        /* the int64 indices must narrow exactly too */
-        __m512i back0 = _mm512_cvtepi32_epi64(lo), back1 = _mm512_cvtepi32_epi64(hi);
-        if (_mm512_cmpneq_epi64_mask(back0, _mm512_loadu_si512(ix + o)) ||
-            _mm512_cmpneq_epi64_mask(back1, _mm512_loadu_si512(ix + o + 8)))
-            return false;
-        if ((__mmask16)(k0 | k1 | k2 | k3) != 0xffff) return false;
-        __m512i yb = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(y + o)));
-        __mmask16 pass = _mm512_cmp_ps_mask(_mm512_castsi512_ps(_mm512_slli_epi32(yb, 16)), _mm512_setzero_ps(), _CMP_GT_OQ);
-        __m512i g = _mm512_maskz_mov_epi32(pass, _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(go + o))));
-        __m512i top = _mm512_or_si512(_mm512_maskz_mov_epi32(k0, g), _mm512_slli_epi32(_mm512_maskz_mov_epi32(k1, g), 16));
-        __m512i bot = _mm512_or_si512(_mm512_maskz_mov_epi32(k2, g), _mm512_slli_epi32(_mm512_maskz_mov_epi32(k3, g), 16));
+        __m512i at = window_at(o, OW, W), top, bot;
+        if (!grad_pairs(go + o, y + o, ix + o, 0, at, W, &top, &bot)) return false;
         __m512i bytes = _mm512_slli_epi32(at, 1);
         _mm512_i32scatter_epi32((void *)d, bytes, top, 1);
         _mm512_i32scatter_epi32((void *)(d + W), bytes, bot, 1);
@@ -211,32 +238,15 @@ AVX512 static bool plane_2x2_backward_scatter_avx512(const uint16_t *go, const u
 }
 
 /* The input gradient under windows [0, n16) of one output row, written
- * densely into the two input rows d0 and d1: each value gets its window's
- * gradient where the window's index names it and y > 0, else +0. False
- * when an index lies outside its own window (nothing is then trusted: the
- * caller scatters the plane). */
-AVX512 static bool row_2x2_backward_avx512(const uint16_t *go, const uint16_t *y, const int64_t *ix, uint16_t *d0,
-                                           uint16_t *d1, int64_t n16, int64_t base, int64_t W) {
+ * densely into the two input rows d0 and d1 (base: the row's plane offset).
+ * False as grad_pairs (nothing is then trusted: the caller scatters the
+ * plane). */
+AVX512 static bool row_2x2_backward_avx512(const uint16_t *go, const uint16_t *y, const int64_t *ix,
+                                           uint16_t *d0, uint16_t *d1, int64_t n16, int64_t base, int64_t W) {
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512i one = _mm512_set1_epi32(1), w0 = _mm512_set1_epi32((int)W), w1 = _mm512_set1_epi32((int)W + 1);
     for (int64_t ow = 0; ow < n16; ow += 16) {
-        __m512i at = _mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32((int)ow)), 1);
-        __m512i b64 = _mm512_set1_epi64(base);
-        __m256i lo = _mm512_cvtepi64_epi32(_mm512_sub_epi64(_mm512_loadu_si512(ix + ow), b64));
-        __m256i hi = _mm512_cvtepi64_epi32(_mm512_sub_epi64(_mm512_loadu_si512(ix + ow + 8), b64));
-        __m512i dk = _mm512_sub_epi32(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), at);
-        __mmask16 k0 = _mm512_cmpeq_epi32_mask(dk, _mm512_setzero_si512()), k1 = _mm512_cmpeq_epi32_mask(dk, one);
-        __mmask16 k2 = _mm512_cmpeq_epi32_mask(dk, w0), k3 = _mm512_cmpeq_epi32_mask(dk, w1);
-        /* an int64 that does not narrow exactly, or an index outside its window */
-        if (_mm512_cmpneq_epi64_mask(_mm512_cvtepi32_epi64(lo), _mm512_sub_epi64(_mm512_loadu_si512(ix + ow), b64)) ||
-            _mm512_cmpneq_epi64_mask(_mm512_cvtepi32_epi64(hi), _mm512_sub_epi64(_mm512_loadu_si512(ix + ow + 8), b64)))
-            return false;
-        if ((__mmask16)(k0 | k1 | k2 | k3) != 0xffff) return false;
-        __m512i yb = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(y + ow)));
-        __mmask16 pass = _mm512_cmp_ps_mask(_mm512_castsi512_ps(_mm512_slli_epi32(yb, 16)), _mm512_setzero_ps(), _CMP_GT_OQ);
-        __m512i g = _mm512_maskz_mov_epi32(pass, _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(go + ow))));
-        __m512i top = _mm512_or_si512(_mm512_maskz_mov_epi32(k0, g), _mm512_slli_epi32(_mm512_maskz_mov_epi32(k1, g), 16));
-        __m512i bot = _mm512_or_si512(_mm512_maskz_mov_epi32(k2, g), _mm512_slli_epi32(_mm512_maskz_mov_epi32(k3, g), 16));
+        __m512i at = _mm512_slli_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32((int)ow)), 1), top, bot;
+        if (!grad_pairs(go + ow, y + ow, ix + ow, base, at, W, &top, &bot)) return false;
         _mm512_storeu_si512(d0 + 2 * ow, top);
         _mm512_storeu_si512(d1 + 2 * ow, bot);
     }
@@ -305,7 +315,8 @@ bool kiln_bf16_relu_max_pool2d_backward_sum_supports(const kiln_op_args *a) {
     if (a->n_in < 3 || a->n_out != 2) return false;
     const kiln_strided *go = &a->in[0], *y = &a->in[1], *ix = &a->in[2], *dx = &a->out[0], *s = &a->out[1];
     if (go->dtype != KILN_BF16 || y->dtype != KILN_BF16 || ix->dtype != KILN_I64 || dx->dtype != KILN_BF16 ||
-        s->dtype != KILN_BF16 || s->ndim != 1 || s->layout != KILN_LAYOUT_STRIDED || s->shape[0] != dx->shape[1])
+        s->dtype != KILN_BF16 || s->ndim != 1 || s->layout != KILN_LAYOUT_STRIDED ||
+        s->shape[0] != dx->shape[1])
         return false;
     if (!contiguous4(go) || !contiguous4(y) || !contiguous4(ix) || !contiguous4(dx)) return false;
     for (int i = 0; i < 4; i++)
@@ -356,14 +367,17 @@ kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
     const uint16_t *go = a->in[0].data, *y = a->in[1].data;
     const int64_t *ix = a->in[2].data;
     uint16_t *dx = a->out[0].data;
-    const int64_t N = a->out[0].shape[0], C = a->out[0].shape[1], H = a->out[0].shape[2], W = a->out[0].shape[3];
+    const int64_t N = a->out[0].shape[0], C = a->out[0].shape[1], H = a->out[0].shape[2],
+                  W = a->out[0].shape[3];
     const int64_t HW = H * W, OH = a->in[0].shape[2], OW = a->in[0].shape[3], OHW = OH * OW;
     double *part = a->workspace;
     if (!part && N * C > 0)
-        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "kiln_relu_max_pool2d_backward_sum: no workspace for the sums");
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
+                          "kiln_relu_max_pool2d_backward_sum: no workspace for the sums");
     kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
 #ifdef KILN_POOL_AVX512
-    const bool vec = g.kernel[0] == 2 && g.kernel[1] == 2 && HW < (1 << 28) && avx512_ok() && pool_rows_allowed();
+    const bool vec =
+        g.kernel[0] == 2 && g.kernel[1] == 2 && HW < (1 << 28) && avx512_ok() && pool_rows_allowed();
     const bool fast = vec && OW >= 16, fast_narrow = vec && OW < 16 && OHW >= 16;
 #else
     (void)g;
@@ -385,13 +399,16 @@ kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
             dense = true;
             for (int64_t oh = 0; oh < OH && dense; oh++) {
                 uint16_t *d0 = d + 2 * oh * W, *d1 = d0 + W;
-                dense = row_2x2_backward_avx512(gp + oh * OW, yp + oh * OW, ip + oh * OW, d0, d1, n16, 2 * oh * W, W);
+                dense = row_2x2_backward_avx512(gp + oh * OW, yp + oh * OW, ip + oh * OW, d0, d1, n16,
+                                                2 * oh * W, W);
                 memset(d0 + 2 * n16, 0, sizeof *d * (size_t)(W - 2 * n16));
                 memset(d1 + 2 * n16, 0, sizeof *d * (size_t)(W - 2 * n16));
                 for (int64_t ow = n16; ow < OW && dense; ow++) {
                     int64_t o = oh * OW + ow, k = ip[o] - 2 * oh * W - 2 * ow;
-                    if (k != 0 && k != 1 && k != W && k != W + 1) dense = false;
-                    else if (widen(yp[o]) > 0.0f) d[ip[o]] = gp[o];
+                    if (k != 0 && k != 1 && k != W && k != W + 1)
+                        dense = false;
+                    else if (widen(yp[o]) > 0.0f)
+                        d[ip[o]] = gp[o];
                 }
             }
             if (dense) memset(d + 2 * OH * W, 0, sizeof *d * (size_t)(HW - 2 * OH * W));
@@ -403,8 +420,10 @@ kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
             dense = plane_2x2_backward_scatter_avx512(gp, yp, ip, d, n16, OW, W);
             for (int64_t o = n16; o < OHW && dense; o++) {
                 int64_t k = ip[o] - 2 * (o / OW) * W - 2 * (o % OW);
-                if (k != 0 && k != 1 && k != W && k != W + 1) dense = false;
-                else if (widen(yp[o]) > 0.0f) d[ip[o]] = gp[o];
+                if (k != 0 && k != 1 && k != W && k != W + 1)
+                    dense = false;
+                else if (widen(yp[o]) > 0.0f)
+                    d[ip[o]] = gp[o];
             }
         }
 #endif
@@ -415,10 +434,11 @@ kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
         part[p] = plane_sum(d, HW);
     }
     if (bad & 2)
-        return KILN_RAISE(KILN_ERR_OUT_OF_MEMORY, "free memory, or use indices that kiln_relu_max_pool2d returned",
-                          "kiln_relu_max_pool2d_backward_sum: no memory for a %lld-element plane (an index outside "
-                          "its window took the scatter path)",
-                          (long long)HW);
+        return KILN_RAISE(
+            KILN_ERR_OUT_OF_MEMORY, "free memory, or use indices that kiln_relu_max_pool2d returned",
+            "kiln_relu_max_pool2d_backward_sum: no memory for a %lld-element plane (an index outside "
+            "its window took the scatter path)",
+            (long long)HW);
     if (bad)
         return KILN_RAISE(KILN_ERR_INVALID_ARGUMENT, "pass the indices kiln_relu_max_pool2d returned",
                           "kiln_relu_max_pool2d_backward_sum: an index is outside its %lld-element plane",
@@ -439,8 +459,8 @@ kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
  * plane), transposed in registers and written as NCHW runs of 16. */
 
 /* The window (oh, ow) of image n for channels c .. c + cn - 1, portably. */
-static void nhwc_window(const uint16_t *xn, int64_t C, int64_t W, int64_t k, int64_t oh, int64_t ow, int64_t c,
-                        int cn, uint16_t *yv, int64_t *iv) {
+static void nhwc_window(const uint16_t *xn, int64_t C, int64_t W, int64_t k, int64_t oh, int64_t ow,
+                        int64_t c, int cn, uint16_t *yv, int64_t *iv) {
     for (int l = 0; l < cn; l++) {
         float best = -__builtin_inff();
         int64_t best_i = oh * k * W + ow * k;
@@ -472,8 +492,8 @@ AVX512 static void transpose16(__m512i r[16]) {
     }
     /* r[4q + k] holds rows 4q..4q+3's column k, 4q'+k for each 128-bit block q' */
     for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);      /* blocks 0, 2 of each */
-        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);  /* blocks 1, 3 */
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);     /* blocks 0, 2 of each */
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd); /* blocks 1, 3 */
         t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
         t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
     }
@@ -488,26 +508,21 @@ AVX512 static void transpose16(__m512i r[16]) {
 /* 16 flat outputs o0 .. o0 + 15 of image n's planes (o = oh OW + ow) for
  * 16 channels from c: each window's 16 channels as one vector with
  * plane_2x2's steps, then transposed to 16 outputs per channel. */
-AVX512 static void nhwc_block_2x2_avx512(const uint16_t *xn, int64_t C, int64_t W, int64_t OW, int64_t o0, int64_t c,
-                                         uint16_t *y, int64_t *ix, int64_t plane) {
+AVX512 static void nhwc_block_2x2_avx512(const uint16_t *xn, int64_t C, int64_t W, int64_t OW, int64_t o0,
+                                         int64_t c, uint16_t *y, int64_t *ix, int64_t plane) {
     __m512i bits[16], code[16];
     int at[16];
-    const int offs[3] = {1, (int)W, (int)W + 1};
     for (int j = 0; j < 16; j++) {
         const int64_t oh = (o0 + j) / OW, ow = (o0 + j) % OW;
         at[j] = (int)(2 * oh * W + 2 * ow);
         const uint16_t *p = xn + (int64_t)at[j] * C + c;
         const uint16_t *q[4] = {p, p + C, p + W * C, p + W * C + C};
-        __m512 best = relu16(_mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[0])), 16)));
-        __m512i off = _mm512_setzero_si512();
-        for (int k = 1; k < 4; k++) {
-            __m512 v = relu16(_mm512_castsi512_ps(
-                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[k])), 16)));
-            __mmask16 take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-            best = _mm512_mask_mov_ps(best, take, v);
-            off = _mm512_mask_mov_epi32(off, take, _mm512_set1_epi32(offs[k - 1]));
-        }
+        __m512 v[4];
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[k])), 16));
+        __m512i off;
+        __m512 best = pick4(v, W, &off);
         bits[j] = _mm512_srli_epi32(_mm512_castps_si512(best), 16);
         code[j] = off;
     }
@@ -528,7 +543,8 @@ AVX512 static void nhwc_block_2x2_avx512(const uint16_t *xn, int64_t C, int64_t 
 kiln_status kiln_bf16_relu_max_pool2d_from_nhwc(const uint16_t *x, int64_t N, int64_t C, int64_t H, int64_t W,
                                                 int64_t k, uint16_t *y, int64_t *ix, int64_t OH, int64_t OW) {
     if (k < 1 || OH * k > H || OW * k > W)
-        return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "relu_max_pool2d from NHWC: %lldx%lld windows of %lld over %lldx%lld",
+        return KILN_RAISE(KILN_ERR_INTERNAL, NULL,
+                          "relu_max_pool2d from NHWC: %lldx%lld windows of %lld over %lldx%lld",
                           (long long)OH, (long long)OW, (long long)k, (long long)H, (long long)W);
 #ifdef KILN_POOL_AVX512
     const bool fast = k == 2 && C % 16 == 0 && H * W < (1 << 28) && avx512_ok() && pool_rows_allowed();

@@ -222,6 +222,7 @@ kiln_status kiln_plain_relu_max_pool2d_backward_sum(const kiln_op_args *a, doubl
 static bool blocked_layout(kiln_layout l) { return kiln_layout_block(l) != 0; }
 
 bool kiln_fast_relu_max_pool2d_backward_sum_supports(const kiln_op_args *a) {
+    if (a->n_out >= 1 && a->out[0].dtype == KILN_BF16) return kiln_bf16_relu_max_pool2d_backward_sum_supports(a);
     if (a->n_in < 3 || a->n_out != 2 || a->out[0].ndim != 4 || a->out[1].dtype != KILN_F32 || a->out[1].ndim != 1)
         return false;
     if (blocked_layout(a->in[2].layout)) return kiln_blocked_relu_max_pool2d_backward_supports(a);
@@ -230,6 +231,7 @@ bool kiln_fast_relu_max_pool2d_backward_sum_supports(const kiln_op_args *a) {
 }
 
 size_t kiln_fast_relu_max_pool2d_backward_sum_workspace(const kiln_op_args *a) {
+    if (a->out[0].dtype == KILN_BF16) return kiln_bf16_relu_max_pool2d_backward_sum_workspace(a);
     return (size_t)(a->out[0].shape[0] * a->out[0].shape[1]) * sizeof(double);
 }
 
@@ -249,6 +251,7 @@ void kiln_fast_add_planes(const double *part, int64_t n, int64_t c, const kiln_s
 }
 
 kiln_status kiln_fast_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
+    if (a->out[0].dtype == KILN_BF16) return kiln_bf16_relu_max_pool2d_backward_sum(a);
     double *part = a->workspace;
     KILN_TRY(blocked_layout(a->in[2].layout) ? kiln_blocked_relu_max_pool2d_backward_sum(a, part)
                                              : kiln_plain_relu_max_pool2d_backward_sum(a, part));

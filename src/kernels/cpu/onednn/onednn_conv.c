@@ -153,8 +153,8 @@ static kiln_status wino_plan_build(kiln_onednn_kind kind, const kiln_onednn_key 
 static bool smallc_shape(kiln_onednn_kind kind, const int64_t *v, kiln_smallc_shape *s) {
     *s = (kiln_smallc_shape){v[K_N], v[K_C], v[K_H], v[K_W], v[K_O], v[K_OH], v[K_OW],
                              (int)v[K_SH], (int)v[K_SW], (int)v[K_PH], (int)v[K_PW], (int)v[K_LY]};
-    return kind != KILN_ONEDNN_CONV_BWD_DATA && !v[K_DT] && v[K_KH] == 3 && v[K_KW] == 3 && v[K_DH] == 1 && v[K_DW] == 1 &&
-           v[K_G] == 1 && v[K_LX] == 0 && kiln_cpu_gemm_avx2_ok() && kiln_smallc_shape_ok(s);
+    return kind != KILN_ONEDNN_CONV_BWD_DATA && !v[K_DT] && v[K_KH] == 3 && v[K_KW] == 3 && v[K_DH] == 1 &&
+           v[K_DW] == 1 && v[K_G] == 1 && v[K_LX] == 0 && kiln_cpu_gemm_avx2_ok() && kiln_smallc_shape_ok(s);
 }
 
 static kiln_status plan_build(kiln_onednn_kind kind, const kiln_onednn_key *key, int n_args,

@@ -63,20 +63,6 @@ static kiln_status pool_run(const kiln_op_args *pool) {
     return kiln_layout_block(pool->in[0].layout) ? kiln_blocked_relu_max_pool2d(pool) : kiln_fast_relu_max_pool2d(pool);
 }
 
-/* The pooling's backward with its sums: f32 on either layout, bf16 plain. */
-static bool wpool_bf16(const kiln_op_args *pool) { return pool->out[0].dtype == KILN_BF16; }
-static bool wpool_supports(const kiln_op_args *pool) {
-    return wpool_bf16(pool) ? kiln_bf16_relu_max_pool2d_backward_sum_supports(pool)
-                            : kiln_fast_relu_max_pool2d_backward_sum_supports(pool);
-}
-static size_t wpool_workspace(const kiln_op_args *pool) {
-    return wpool_bf16(pool) ? kiln_bf16_relu_max_pool2d_backward_sum_workspace(pool)
-                            : kiln_fast_relu_max_pool2d_backward_sum_workspace(pool);
-}
-static kiln_status wpool_run(const kiln_op_args *pool) {
-    return wpool_bf16(pool) ? kiln_bf16_relu_max_pool2d_backward_sum(pool)
-                            : kiln_fast_relu_max_pool2d_backward_sum(pool);
-}
 
 bool kiln_onednn_conv2d_relu_max_pool2d_supports(const kiln_op_args *a) {
     kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
@@ -204,7 +190,7 @@ bool kiln_onednn_conv2d_relu_max_pool2d_grad_weight_supports(const kiln_op_args 
     wgrad_call c;
     wgrad_call_of(a, &c);
     bool ok = kiln_onednn_conv2d_grad_weight_supports(&c.s.wgrad) &&
-              (c.pooled || wpool_supports(&c.s.pool));
+              (c.pooled || kiln_fast_relu_max_pool2d_backward_sum_supports(&c.s.pool));
     kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return ok;
 }
@@ -222,7 +208,7 @@ size_t kiln_onednn_conv2d_relu_max_pool2d_grad_weight_workspace(const kiln_op_ar
     kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     size_t part = kiln_conv_pool_align(part_bytes(a));
     if (c.pooled) return part + conv;
-    size_t pool = wpool_workspace(&c.s.pool);
+    size_t pool = kiln_fast_relu_max_pool2d_backward_sum_workspace(&c.s.pool);
     return kiln_conv_pool_wgrad_g_bytes(a) + (pool > conv ? pool : conv);
 }
 
@@ -239,7 +225,7 @@ kiln_status kiln_onednn_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a
         if (st == KILN_OK) kiln_fast_add_planes(part, a->in[3].shape[0], a->attrs->ints[0], &a->out[1]);
         return st;
     }
-    st = wpool_run(&c.s.pool);
+    st = kiln_fast_relu_max_pool2d_backward_sum(&c.s.pool);
     if (st == KILN_OK) st = kiln_onednn_conv2d_grad_weight(&c.s.wgrad);
     kiln_onednn_conv2d_pool_mode(false, 0, NULL, NULL);
     return st;
