@@ -202,10 +202,12 @@ static void within(const char *name, const char *what, kiln_tensor *got, kiln_te
 
 /* sum(y * r) and its backward; r bf16 (cast for the float64 runs). */
 static void backward_of(kiln_tensor *y, kiln_tensor *r) {
-    kiln_tensor *rr = kiln_dtype_of(y) == kiln_dtype_of(r) ? kiln_retain(r) : kiln_cast(r, kiln_dtype_of(y));
+    /* no kiln_retain/kiln_release pair on r: in a scope, a release takes the scope's registration */
+    kiln_tensor *rr = kiln_dtype_of(y) == kiln_dtype_of(r) ? r : kiln_cast(r, kiln_dtype_of(y));
     kiln_tensor *p = kiln_mul(y, rr), *loss = kiln_sum(p, 0, NULL, false);
     CHECK_OK(kiln_backward(loss, NULL, false));
-    kiln_release(loss), kiln_release(p), kiln_release(rr);
+    kiln_release(loss), kiln_release(p);
+    if (rr != r) kiln_release(rr);
 }
 
 static void conv_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k,
