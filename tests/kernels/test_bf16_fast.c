@@ -356,6 +356,8 @@ int main(void) {
         conv_pool_case("conv-relu-pool 3->32 on 32x32 (the bench CNN's first layer)", 4, 3, 32, 32, 32);
         conv_pool_case("conv-relu-pool 32->64 on 16x16", 2, 32, 16, 16, 64);
         conv_pool_case("conv-relu-pool 16->8 on 9x7", 3, 16, 9, 7, 8);
+        conv_pool_case("conv-relu-pool 16->32 on 14x14 (7x7 pooled: 3 blocks of 16 and a tail)", 2, 16, 14, 14, 32);
+        conv_pool_case("conv-relu-pool 8->16 on 7x7 (3x3 pooled: a tail only)", 3, 8, 7, 7, 16);
         linear_case("linear 37x130 -> 19", 37, 130, 19, false);
         linear_case("mm 33x64 @ 64x17", 33, 64, 17, true);
     }

@@ -538,6 +538,22 @@ AVX512 static void nhwc_block_2x2_avx512(const uint16_t *xn, int64_t C, int64_t 
         _mm512_storeu_si512(ic + 8, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(i32, 1)));
     }
 }
+
+/* One window (oh, ow) of image n for 16 channels from c: the tail of a
+ * plane's outputs after its blocks of 16. */
+AVX512 static void nhwc_window_2x2_avx512(const uint16_t *xn, int64_t C, int64_t W, int64_t oh, int64_t ow,
+                                          int64_t c, uint16_t *yv, int64_t *iv) {
+    const int64_t at = 2 * oh * W + 2 * ow;
+    const uint16_t *p = xn + at * C + c;
+    const uint16_t *q[4] = {p, p + C, p + W * C, p + W * C + C};
+    __m512 v[4];
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[k])), 16));
+    __m512i off;
+    __m512 best = pick4(v, W, &off);
+    store16(yv, iv, best, off, at);
+}
 #endif
 
 kiln_status kiln_bf16_relu_max_pool2d_from_nhwc(const uint16_t *x, int64_t N, int64_t C, int64_t H, int64_t W,
@@ -569,7 +585,12 @@ kiln_status kiln_bf16_relu_max_pool2d_from_nhwc(const uint16_t *x, int64_t N, in
                 for (int64_t o = o0; o < o0 + on; o++) {
                     uint16_t yv[16];
                     int64_t iv[16];
-                    nhwc_window(xn, C, W, k, o / OW, o % OW, c, cn, yv, iv);
+#ifdef KILN_POOL_AVX512
+                    if (fast)
+                        nhwc_window_2x2_avx512(xn, C, W, o / OW, o % OW, c, yv, iv);
+                    else
+#endif
+                        nhwc_window(xn, C, W, k, o / OW, o % OW, c, cn, yv, iv);
                     for (int l = 0; l < cn; l++) {
                         y[(n * C + c + l) * plane + o] = yv[l];
                         ix[(n * C + c + l) * plane + o] = iv[l];
