@@ -70,14 +70,14 @@ static bool same_bits(const uint16_t *a, const uint16_t *b, int64_t n, int64_t *
 }
 
 /* One pooling case: forward and backward, fast (rows on and off) against the reference. */
-static void pool_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t W, bool nans) {
-    const int64_t OH = H / 2, OW = W / 2, nx = N * C * H * W, ny = N * C * OH * OW;
+static void pool_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t W, bool nans, int64_t k) {
+    const int64_t OH = H / k, OW = W / k, nx = N * C * H * W, ny = N * C * OH * OW;
     uint16_t *x = malloc(sizeof *x * (size_t)nx), *y[2], *yr = malloc(sizeof *yr * (size_t)ny);
     int64_t *ix[2], *ixr = malloc(sizeof *ixr * (size_t)ny);
     fill_pool_input(x, nx, nans);
     kiln_op_attrs attrs;
     memset(&attrs, 0, sizeof attrs);
-    attrs.kernel[0] = attrs.kernel[1] = attrs.stride[0] = attrs.stride[1] = 2;
+    attrs.kernel[0] = attrs.kernel[1] = attrs.stride[0] = attrs.stride[1] = k;
     kiln_op_args a;
     memset(&a, 0, sizeof a);
     a.n_in = 1, a.n_out = 2, a.attrs = &attrs;
@@ -242,18 +242,19 @@ static void conv_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t
 
 /* conv2d_relu_max_pool2d: y against the float64 convolution's pooled ReLU, each value within the
  * bound of its window's largest (a window's maximum moves by no more than its values do). */
-static void conv_pool_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O) {
+static void conv_pool_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O,
+                           int64_t k) {
     kiln_scope_begin();
     kiln_tensor *x = bf16_randn(KILN_SHAPE(N, C, H, W), true), *w = bf16_randn(KILN_SHAPE(O, C, 3, 3), true);
     kiln_tensor *b = bf16_randn(KILN_SHAPE(O), true);
     kiln_conv2d_opts o = {.padding = {1, 1}};
     uint64_t fwd = kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D);
-    kiln_tensor *y = kiln_conv2d_relu_max_pool2d(x, w, b, &o, 2, NULL);
+    kiln_tensor *y = kiln_conv2d_relu_max_pool2d(x, w, b, &o, k, NULL);
     CHECK_MSG(kiln_ops_fast_runs(KILN_OP_CONV2D_RELU_MAX_POOL2D) > fwd,
               "%s: the fused bf16 kernel did not run", name);
     kiln_tensor *r = bf16_randn(kiln_shape_of(y), false);
     backward_of(y, r);
-    kiln_pool2d_opts p = kiln_pool2d_defaults(2);
+    kiln_pool2d_opts p = kiln_pool2d_defaults(k);
     kiln_tensor *x64 = as_f64(x, false, false), *w64 = as_f64(w, false, false),
                 *b64 = as_f64(b, false, false);
     kiln_tensor *c64 = kiln_conv2d(x64, w64, b64, &o), *y64 = kiln_relu_max_pool2d(c64, &p, NULL);
@@ -266,7 +267,7 @@ static void conv_pool_case(const char *name, int64_t N, int64_t C, int64_t H, in
     kiln_tensor *ix2 = NULL, *c2 = kiln_conv2d(x, w, b, &o), *y2 = kiln_relu_max_pool2d(c2, &p, &ix2);
     for (int rows = 1; rows >= 0; rows--) {
         kiln_bf16_pool_test_rows(rows);
-        kiln_tensor *ix1 = NULL, *y1 = kiln_conv2d_relu_max_pool2d(x, w, b, &o, 2, &ix1);
+        kiln_tensor *ix1 = NULL, *y1 = kiln_conv2d_relu_max_pool2d(x, w, b, &o, k, &ix1);
         kiln_bf16_pool_test_rows(1);
         int64_t n1, n2;
         double *a1 = host_f64(y1, &n1), *a2 = host_f64(y2, &n2), *i1 = host_f64(ix1, &n1),
@@ -329,11 +330,12 @@ static bool cpu_has_native_bf16(void) {
 int main(void) {
     if (kiln_init()) return 1;
     kiln_manual_seed(5);
-    pool_case("32x33: 16-wide rows, odd width", 2, 3, 32, 33, false);
-    pool_case("10x40: 20-wide rows, a tail of 4", 1, 4, 10, 40, true);
-    pool_case("16x16: 8-wide rows, gathered", 3, 5, 16, 16, false);
-    pool_case("9x7: 3-wide rows, a bottom row and a column unread", 2, 3, 9, 7, true);
-    pool_case("4x6: too small for a vector", 1, 2, 4, 6, false);
+    pool_case("32x33: 16-wide rows, odd width", 2, 3, 32, 33, false, 2);
+    pool_case("10x40: 20-wide rows, a tail of 4", 1, 4, 10, 40, true, 2);
+    pool_case("16x16: 8-wide rows, gathered", 3, 5, 16, 16, false, 2);
+    pool_case("9x7: 3-wide rows, a bottom row and a column unread", 2, 3, 9, 7, true, 2);
+    pool_case("4x6: too small for a vector", 1, 2, 4, 6, false, 2);
+    pool_case("3x3 windows, 11x10: the general loops and the scatter", 2, 3, 11, 10, true, 3);
     kiln_bf16_pool_test_rows(1);
 #ifndef KILN_WITH_ONEDNN
     printf("part 2 skipped: this build has no oneDNN\n");
@@ -353,11 +355,14 @@ int main(void) {
         conv_case("3x3 pad 1, bias, 16->32 on 9x11", 2, 16, 9, 11, 32, 3, &pad, true);
         conv_case("3x3 stride 2, 3->8 on 13x12", 3, 3, 13, 12, 8, 3, &strided, false);
         conv_case("1x1, 5->7 on 4x5", 2, 5, 4, 5, 7, 1, NULL, true);
-        conv_pool_case("conv-relu-pool 3->32 on 32x32 (the bench CNN's first layer)", 4, 3, 32, 32, 32);
-        conv_pool_case("conv-relu-pool 32->64 on 16x16", 2, 32, 16, 16, 64);
-        conv_pool_case("conv-relu-pool 16->8 on 9x7", 3, 16, 9, 7, 8);
-        conv_pool_case("conv-relu-pool 16->32 on 14x14 (7x7 pooled: 3 blocks of 16 and a tail)", 2, 16, 14, 14, 32);
-        conv_pool_case("conv-relu-pool 8->16 on 7x7 (3x3 pooled: a tail only)", 3, 8, 7, 7, 16);
+        conv_pool_case("conv-relu-pool 3->32 on 32x32 (the bench CNN's first layer)", 4, 3, 32, 32, 32, 2);
+        conv_pool_case("conv-relu-pool 32->64 on 16x16", 2, 32, 16, 16, 64, 2);
+        conv_pool_case("conv-relu-pool 16->8 on 9x7", 3, 16, 9, 7, 8, 2);
+        conv_pool_case("conv-relu-pool 16->32 on 14x14 (7x7 pooled: 3 blocks of 16 and a tail)", 2, 16, 14,
+                       14, 32, 2);
+        conv_pool_case("conv-relu-pool 8->16 on 7x7 (3x3 pooled: a tail only)", 3, 8, 7, 7, 16, 2);
+        conv_pool_case("conv-relu-pool 16->32 on 12x11, 3x3 windows (the general NHWC loop)", 2, 16, 12, 11,
+                       32, 3);
         linear_case("linear 37x130 -> 19", 37, 130, 19, false);
         linear_case("mm 33x64 @ 64x17", 33, 64, 17, true);
     }

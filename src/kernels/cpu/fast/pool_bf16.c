@@ -10,9 +10,14 @@
  * maximum wins ties, NaN beats everything, a window with nothing above 0
  * gives +0 at its first element); where every index lies in its own window
  * each input gets at most one window's gradient, stored as it came, and
- * otherwise the plane is scattered into double as the reference does. The bias-gradient sums are accumulated
- * in double per (n, c) plane in (h, w) order and the planes added in n order, as the f32 kernels do
- * (pool_fast.c), so the bits do not depend on the thread count; the one rounding is to bf16 at the end. */
+ * otherwise the plane is scattered into double as the reference does.
+ *
+ * The bias-gradient sums are each (n, c) plane's input gradient added in
+ * double (plane_sum: eight running sums, then pairwise), the planes then
+ * added in n order, as the f32 kernels add planes (pool_fast.c): the bits do
+ * not depend on the thread count or on the vector width, and the one
+ * rounding is to bf16 at the end (within one bf16 rounding of the reference's
+ * single running sum). */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,10 +70,10 @@ bool kiln_bf16_relu_max_pool2d_supports(const kiln_op_args *a) {
            ix->shape[3] == y->shape[3] && tiling_windows(a, x, y);
 }
 
-/* One plane's 2x2 windows: the general loop's comparisons in its order, as
- * selects so that the row vectorises. The first value is relu'd (>= +0 or
- * NaN), so it is always taken over the start of -inf. */
-/* Rows oh0 .. OH - 1 from column ow0, the first of them from column c0. */
+/* One plane's 2x2 windows, rows oh0 .. OH - 1 from column ow0 (the first
+ * of them from column c0): the general loop's comparisons in its order, as
+ * selects. The first value is relu'd (>= +0 or NaN), so it is always taken
+ * over the start of -inf. */
 KILN_SIMD_CLONES static void plane_2x2(const uint16_t *xp, uint16_t *yp, int64_t *ip, int64_t W, int64_t OH,
                                        int64_t OW, int64_t oh0, int64_t c0, int64_t ow0) {
     for (int64_t oh = oh0; oh < OH; oh++) {

@@ -210,9 +210,6 @@ static _Thread_local struct {
     double *part;
 } fwd_pool;
 
-/* data[pos]: the op's buffers (position 3: the forward bias, or NULL).
- * weights: the weights already in the convolution's layout (the
- * dispatcher's prepared copy), or NULL to reorder them here. */
 /* kiln_onednn_conv2d_nhwc: the forward's output is left in the plan's own
  * layout in the workspace (no output reorder), and its address put here. */
 static _Thread_local struct {
@@ -220,6 +217,9 @@ static _Thread_local struct {
     const void *out;
 } native_out;
 
+/* data[pos]: the op's buffers (position 3: the forward bias, or NULL).
+ * weights: the weights already in the convolution's layout (the
+ * dispatcher's prepared copy), or NULL to reorder them here. */
 static kiln_status plan_execute(const conv_plan *plan, void *const *data, void *workspace, size_t workspace_bytes,
                                 const void *weights) {
     if (workspace_bytes < plan->workspace || (plan->workspace && !workspace))
@@ -758,7 +758,7 @@ bool kiln_onednn_conv2d_nhwc_out(const kiln_op_args *a) {
         kiln_error_clear();
         return false;
     }
-    if (!ok || plan.wino || plan.smallc || !plan.reorder[2] || plan.relu) return false;
+    if (!ok || plan.wino || plan.smallc || !plan.reorder[2] || plan.conv_key_v[K_RELU]) return false;
     const dnnl_memory_desc_t *chosen = NULL;
     const kiln_strided *y = &a->out[0];
     dnnl_dims_t dims = {y->shape[0], y->shape[1], y->shape[2], y->shape[3]};
