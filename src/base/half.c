@@ -198,7 +198,10 @@ void kiln_f16_to_f32_n(const uint16_t *src, float *dst, size_t n) {
 #define KILN_HALF_CLONES
 #endif
 
-KILN_HALF_CLONES void kiln_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n) {
+/* The clones are static: clang 14 resolves target_clones of an external
+ * function only within its own object (a static library's users saw no
+ * definition). */
+KILN_HALF_CLONES static void f32_to_bf16_run(const float *src, uint16_t *dst, size_t n) {
     for (size_t i = 0; i < n; i++) {
         uint32_t bits;
         memcpy(&bits, &src[i], sizeof bits);
@@ -207,9 +210,12 @@ KILN_HALF_CLONES void kiln_f32_to_bf16_n(const float *src, uint16_t *dst, size_t
     }
 }
 
-KILN_HALF_CLONES void kiln_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n) {
+KILN_HALF_CLONES static void bf16_to_f32_run(const uint16_t *src, float *dst, size_t n) {
     for (size_t i = 0; i < n; i++) {
         uint32_t bits = (uint32_t)src[i] << 16;
         memcpy(&dst[i], &bits, sizeof bits);
     }
 }
+
+void kiln_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n) { f32_to_bf16_run(src, dst, n); }
+void kiln_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n) { bf16_to_f32_run(src, dst, n); }
