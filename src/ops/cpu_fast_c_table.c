@@ -1,6 +1,6 @@
 /* The plain-C fast CPU kernel table (kernels/cpu/fast/): f32 kernels (and
- * bf16 pooling for autocast) on contiguous tensors that need no library, consulted after the oneDNN
- * table and before the reference kernels. Built in every configuration.
+ * bf16 pooling for autocast) on contiguous tensors that need no library,
+ * consulted after the oneDNN table and before the reference kernels. Built in every configuration.
  * Pooling, ReLU, addition and the bias-gradient sum also take oneDNN's nChw16c
  * layout (blocked_fast.c): the entries below pick the kernel by the
  * inputs' layout and pass the layout on to their outputs. */
@@ -34,7 +34,6 @@ static kiln_status relu_max_pool2d(const kiln_op_args *a) {
 static bool relu_max_pool2d_supports(const kiln_op_args *a) {
     return a->in[0].dtype == KILN_BF16 ? kiln_bf16_relu_max_pool2d_supports(a) : max_pool2d_supports(a);
 }
-
 static kiln_status relu_max_pool2d_backward(const kiln_op_args *a) {
     return blocked_in(a, 2) ? kiln_blocked_relu_max_pool2d_backward(a) : kiln_fast_relu_max_pool2d_backward(a);
 }

@@ -63,7 +63,6 @@ static kiln_status pool_run(const kiln_op_args *pool) {
     return kiln_layout_block(pool->in[0].layout) ? kiln_blocked_relu_max_pool2d(pool) : kiln_fast_relu_max_pool2d(pool);
 }
 
-
 bool kiln_onednn_conv2d_relu_max_pool2d_supports(const kiln_op_args *a) {
     kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;

@@ -70,6 +70,7 @@ bool kiln_onednn_conv2d_pools(const kiln_op_args *a);
  * (the small-channel weight gradient with an nChw8c gradient); NULLs turn
  * it back into plain pool mode. */
 void kiln_onednn_conv2d_grad_weight_pool_inputs(const float *go, const float *y, const int64_t *ix, double *part);
+bool kiln_onednn_conv2d_grad_weight_pools(const kiln_op_args *a);
 /* For the bf16 fused op: whether the forward's plan computes into NHWC
  * (oneDNN's choice for bf16 on AMX and AVX512-BF16) and reorders that to the
  * NCHW output. kiln_onednn_conv2d_nhwc then runs the convolution without
@@ -77,7 +78,6 @@ void kiln_onednn_conv2d_grad_weight_pool_inputs(const float *go, const float *y,
  * workspace. Blocks the host. */
 bool kiln_onednn_conv2d_nhwc_out(const kiln_op_args *a);
 kiln_status kiln_onednn_conv2d_nhwc(const kiln_op_args *a, const void **nhwc);
-bool kiln_onednn_conv2d_grad_weight_pools(const kiln_op_args *a);
 
 /* conv2d_relu_max_pool2d_grad_weight (onednn_conv_pool.c). */
 kiln_status kiln_onednn_conv2d_relu_max_pool2d_grad_weight(const kiln_op_args *a);
