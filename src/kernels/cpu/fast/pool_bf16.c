@@ -510,6 +510,19 @@ AVX512 static void transpose16(__m512i r[16]) {
     }
 }
 
+/* The 2x2 window at plane offset `at` of an NHWC image, 16 channels from
+ * c: its four positions' channel vectors through pick4. */
+AVX512 static __m512 nhwc_pick4(const uint16_t *xn, int64_t C, int64_t W, int64_t at, int64_t c,
+                                __m512i *off) {
+    const uint16_t *p = xn + at * C + c;
+    const uint16_t *q[4] = {p, p + C, p + W * C, p + W * C + C};
+    __m512 v[4];
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[k])), 16));
+    return pick4(v, W, off);
+}
+
 /* 16 flat outputs o0 .. o0 + 15 of image n's planes (o = oh OW + ow) for
  * 16 channels from c: each window's 16 channels as one vector with
  * plane_2x2's steps, then transposed to 16 outputs per channel. */
@@ -520,14 +533,8 @@ AVX512 static void nhwc_block_2x2_avx512(const uint16_t *xn, int64_t C, int64_t 
     for (int j = 0; j < 16; j++) {
         const int64_t oh = (o0 + j) / OW, ow = (o0 + j) % OW;
         at[j] = (int)(2 * oh * W + 2 * ow);
-        const uint16_t *p = xn + (int64_t)at[j] * C + c;
-        const uint16_t *q[4] = {p, p + C, p + W * C, p + W * C + C};
-        __m512 v[4];
-        for (int k = 0; k < 4; k++)
-            v[k] = _mm512_castsi512_ps(
-                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[k])), 16));
         __m512i off;
-        __m512 best = pick4(v, W, &off);
+        __m512 best = nhwc_pick4(xn, C, W, at[j], c, &off);
         bits[j] = _mm512_srli_epi32(_mm512_castps_si512(best), 16);
         code[j] = off;
     }
@@ -549,14 +556,8 @@ AVX512 static void nhwc_block_2x2_avx512(const uint16_t *xn, int64_t C, int64_t 
 AVX512 static void nhwc_window_2x2_avx512(const uint16_t *xn, int64_t C, int64_t W, int64_t oh, int64_t ow,
                                           int64_t c, uint16_t *yv, int64_t *iv) {
     const int64_t at = 2 * oh * W + 2 * ow;
-    const uint16_t *p = xn + at * C + c;
-    const uint16_t *q[4] = {p, p + C, p + W * C, p + W * C + C};
-    __m512 v[4];
-    for (int k = 0; k < 4; k++)
-        v[k] = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)q[k])), 16));
     __m512i off;
-    __m512 best = pick4(v, W, &off);
+    __m512 best = nhwc_pick4(xn, C, W, at, c, &off);
     store16(yv, iv, best, off, at);
 }
 #endif

@@ -73,9 +73,10 @@ void kiln_onednn_conv2d_grad_weight_pool_inputs(const float *go, const float *y,
 bool kiln_onednn_conv2d_grad_weight_pools(const kiln_op_args *a);
 /* For the bf16 fused op: whether the forward's plan computes into NHWC
  * (oneDNN's choice for bf16 on AMX and AVX512-BF16) and reorders that to the
- * NCHW output. kiln_onednn_conv2d_nhwc then runs the convolution without
- * the reorder and sets *nhwc to its NHWC output, which lies in the
- * workspace. Blocks the host. */
+ * NCHW output. Where it does (the caller asks first: the plan is not
+ * checked again on this hot path), kiln_onednn_conv2d_nhwc runs the
+ * convolution without the reorder and sets *nhwc to its NHWC output, which
+ * lies in the workspace. Blocks the host. */
 bool kiln_onednn_conv2d_nhwc_out(const kiln_op_args *a);
 kiln_status kiln_onednn_conv2d_nhwc(const kiln_op_args *a, const void **nhwc);
 
