@@ -3,7 +3,9 @@
  * consulted after the oneDNN table and before the reference kernels. Built in every configuration.
  * Pooling, ReLU, addition and the bias-gradient sum also take oneDNN's nChw16c
  * layout (blocked_fast.c): the entries below pick the kernel by the
- * inputs' layout and pass the layout on to their outputs. */
+ * inputs' layout and pass the layout on to their outputs. The bf16 fused
+ * convolution-pooling of images with few channels (conv_pool_bf16.c) is here
+ * too: the oneDNN table leaves those shapes to it. */
 #include <pthread.h>
 
 #include "kernels/cpu/fast/fast_kernels.h"
@@ -80,6 +82,13 @@ static void build_fast_c_table(void) {
     fast_c_table[KILN_OP_ADD_] =
         (kiln_op_kernel){kiln_fast_add, NULL, F32, kiln_fast_add_supports, kiln_blocked_relu_layout};
     fast_c_table[KILN_OP_SUM] = (kiln_op_kernel){sum, sum_workspace, F32, sum_supports, kiln_blocked_strided_out};
+    /* bf16 first layers (few channels); the oneDNN table declines these shapes in bf16 */
+    fast_c_table[KILN_OP_CONV2D_RELU_MAX_POOL2D] =
+        (kiln_op_kernel){kiln_bf16_conv_pool_smallc, kiln_bf16_conv_pool_smallc_workspace, BF16,
+                         kiln_bf16_conv_pool_smallc_supports};
+    fast_c_table[KILN_OP_CONV2D_RELU_MAX_POOL2D_GRAD_WEIGHT] =
+        (kiln_op_kernel){kiln_bf16_conv_pool_smallc_grad_weight, kiln_bf16_conv_pool_smallc_grad_weight_workspace,
+                         BF16, kiln_bf16_conv_pool_smallc_grad_weight_supports};
 }
 
 const kiln_op_kernel *kiln_cpu_fast_c_op_kernels(void) {

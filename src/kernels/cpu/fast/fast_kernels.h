@@ -66,6 +66,19 @@ kiln_status kiln_bf16_relu_max_pool2d_from_nhwc(const uint16_t *x, int64_t N, in
                                                 int64_t k, uint16_t *y, int64_t *ix, int64_t OH, int64_t OW);
 /* For tests: 0 keeps those kernels on their portable rows (no AVX-512), 1 (the default) lets them use them. */
 void kiln_bf16_pool_test_rows(int on);
+/* Whether the bf16 kernels may take their vector rows (kiln_bf16_pool_test_rows). */
+bool kiln_bf16_rows_allowed(void);
+
+/* conv2d_relu_max_pool2d and conv2d_relu_max_pool2d_grad_weight for bf16
+ * images of few channels (C * KH * KW <= 48), stride 1, 2x2 pooling,
+ * 16k output channels, contiguous NCHW (conv_pool_bf16.c): autocast's first
+ * layer, in f32 registers, where oneDNN's bf16 kernels want 16 channels. */
+bool kiln_bf16_conv_pool_smallc_supports(const kiln_op_args *a);
+size_t kiln_bf16_conv_pool_smallc_workspace(const kiln_op_args *a);
+kiln_status kiln_bf16_conv_pool_smallc(const kiln_op_args *a);
+bool kiln_bf16_conv_pool_smallc_grad_weight_supports(const kiln_op_args *a);
+size_t kiln_bf16_conv_pool_smallc_grad_weight_workspace(const kiln_op_args *a);
+kiln_status kiln_bf16_conv_pool_smallc_grad_weight(const kiln_op_args *a);
 
 kiln_status kiln_fast_relu(const kiln_op_args *a);
 bool kiln_fast_relu_supports(const kiln_op_args *a);

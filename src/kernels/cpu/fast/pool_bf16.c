@@ -30,7 +30,8 @@
 /* kiln_bf16_pool_test_rows: 0 keeps the kernels on their portable rows. */
 static _Atomic int rows_allowed = 1;
 void kiln_bf16_pool_test_rows(int on) { atomic_store(&rows_allowed, on); }
-static inline bool pool_rows_allowed(void) { return atomic_load(&rows_allowed) != 0; }
+bool kiln_bf16_rows_allowed(void) { return atomic_load(&rows_allowed) != 0; }
+static inline bool pool_rows_allowed(void) { return kiln_bf16_rows_allowed(); }
 
 static float widen(uint16_t b) {
     union {

@@ -64,6 +64,7 @@ static kiln_status pool_run(const kiln_op_args *pool) {
 }
 
 bool kiln_onednn_conv2d_relu_max_pool2d_supports(const kiln_op_args *a) {
+    if (kiln_bf16_conv_pool_smallc_supports(a)) return false; /* the plain-C table's (conv_pool_bf16.c) */
     kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     fused_call c;
     call_of(a, &c);
@@ -185,6 +186,7 @@ static void wgrad_call_of(const kiln_op_args *a, wgrad_call *c) {
 bool kiln_onednn_conv2d_relu_max_pool2d_grad_weight_supports(const kiln_op_args *a) {
     kiln_dtype dt = a->out[0].dtype;
     if ((dt != KILN_F32 && dt != KILN_BF16) || a->out[1].dtype != dt) return false;
+    if (kiln_bf16_conv_pool_smallc_grad_weight_supports(a)) return false; /* conv_pool_bf16.c's */
     kiln_onednn_conv2d_pool_mode(true, a->attrs->kernel[0], NULL, NULL);
     wgrad_call c;
     wgrad_call_of(a, &c);
