@@ -7,7 +7,8 @@
  * on the portable ones: 16-wide and wider rows with a tail, narrow rows
  * gathered across rows, planes too small for a vector, odd sizes that leave
  * a row and a column no window reads, ties, zeros, negative values and NaN;
- * an index outside its window (the scatter path), and one outside its plane
+ * an index outside its window (the scatter path), one on its neighbour's
+ * maximum (two gradients added there), and one outside its plane
  * (an error naming the fix).
  *
  * Part 2, oneDNN's bf16 convolutions and products through the dispatcher
@@ -104,6 +105,9 @@ static void pool_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t
     uint16_t sums[2][64], sumsr[64];
     for (int64_t i = 0; i < ny; i++) go[i] = bf16_of((float)(uniform() * 2.0 - 1.0));
     if (ny > 40 && H * W > 8) ixr[ny / 2 + 3] = (ixr[ny / 2 + 3] + 2 * W) % (H * W);
+    /* and one onto its right neighbour's maximum: two gradients meet there (added, not overwritten) */
+    int64_t j = ny / 4 - (ny / 4) % OW;
+    if (ny > 40 && OW >= 2 && yr[j] != 0 && yr[j + 1] != 0) ixr[j] = ixr[j + 1];
     kiln_op_attrs battrs = attrs;
     kiln_op_args b;
     memset(&b, 0, sizeof b);

@@ -9,11 +9,14 @@
  * with the same comparisons, give the same maximum and index (the first
  * maximum wins ties, NaN beats everything, a window with nothing above 0
  * gives +0 at its first element); where every index lies in its own window
- * each input gets at most one window's gradient, stored as it came, and
- * otherwise the plane is scattered into double as the reference does.
+ * each input gets at most one window's gradient, stored as it came (planes
+ * too small for a vector too: plane_dense), and otherwise the plane is
+ * scattered into double as the reference does.
  *
  * The bias-gradient sums are each (n, c) plane's input gradient added in
- * double (plane_sum: eight running sums, then pairwise), the planes then
+ * double (eight running sums, then pairwise: plane_sum; where the plane was
+ * written densely, the same values read from the pooled gradients where
+ * y > 0, a quarter of the reads: pooled_sum), the planes then
  * added in n order, as the f32 kernels add planes (pool_fast.c): the bits do
  * not depend on the thread count or on the vector width, and the one
  * rounding is to bf16 at the end (within one bf16 rounding of the reference's
@@ -42,6 +45,10 @@ static float widen(uint16_t b) {
 }
 
 static bool is_nan(float v) { return v != v; }
+
+static float passed(uint16_t go, uint16_t y) { /* go where y > 0 (1 .. +inf as bits), else +0 */
+    return (uint16_t)(y - 1u) < 0x7f80u ? widen(go) : 0.0f;
+}
 
 static bool contiguous4(const kiln_strided *t) {
     if (t->ndim != 4 || t->layout != KILN_LAYOUT_STRIDED) return false;
@@ -171,13 +178,15 @@ AVX512 static void row_2x2_avx512(const uint16_t *r0, const uint16_t *r1, uint16
     }
 }
 
-/* Each window's plane offset (2 oh W + 2 ow) for the outputs o0 .. o0 + 15
- * of a plane with OW-wide output rows. */
-AVX512 static __m512i window_at(int64_t o0, int64_t OW, int64_t W) {
+/* Each window's plane offset (2 oh W + 2 ow) for the next 16 outputs of a
+ * plane with OW-wide output rows, from the window (*oh, *ow) on, which it
+ * moves past them (no division: it ran per lane and took a third of the
+ * narrow rows' time). */
+AVX512 static __m512i window_at(int64_t *oh, int64_t *ow, int64_t OW, int64_t W) {
     int at[16];
     for (int l = 0; l < 16; l++) {
-        int64_t o = o0 + l;
-        at[l] = (int)(2 * (o / OW) * W + 2 * (o % OW));
+        at[l] = (int)(2 * *oh * W + 2 * *ow);
+        if (++*ow == OW) *ow = 0, ++*oh;
     }
     return _mm512_loadu_si512(at);
 }
@@ -187,8 +196,9 @@ AVX512 static __m512i window_at(int64_t o0, int64_t OW, int64_t W) {
  * words; outputs [0, n16) of the plane. Same steps as row_2x2_avx512. */
 AVX512 static void plane_2x2_gather_avx512(const uint16_t *xp, uint16_t *y, int64_t *ix, int64_t n16,
                                            int64_t OW, int64_t W) {
+    int64_t oh = 0, ow = 0;
     for (int64_t o = 0; o < n16; o += 16) {
-        __m512i at = window_at(o, OW, W), bytes = _mm512_slli_epi32(at, 1), off;
+        __m512i at = window_at(&oh, &ow, OW, W), bytes = _mm512_slli_epi32(at, 1), off;
         __m512 v[4];
         widen_pairs(_mm512_i32gather_epi32(bytes, (const void *)xp, 1),
                     _mm512_i32gather_epi32(bytes, (const void *)(xp + W), 1), v);
@@ -233,8 +243,9 @@ AVX512 static bool grad_pairs(const uint16_t *go, const uint16_t *y, const int64
  * rows and 2 OW columns; the rest is the caller's). False as grad_pairs. */
 AVX512 static bool plane_2x2_backward_scatter_avx512(const uint16_t *go, const uint16_t *y, const int64_t *ix,
                                                      uint16_t *d, int64_t n16, int64_t OW, int64_t W) {
+    int64_t oh = 0, ow = 0;
     for (int64_t o = 0; o < n16; o += 16) {
-        __m512i at = window_at(o, OW, W), top, bot;
+        __m512i at = window_at(&oh, &ow, OW, W), top, bot;
         if (!grad_pairs(go + o, y + o, ix + o, 0, at, W, &top, &bot)) return false;
         __m512i bytes = _mm512_slli_epi32(at, 1);
         _mm512_i32scatter_epi32((void *)d, bytes, top, 1);
@@ -257,6 +268,24 @@ AVX512 static bool row_2x2_backward_avx512(const uint16_t *go, const uint16_t *y
         _mm512_storeu_si512(d1 + 2 * ow, bot);
     }
     return true;
+}
+
+/* pooled_sum_portable's eight running sums as the eight lanes of a vector. */
+AVX512 static double pooled_sum_avx512(const uint16_t *go, const uint16_t *y, int64_t n) {
+    __m512d acc = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i yb = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(y + i)));
+        __m256i gb = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(go + i)));
+        __m256 yv = _mm256_castsi256_ps(_mm256_slli_epi32(yb, 16)),
+               gv = _mm256_castsi256_ps(_mm256_slli_epi32(gb, 16));
+        __m256 pass = _mm256_and_ps(gv, _mm256_cmp_ps(yv, _mm256_setzero_ps(), _CMP_GT_OQ));
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(pass));
+    }
+    double a[8];
+    _mm512_storeu_pd(a, acc);
+    for (int j = 0; i < n; i++, j++) a[j] += passed(go[i], y[i]);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 #endif
 
@@ -347,6 +376,41 @@ KILN_SIMD_CLONES static double plane_sum(const uint16_t *d, int64_t n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/* The sum that plane_sum gives for a plane written densely, from its n
+ * pooled gradients where y > 0 (a quarter of the reads at 2x2). */
+static double pooled_sum_portable(const uint16_t *go, const uint16_t *y, int64_t n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += passed(go[i + j], y[i + j]);
+    for (int j = 0; i < n; i++, j++) acc[j] += passed(go[i], y[i]);
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static double pooled_sum(const uint16_t *go, const uint16_t *y, int64_t n) {
+#ifdef KILN_POOL_AVX512
+    if (avx512_ok() && pool_rows_allowed()) return pooled_sum_avx512(go, y, n);
+#endif
+    return pooled_sum_portable(go, y, n);
+}
+
+/* One plane written densely, portably: zeros, then each window's gradient
+ * at its index where y > 0. False (nothing trusted) when an index lies
+ * outside its own kh x kw window. */
+static bool plane_dense(const uint16_t *go, const uint16_t *y, const int64_t *ix, uint16_t *d, int64_t OH,
+                        int64_t OW, int64_t W, int64_t HW, int64_t kh, int64_t kw) {
+    memset(d, 0, sizeof *d * (size_t)HW);
+    for (int64_t oh = 0, o = 0; oh < OH; oh++)
+        for (int64_t ow = 0; ow < OW; ow++, o++) {
+            const int64_t rel = ix[o] - (oh * kh * W + ow * kw);
+            bool inside = false;
+            for (int64_t r = 0; r < kh && !inside; r++) inside = rel - r * W >= 0 && rel - r * W < kw;
+            if (!inside) return false;
+            if (widen(y[o]) > 0.0f) d[ix[o]] = go[o];
+        }
+    return true;
+}
+
 /* One plane, scattered as the reference does: each window's gradient
  * where y > 0 added into a double plane (indices outside their windows may
  * meet), stored with one rounding. 1: an index outside the plane; -1: no
@@ -433,10 +497,13 @@ kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
             }
         }
 #endif
-        if (!dense) {
-            int st = plane_scatter(gp, yp, ip, d, OHW, HW);
-            if (st) bad |= st > 0 ? 1 : 2;
+        if (!dense) dense = plane_dense(gp, yp, ip, d, OH, OW, W, HW, g.kernel[0], g.kernel[1]);
+        if (dense) {
+            part[p] = pooled_sum(gp, yp, OHW);
+            continue;
         }
+        int st = plane_scatter(gp, yp, ip, d, OHW, HW);
+        if (st) bad |= st > 0 ? 1 : 2;
         part[p] = plane_sum(d, HW);
     }
     if (bad & 2)
