@@ -12,13 +12,16 @@
  * kiln/PyTorch ratio of the medians against issue 22's bar (<= 0.25), the
  * median final accuracies and their difference (the bar asks for equal or
  * better), the CPU used by other processes meanwhile, and a last stdout
- * line of JSON.
+ * line of JSON. Round r seeds both sides with r (kiln train --seed r, the
+ * peer's --seed r): one seed's accuracy moves by 0.1-0.3 points with the
+ * seed on either side, so the medians compare recipes over several seeds,
+ * not two draws.
  *
  *   kiln bench main-job [--epochs N] [--rounds N] [--limit N] [--threads N]
  *                       [--no-peer] [--python PATH] [--peer-script PATH]
  *
  * Kiln runs as a child: this binary (/proc/self/exe) with `train --out DIR
- * --epochs N --threads T [--limit N]`, DIR a fresh temporary directory
+ * --seed r --epochs N --threads T [--limit N]`, DIR a fresh temporary directory
  * removed afterwards; its metrics.jsonl gives the epoch records. --limit N
  * trains and tests on the first N images on both sides (kiln train's
  * meaning). Threads: both get T = Kiln's compute threads; a peer that
@@ -104,7 +107,7 @@ static bool read_kiln_metrics(const char *path, int epochs, mj_run *out, char *w
     return true;
 }
 
-static void run_kiln(const mj_config *cfg, mj_run *out, char *why, size_t why_n) {
+static void run_kiln(const mj_config *cfg, int seed, mj_run *out, char *why, size_t why_n) {
     memset(out, 0, sizeof *out);
     char exe[PATH_MAX];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -124,14 +127,17 @@ static void run_kiln(const mj_config *cfg, mj_run *out, char *why, size_t why_n)
     }
     snprintf(run_dir, sizeof run_dir, "%s/run", dir);
     snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", run_dir);
-    char e[16], t[16], l[32];
+    char e[16], t[16], l[32], sd[16];
     snprintf(e, sizeof e, "%d", cfg->epochs);
     snprintf(t, sizeof t, "%d", kiln_num_threads());
     snprintf(l, sizeof l, "%lld", cfg->limit);
+    snprintf(sd, sizeof sd, "%d", seed);
     char *const argv[] = {exe,
                           "train",
                           "--out",
                           run_dir,
+                          "--seed",
+                          sd,
                           "--epochs",
                           e,
                           "--threads",
@@ -189,16 +195,19 @@ static bool parse_peer(const char *json, int epochs, mj_run *out, char *why, siz
     return ok;
 }
 
-static void run_peer(const mj_config *cfg, const char *script, mj_run *out, char *why, size_t why_n) {
+static void run_peer(const mj_config *cfg, const char *script, int seed, mj_run *out, char *why, size_t why_n) {
     memset(out, 0, sizeof *out);
-    char e[16], t[16], l[32];
+    char e[16], t[16], l[32], sd[16];
     snprintf(e, sizeof e, "%d", cfg->epochs);
     snprintf(t, sizeof t, "%d", kiln_num_threads());
     snprintf(l, sizeof l, "%lld", cfg->limit);
+    snprintf(sd, sizeof sd, "%d", seed);
     char *const argv[] = {(char *)cfg->python,
                           (char *)script,
                           "--recipe",
                           "onecycle",
+                          "--seed",
+                          sd,
                           "--epochs",
                           e,
                           "--threads",
@@ -416,16 +425,16 @@ int kiln_bench_main_job(int argc, char **argv) {
             mj_side *side = kiln_turn ? &k : &p;
             mj_run *run = &side->r[side->n++];
             if (kiln_turn)
-                run_kiln(&cfg, run, k.reason, sizeof k.reason);
+                run_kiln(&cfg, i, run, k.reason, sizeof k.reason);
             else
-                run_peer(&cfg, script, run, p.reason, sizeof p.reason);
+                run_peer(&cfg, script, i, run, p.reason, sizeof p.reason);
             /* A run takes minutes: say each as it ends. */
             if (run->ok)
                 fprintf(
                     stderr,
-                    "round %d: %s %.2f s/epoch (training loop), %.2f s evaluation, test accuracy %.2f%%\n",
-                    i + 1, kiln_turn ? "kiln" : "pytorch", run->s_per_epoch, run->eval_s,
-                    100 * run->test_acc);
+                    "round %d (seed %d): %s %.2f s/epoch (training loop), %.2f s evaluation, test accuracy "
+                    "%.2f%%\n",
+                    i + 1, i, kiln_turn ? "kiln" : "pytorch", run->s_per_epoch, run->eval_s, 100 * run->test_acc);
             else
                 fprintf(stderr, "round %d: %s gave no figures: %s\n", i + 1, kiln_turn ? "kiln" : "pytorch",
                         side->reason);

@@ -14,7 +14,8 @@ and how this script matches it:
             normalised once up front (Kiln's loader does it per batch).
   batches   128, reshuffled every epoch, the last partial batch kept (469
             steps an epoch). Same size and count; the shuffle order differs
-            (each side has its own generator, both seeded with 0).
+            (each side has its own generator, both seeded with --seed, 0
+            by default; kiln bench main-job passes round r's seed r).
   optimizer Adam (betas 0.9/0.999, eps 1e-8, no weight decay) under a
             one-cycle schedule over all the run's steps: warm-up over 30% of
             them from 3e-3/25 to 3e-3, cosine down to 3e-3/25/1e4, stepped
@@ -130,6 +131,8 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--limit", type=int, default=0, help="the first N training and test images (0: all)")
     ap.add_argument("--recipe", choices=["onecycle", "tutorial"], default="onecycle")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="initialisation and shuffling (kiln bench main-job passes round r's, as kiln train --seed)")
     ap.add_argument("--data", default=DATA)
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (the GPU peer of kiln train --device cuda)")
     ap.add_argument("--amp", choices=["off", "f16"], default="off",
@@ -140,7 +143,7 @@ def main():
     if amp and dev.type != "cuda":
         ap.error("--amp f16 needs --device cuda")
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
 
     t0 = time.perf_counter()
     xtr, ytr = load_split(args.data, "train", args.limit)
@@ -153,7 +156,7 @@ def main():
     n = xtr.shape[0]
     steps_per_epoch = (n + args.batch - 1) // args.batch
     opt, sched, loss_fn = make_recipe(args, model, args.epochs * steps_per_epoch)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(args.seed)
     epochs = []
     for ep in range(1, args.epochs + 1):
         model.train()

@@ -27,6 +27,7 @@ while [ $# -gt 0 ]; do
         --threads) threads=$2; shift ;;
         --limit) limit=$2; shift ;;
         --recipe) recipe=$2; shift ;;
+        --seed) echo "$2" >> "${0%/*}/seeds.log"; shift ;;
     esac
     shift
 done
@@ -54,6 +55,9 @@ if [ "$rc" -ne 0 ]; then
 fi
 grep -q "^bar: training-loop time per epoch kiln / pytorch .*bar <= 0.25x" "$out/bench.txt" ||
     { echo "FAIL: no bar line"; exit 1; }
+# round r seeds both sides with r
+[ "$(tr '\n' ' ' < "$out/seeds.log")" = "0 1 " ] || { echo "FAIL: the seeds the peer got were '$(cat "$out/seeds.log")', not 0 1"; exit 1; }
+grep -q "^round 2 (seed 1): kiln" "$out/err.txt" || { cat "$out/err.txt"; echo "FAIL: Kiln's round 2 ran without seed 1"; exit 1; }
 # kiln train's temporary run directories are gone.
 if ls -d "$out"/kiln_main_job.* > /dev/null 2>&1; then echo "FAIL: a kiln train run directory was left behind"; exit 1; fi
 tail -n 1 "$out/bench.txt" > "$out/result.json"
