@@ -28,14 +28,15 @@
  *     kept by lane and added up at the end of a chunk of images: the
  *     convolution-sized gradient is never written either. The bias
  *     gradient sums the same gradients.
+ *
  * Results: y is bf16(bias + sum of w x) with one rounding, its window's
  * maximum picked as relu_max_pool2d picks it (kernels/cpu/ops_pool.c: ReLU
  * first, the first maximum wins ties, NaN beats everything), so the
  * indices are the pooling's of these values. The weight and bias
  * gradients are added in f32 by lane within a chunk of images (min(N, 64)
  * chunks, fixed by N; the bias in double), the lanes and then the chunks
- * in double in order, then rounded to bf16 once:
- * the bits do not depend on the thread count. The AVX-512 rows and the
+ * in double in order, then rounded to bf16 once: the bits do not depend on
+ * the thread count. The AVX-512 rows and the
  * portable ones (fmaf, same order) give the same bits; tests/kernels/
  * test_bf16_smallc.c holds both to the float64 reference. */
 #include <math.h>
