@@ -13,7 +13,7 @@
  *
  * Part 2, oneDNN's bf16 convolutions and products through the dispatcher
  * (the fast table's bf16 entries): conv2d with and without bias, strided and
- * padded, its input and weight gradients, conv2d_relu_max_pool2d, mm and
+ * padded, a 5x3 kernel, its input and weight gradients, conv2d_relu_max_pool2d, mm and
  * linear with their gradients, each against the float64 reference kernels run
  * on the same bf16 values, element by element within 2^-7 of the sum of the
  * magnitudes of the terms (bf16 rounds each result to 8 bits; the bound is
@@ -214,10 +214,10 @@ static void backward_of(kiln_tensor *y, kiln_tensor *r) {
     if (rr != r) kiln_release(rr);
 }
 
-static void conv_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k,
-                      const kiln_conv2d_opts *opts, bool bias) {
+static void conv_case(const char *name, int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t kh,
+                      int64_t kw, const kiln_conv2d_opts *opts, bool bias) {
     kiln_scope_begin();
-    kiln_tensor *x = bf16_randn(KILN_SHAPE(N, C, H, W), true), *w = bf16_randn(KILN_SHAPE(O, C, k, k), true);
+    kiln_tensor *x = bf16_randn(KILN_SHAPE(N, C, H, W), true), *w = bf16_randn(KILN_SHAPE(O, C, kh, kw), true);
     kiln_tensor *b = bias ? bf16_randn(KILN_SHAPE(O), true) : NULL;
     uint64_t fwd = kiln_ops_fast_runs(KILN_OP_CONV2D), gi = kiln_ops_fast_runs(KILN_OP_CONV2D_GRAD_INPUT),
              gw = kiln_ops_fast_runs(KILN_OP_CONV2D_GRAD_WEIGHT);
@@ -359,9 +359,13 @@ int main(void) {
         printf("part 2 skipped: oneDNN has no bf16 convolution on this CPU (it needs AVX-512)\n");
     } else {
         kiln_conv2d_opts pad = {.padding = {1, 1}}, strided = {.stride = {2, 2}, .padding = {1, 0}};
-        conv_case("3x3 pad 1, bias, 16->32 on 9x11", 2, 16, 9, 11, 32, 3, &pad, true);
-        conv_case("3x3 stride 2, 3->8 on 13x12", 3, 3, 13, 12, 8, 3, &strided, false);
-        conv_case("1x1, 5->7 on 4x5", 2, 5, 4, 5, 7, 1, NULL, true);
+        conv_case("3x3 pad 1, bias, 16->32 on 9x11", 2, 16, 9, 11, 32, 3, 3, &pad, true);
+        conv_case("3x3 stride 2, 3->8 on 13x12", 3, 3, 13, 12, 8, 3, 3, &strided, false);
+        conv_case("1x1, 5->7 on 4x5", 2, 5, 4, 5, 7, 1, 1, NULL, true);
+        /* the input gradient as the forward convolution of the flipped weight (onednn_conv.c, dgrad_fwd)
+         * on a kernel flipped differently along its two axes, padded differently */
+        kiln_conv2d_opts rect = {.padding = {2, 0}};
+        conv_case("5x3 pad (2, 0), 8->16 on 7x9", 2, 8, 7, 9, 16, 5, 3, &rect, false);
         conv_pool_case("conv-relu-pool 3->32 on 32x32 (the bench CNN's first layer)", 4, 3, 32, 32, 32, 2);
         conv_pool_case("conv-relu-pool 32->64 on 16x16", 2, 32, 16, 16, 64, 2);
         conv_pool_case("conv-relu-pool 16->8 on 9x7", 3, 16, 9, 7, 8, 2);
