@@ -42,9 +42,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "base/error.h"
 #include "kernels/cpu/fast/fast_kernels.h"
@@ -102,22 +99,6 @@ static bool geom_of(const kiln_strided *x, const int64_t w[4], const kiln_op_att
     return g->N >= 1 && y[0] == g->N && y[1] == g->O && y[2] == g->PH && y[3] == g->PW;
 }
 
-static int threads_max(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
-static int thread_id(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
 static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
 
 /* The threads a call's workspace has room for: `fixed` shared bytes, then
@@ -128,7 +109,7 @@ static kiln_status slots_of(const kiln_op_args *a, const char *op, size_t fixed,
                           "%s: bf16 small-channel kernel given %zu workspace bytes, needs at least %zu", op,
                           a->workspace_bytes, fixed + slot);
     size_t n = (a->workspace_bytes - fixed) / slot;
-    *slots = n < (size_t)threads_max() ? (int)n : threads_max();
+    *slots = n < (size_t)kiln_cpu_threads_max() ? (int)n : kiln_cpu_threads_max();
     return KILN_OK;
 }
 
@@ -219,7 +200,7 @@ static size_t fwd_fixed_bytes(const sc_geom *g) {
 size_t kiln_bf16_conv_pool_smallc_workspace(const kiln_op_args *a) {
     sc_geom g;
     if (!geom_of(&a->in[0], a->in[1].shape, a->attrs, a->out[0].shape, &g)) return 0;
-    return fwd_fixed_bytes(&g) + (size_t)threads_max() * slot_bytes(&g);
+    return fwd_fixed_bytes(&g) + (size_t)kiln_cpu_threads_max() * slot_bytes(&g);
 }
 
 /* Output channel o of a group: each window's four positions as chains of
@@ -367,7 +348,7 @@ kiln_status kiln_bf16_conv_pool_smallc(const kiln_op_args *a) {
 #pragma omp parallel num_threads(slots) if (slots > 1 && g.N > 1)
 #endif
     {
-        char *s = slots_base + (size_t)thread_id() * slot;
+        char *s = slots_base + (size_t)kiln_cpu_thread_id() * slot;
         float *xp = (float *)s, *xg = (float *)(s + pad_bytes(&g));
 #ifdef _OPENMP
 #pragma omp for schedule(static)
@@ -432,7 +413,7 @@ static size_t wgrad_lane_bytes(const sc_geom *g) {
 size_t kiln_bf16_conv_pool_smallc_grad_weight_workspace(const kiln_op_args *a) {
     sc_geom g;
     if (!geom_of(&a->in[3], a->attrs->ints, a->attrs, a->in[0].shape, &g)) return 0;
-    return wgrad_fixed_bytes(&g) + (size_t)threads_max() * (slot_bytes(&g) + wgrad_lane_bytes(&g));
+    return wgrad_fixed_bytes(&g) + (size_t)kiln_cpu_threads_max() * (slot_bytes(&g) + wgrad_lane_bytes(&g));
 }
 
 /* Which of a window's positions its index names: 0..3 (top left, top
@@ -558,7 +539,7 @@ kiln_status kiln_bf16_conv_pool_smallc_grad_weight(const kiln_op_args *a) {
 #pragma omp parallel num_threads(slots) if (slots > 1 && ch > 1) reduction(| : bad)
 #endif
     {
-        char *s = slots_base + (size_t)thread_id() * slot;
+        char *s = slots_base + (size_t)kiln_cpu_thread_id() * slot;
         float *xp = (float *)s, *xg = (float *)(s + pad_bytes(&g));
         float *lane = (float *)(s + slot_bytes(&g));
         double *blane = (double *)((char *)lane + up64((size_t)(OT * 16) * sizeof(float)));

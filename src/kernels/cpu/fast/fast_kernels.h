@@ -5,8 +5,31 @@
 #ifndef KILN_SRC_KERNELS_CPU_FAST_FAST_KERNELS_H
 #define KILN_SRC_KERNELS_CPU_FAST_FAST_KERNELS_H
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "base/error.h"
 #include "kernels/op_args.h"
+
+/* The threads a CPU kernel's parallel region may take (1 without OpenMP):
+ * kernels with buffers per thread size their workspace for this many, and
+ * each thread takes the slot of its number in the region. */
+static inline int kiln_cpu_threads_max(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static inline int kiln_cpu_thread_id(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 /* The hot loops are compiled for AVX-512, AVX2 and the baseline, and the
  * loader picks the widest the CPU has (GCC/Clang target_clones), so a

@@ -26,9 +26,6 @@
  * gives the same bits for any thread count. */
 #ifdef KILN_WITH_ONEDNN
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "base/error.h"
 #include "kernels/cpu/fast/fast_kernels.h"
@@ -46,14 +43,6 @@ bool kiln_smallc_shape_ok(const kiln_smallc_shape *s) {
            s->h + 2 * s->ph >= 3 && s->w + 2 * s->pw >= 3 && s->oh == out_size(s->h, s->sh, s->ph) &&
            s->ow == out_size(s->w, s->sw, s->pw) && (s->yb == 0 || s->yb == 8 || s->yb == 16) &&
            (s->yb == 0 || s->k % s->yb == 0);
-}
-
-static int threads_max(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
 }
 
 static size_t up64(size_t n) { return (n + 63) / 64 * 64; }
@@ -87,7 +76,7 @@ static sc_layout layout_of(kiln_smallc_pass pass, const kiln_smallc_shape *s, in
 }
 
 size_t kiln_smallc_workspace(kiln_smallc_pass pass, const kiln_smallc_shape *s) {
-    return layout_of(pass, s, threads_max()).total;
+    return layout_of(pass, s, kiln_cpu_threads_max()).total;
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -290,10 +279,7 @@ AVX2 static void run_fwd(const kiln_smallc_shape *s, const sc_layout *l, const k
     int grain = items >= 8 * (int64_t)threads * groups ? (int)groups : 1;
 #pragma omp parallel num_threads(threads)
     {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = kiln_cpu_thread_id();
         float *planes = (float *)(ws + l->shared + (size_t)tid * l->per_thread);
         float *pool_in = (float *)((char *)planes + up64((size_t)(l->pad_h * l->pad_w * s->c) * sizeof(float)));
         int64_t have = -1; /* the image whose planes are padded */
@@ -384,10 +370,7 @@ AVX2 static void run_wgrad(const kiln_smallc_shape *s, const sc_layout *l, const
     int64_t bad = 0;
 #pragma omp parallel num_threads(threads)
     {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = kiln_cpu_thread_id();
         float *plane = (float *)(ws + l->shared + (size_t)tid * l->per_thread);
         float *dyt = (float *)((char *)plane + up64(sizeof(float) * (size_t)(l->pad_h * l->pad_w)));
 #pragma omp for schedule(static) reduction(+ : bad)
@@ -436,7 +419,7 @@ kiln_status kiln_smallc_run(kiln_smallc_pass pass, const kiln_smallc_shape *s, c
         return KILN_RAISE(KILN_ERR_UNSUPPORTED, NULL,
                           "small-channel convolution: needs AVX2 and FMA, 1-4 input channels, output channels "
                           "divisible by 8, a 3x3 filter, stride 1 or 2, padding 0-2");
-    int threads = threads_max();
+    int threads = kiln_cpu_threads_max();
     sc_layout l = layout_of(pass, s, threads);
     if (workspace_bytes < l.total || !workspace)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "small-channel convolution: workspace of %zu bytes, it needs %zu",

@@ -33,11 +33,9 @@
  * order, so a fixed thread count gives the same bits run to run. */
 #ifdef KILN_WITH_ONEDNN
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "base/error.h"
+#include "kernels/cpu/fast/fast_kernels.h"
 #include "kernels/cpu/fast/gemm_avx2.h"
 #include "kernels/cpu/onednn/onednn_winograd.h"
 #include "kernels/kernels.h"
@@ -206,14 +204,6 @@ static void thread_tiles(int64_t tiles, int tid, int threads, int64_t *lo, int64
     *hi = tiles * (tid + 1) / threads;
 }
 
-static int threads_max(void) {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 /* Workspace layout, in floats, 64-byte aligned pieces:
  *   U (16 x cin x cout; forward and input gradient) or the per-thread sums
  *   S (threads x 16 x c x k; weight gradient), then per thread V and M
@@ -289,7 +279,7 @@ static wino_layout layout_of(kiln_wino_pass pass, const kiln_wino_shape *s, int 
 }
 
 size_t kiln_wino_workspace(kiln_wino_pass pass, const kiln_wino_shape *s) {
-    return layout_of(pass, s, threads_max()).total;
+    return layout_of(pass, s, kiln_cpu_threads_max()).total;
 }
 
 int64_t kiln_wino_products(const kiln_wino_shape *s) {
@@ -477,10 +467,7 @@ static tile_pos tile_at(const tile_grid *g, int64_t t) {
 
 /* The calling thread's transform buffers: V, then M (or Z) after it. */
 static float *thread_buffers(const wino_layout *l, char *ws) {
-    int tid = 0;
-#ifdef _OPENMP
-    tid = omp_get_thread_num();
-#endif
+    const int tid = kiln_cpu_thread_id();
     return (float *)(ws + l->per_thread + (size_t)tid * (l->v + l->m));
 }
 
@@ -562,10 +549,7 @@ static void weight_grad_tiles(const kiln_wino_shape *s, const tile_grid *g, cons
     size_t stride = sums_stride(g, s);
 #pragma omp parallel num_threads((int)l.threads)
     {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = kiln_cpu_thread_id();
         float *v = thread_buffers(all, ws), *z = (float *)((char *)v + all->v), *st = sums + (size_t)tid * stride;
         int64_t lo, hi, chunk = l.chunk;
         size_t vs = (size_t)plane_floats(chunk, c), zs = (size_t)plane_floats(chunk, k);
@@ -610,10 +594,7 @@ AVX2 static void edge_product(const kiln_wino_shape *s, bool col, int64_t from, 
     const float *b = e + (col ? 3 * K * C : 0);
 #pragma omp parallel for schedule(static)
     for (int64_t ci = 0; ci < chunks; ci++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = kiln_cpu_thread_id();
         float *a = scratch + (size_t)tid * edge_scratch(s), *out = a + EDGE_ROWS * 3 * K;
         int64_t i0 = ci * EDGE_ROWS, m = rows - i0 < EDGE_ROWS ? rows - i0 : EDGE_ROWS;
         for (int64_t i = 0; i < m; i++) {
@@ -653,10 +634,7 @@ AVX2 static void edge_tiles(const kiln_wino_shape *s, bool col, int64_t len, con
     const float *u = e + (size_t)(6 + (col ? 8 : 0)) * K * C;
 #pragma omp parallel for schedule(static)
     for (int64_t ci = 0; ci < chunks; ci++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
+        const int tid = kiln_cpu_thread_id();
         float *v = scratch + (size_t)tid * edge_scratch(s), *m = v + 8 * R * K;
         int64_t i0 = ci * R, rn = rows - i0 < R ? rows - i0 : R;
         for (int64_t i = 0; i < rn; i++) {
@@ -782,7 +760,7 @@ kiln_status kiln_wino_run(kiln_wino_pass pass, const kiln_wino_shape *s, const k
                           size_t workspace_bytes) {
     if (!kiln_wino_cpu_ok() || !kiln_wino_shape_ok(s))
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "Winograd convolution: unsupported shape or CPU");
-    wino_layout l = layout_of(pass, s, threads_max());
+    wino_layout l = layout_of(pass, s, kiln_cpu_threads_max());
     if (workspace_bytes < l.total || !workspace)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "Winograd convolution: workspace of %zu bytes, it needs %zu",
                           workspace_bytes, l.total);
