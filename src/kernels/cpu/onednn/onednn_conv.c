@@ -534,6 +534,17 @@ static kiln_status conv_prepare(kiln_onednn_kind kind, const kiln_op_args *a, co
     return KILN_OK;
 }
 
+/* Runs the pass's plan, made by conv_prepare for these args. */
+static kiln_status conv_execute(kiln_onednn_kind kind, const kiln_op_args *a, const conv_plan *plan) {
+    conv_call c;
+    call_of(kind, a, &c);
+    void *data[4];
+    buffers_of(&c, data);
+    /* the weights are input 1 of the forward and of the input gradient */
+    const void *weights = kind != KILN_ONEDNN_CONV_BWD_WEIGHTS ? a->prepared : NULL;
+    return plan_execute(plan, data, a->workspace, a->workspace_bytes, weights);
+}
+
 static kiln_status conv_run(kiln_onednn_kind kind, const kiln_op_args *a, const char *op) {
     conv_plan plan;
     bool ok;
@@ -541,13 +552,7 @@ static kiln_status conv_run(kiln_onednn_kind kind, const kiln_op_args *a, const 
     if (!ok)
         return KILN_RAISE(KILN_ERR_INTERNAL, NULL, "%s: the oneDNN kernel was given arguments it declines",
                           op);
-    conv_call c;
-    call_of(kind, a, &c);
-    void *data[4];
-    buffers_of(&c, data);
-    /* the weights are input 1 of the forward and of the input gradient */
-    const void *weights = kind != KILN_ONEDNN_CONV_BWD_WEIGHTS ? a->prepared : NULL;
-    return plan_execute(&plan, data, a->workspace, a->workspace_bytes, weights);
+    return conv_execute(kind, a, &plan);
 }
 
 /* The weights in the layout the pass's convolution chose, as a prepared
@@ -827,7 +832,8 @@ static bool dgrad_fwd_applies(const kiln_op_args *a, dgrad_fwd *d) {
     return dgrad_fwd_of(a, d) && conv_supports(KILN_ONEDNN_CONV_FWD, &d->fwd);
 }
 
-static kiln_status dgrad_fwd_run(const kiln_op_args *a, dgrad_fwd *d) {
+/* The flipped, channel-swapped weight into the workspace, then the forward's plan. */
+static kiln_status dgrad_fwd_run(const kiln_op_args *a, dgrad_fwd *d, const conv_plan *plan) {
     const kiln_strided *w = &a->in[1];
     const int64_t O = w->shape[0], C = w->shape[1], KH = w->shape[2], KW = w->shape[3];
     const uint16_t *src = w->data;
@@ -838,12 +844,16 @@ static kiln_status dgrad_fwd_run(const kiln_op_args *a, dgrad_fwd *d) {
                 for (int64_t kw = 0; kw < KW; kw++)
                     dst[((c * O + o) * KH + kh) * KW + kw] =
                         src[((o * C + c) * KH + KH - 1 - kh) * KW + KW - 1 - kw];
-    return conv_run(KILN_ONEDNN_CONV_FWD, &d->fwd, "kiln_conv2d_grad_input");
+    return conv_execute(KILN_ONEDNN_CONV_FWD, &d->fwd, plan);
 }
 
 kiln_status kiln_onednn_conv2d_grad_input(const kiln_op_args *a) {
     dgrad_fwd d;
-    if (dgrad_fwd_applies(a, &d)) return dgrad_fwd_run(a, &d);
+    conv_plan plan;
+    bool ok = false;
+    /* one plan lookup: the forward's, taken when it builds, as dgrad_fwd_applies would */
+    if (dgrad_fwd_of(a, &d) && conv_prepare(KILN_ONEDNN_CONV_FWD, &d.fwd, &plan, &ok) == KILN_OK && ok)
+        return dgrad_fwd_run(a, &d, &plan);
     return conv_run(KILN_ONEDNN_CONV_BWD_DATA, a, "kiln_conv2d_grad_input");
 }
 size_t kiln_onednn_conv2d_grad_input_workspace(const kiln_op_args *a) {
