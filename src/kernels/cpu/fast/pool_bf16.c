@@ -34,7 +34,6 @@
 static _Atomic int rows_allowed = 1;
 void kiln_bf16_pool_test_rows(int on) { atomic_store(&rows_allowed, on); }
 bool kiln_bf16_rows_allowed(void) { return atomic_load(&rows_allowed) != 0; }
-static inline bool pool_rows_allowed(void) { return kiln_bf16_rows_allowed(); }
 
 static float widen(uint16_t b) {
     union {
@@ -297,7 +296,7 @@ kiln_status kiln_bf16_relu_max_pool2d(const kiln_op_args *a) {
     const int64_t P = a->in[0].shape[0] * a->in[0].shape[1], H = a->in[0].shape[2], W = a->in[0].shape[3];
     const int64_t OH = a->out[0].shape[2], OW = a->out[0].shape[3], kh = g.kernel[0], kw = g.kernel[1];
 #ifdef KILN_POOL_AVX512
-    const bool fast = avx512_ok() && H * W < (1 << 28) && pool_rows_allowed();
+    const bool fast = avx512_ok() && H * W < (1 << 28) && kiln_bf16_rows_allowed();
 #endif
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) if (P * OH * OW > 4096)
@@ -389,7 +388,7 @@ static double pooled_sum_portable(const uint16_t *go, const uint16_t *y, int64_t
 
 static double pooled_sum(const uint16_t *go, const uint16_t *y, int64_t n) {
 #ifdef KILN_POOL_AVX512
-    if (avx512_ok() && pool_rows_allowed()) return pooled_sum_avx512(go, y, n);
+    if (avx512_ok() && kiln_bf16_rows_allowed()) return pooled_sum_avx512(go, y, n);
 #endif
     return pooled_sum_portable(go, y, n);
 }
@@ -447,7 +446,7 @@ kiln_status kiln_bf16_relu_max_pool2d_backward_sum(const kiln_op_args *a) {
     kiln_pool_geom g = kiln_pool_geom_of(a->attrs);
 #ifdef KILN_POOL_AVX512
     const bool vec =
-        g.kernel[0] == 2 && g.kernel[1] == 2 && HW < (1 << 28) && avx512_ok() && pool_rows_allowed();
+        g.kernel[0] == 2 && g.kernel[1] == 2 && HW < (1 << 28) && avx512_ok() && kiln_bf16_rows_allowed();
     const bool fast = vec && OW >= 16, fast_narrow = vec && OW < 16 && OHW >= 16;
 #else
     (void)g;
@@ -637,7 +636,7 @@ kiln_status kiln_bf16_relu_max_pool2d_from_nhwc(const uint16_t *x, int64_t N, in
                           "relu_max_pool2d from NHWC: %lldx%lld windows of %lld over %lldx%lld",
                           (long long)OH, (long long)OW, (long long)k, (long long)H, (long long)W);
 #ifdef KILN_POOL_AVX512
-    const bool fast = k == 2 && C % 16 == 0 && H * W < (1 << 28) && avx512_ok() && pool_rows_allowed();
+    const bool fast = k == 2 && C % 16 == 0 && H * W < (1 << 28) && avx512_ok() && kiln_bf16_rows_allowed();
 #endif
     const int64_t plane = OH * OW, blocks = plane / 16;
 #ifdef _OPENMP
